@@ -1,0 +1,1 @@
+"""The mirroring proxy (issue: the mirroring proxy). Not built yet."""

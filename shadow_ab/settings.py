@@ -1,0 +1,71 @@
+"""Settings shared by every process: where local state lives and how to reach the store and Kafka.
+
+Each process (ingester, mirror, simulator, ...) has one settings class deriving from
+:class:`CommonSettings`; values come from flags, then ``SHADOW_AB_*`` environment variables, then
+the env file that ``shadow-ab services up`` writes, then defaults. Pass settings in; never import
+a global instance.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def state_dir() -> Path:
+    """The project-local folder for services' data, spools and the embedded SQLite store."""
+    return Path(os.environ.get("SHADOW_AB_HOME", "var")).resolve()
+
+
+def services_env_file() -> Path:
+    return state_dir() / "services.env"
+
+
+def default_sqlite_url() -> str:
+    return f"sqlite:///{state_dir() / 'shadow-ab.db'}"
+
+
+class CommonSettings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="SHADOW_AB_",
+        env_file=str(services_env_file()),
+        env_file_encoding="utf-8",
+        extra="ignore",
+    )
+
+    database_url: str = Field(
+        default_factory=default_sqlite_url,
+        description="SQLAlchemy URL of the store (sqlite:///path or postgresql+psycopg://...)",
+    )
+    kafka_bootstrap: str | None = Field(
+        default=None, description="Kafka bootstrap servers, HOST:PORT[,HOST:PORT]"
+    )
+
+    @field_validator("database_url")
+    @classmethod
+    def _known_dialect(cls, v: str) -> str:
+        if v.startswith("postgresql://"):
+            # psycopg 3 is the driver we ship; the bare scheme would pick psycopg2.
+            v = "postgresql+psycopg://" + v.removeprefix("postgresql://")
+        if not (v.startswith("sqlite:///") or v.startswith("postgresql+psycopg://")):
+            raise ValueError(
+                f"database URL {v!r} is not supported: use sqlite:///PATH or"
+                " postgresql+psycopg://USER@HOST:PORT/DB (run `shadow-ab services up` for a local one)"
+            )
+        return v
+
+    @field_validator("kafka_bootstrap")
+    @classmethod
+    def _host_port(cls, v: str | None) -> str | None:
+        if v is None or v == "":
+            return None
+        for part in v.split(","):
+            host, sep, port = part.strip().rpartition(":")
+            if not sep or not host or not port.isdigit():
+                raise ValueError(
+                    f"Kafka bootstrap {part!r} must be HOST:PORT (e.g. 127.0.0.1:59092)"
+                )
+        return v
