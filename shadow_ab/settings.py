@@ -2,8 +2,9 @@
 
 Each process (ingester, mirror, simulator, ...) has one settings class deriving from
 :class:`CommonSettings`; values come from flags, then ``SHADOW_AB_*`` environment variables, then
-the env file that ``shadow-ab services up`` writes, then defaults. Pass settings in; never import
-a global instance.
+defaults. ``shadow-ab services up`` prints the variables for the local services and keeps them in
+``var/services.env`` (``eval "$(shadow-ab services env)"`` sets them in a shell). Pass settings
+in; never import a global instance.
 """
 
 from __future__ import annotations
@@ -31,8 +32,6 @@ def default_sqlite_url() -> str:
 class CommonSettings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="SHADOW_AB_",
-        env_file=str(services_env_file()),
-        env_file_encoding="utf-8",
         extra="ignore",
     )
 
@@ -53,7 +52,8 @@ class CommonSettings(BaseSettings):
         if not (v.startswith("sqlite:///") or v.startswith("postgresql+psycopg://")):
             raise ValueError(
                 f"database URL {v!r} is not supported: use sqlite:///PATH or"
-                " postgresql+psycopg://USER@HOST:PORT/DB (run `shadow-ab services up` for a local one)"
+                " postgresql+psycopg://USER@HOST:PORT/DB"
+                " (`shadow-ab services up` starts a local PostgreSQL)"
             )
         return v
 

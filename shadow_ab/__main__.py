@@ -1,0 +1,3 @@
+from shadow_ab.cli import main
+
+main()
