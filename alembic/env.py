@@ -1,0 +1,91 @@
+"""Alembic environment for the shadow-ab store.
+
+The database URL comes from, in order: ``config.attributes["database_url"]`` (set by
+:func:`storage.migrate.upgrade` and ``shadow-ab db ... --database-url``), ``-x database_url=URL``
+on the alembic command line, ``sqlalchemy.url`` in alembic.ini if set, else
+:class:`shadow_ab.settings.CommonSettings` (``SHADOW_AB_DATABASE_URL`` / var/services.env).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from sqlalchemy import Connection
+
+from alembic import context
+from shadow_ab.settings import CommonSettings
+from storage.db import make_engine
+from storage.models import PARTITIONED_TABLES, Base
+
+config = context.config
+target_metadata = Base.metadata
+
+# Daily partitions (exchanges_p20261130) are created at run time, not by migrations.
+_PARTITION_NAME = re.compile(
+    r"^(?:" + "|".join(re.escape(t) for t in PARTITIONED_TABLES) + r")_p\d{8}$"
+)
+
+
+def include_name(name: str | None, type_: str, parent_names: Any) -> bool:
+    if type_ == "table" and name is not None:
+        return not _PARTITION_NAME.match(name)
+    return True
+
+
+def database_url() -> str:
+    url = config.attributes.get("database_url")
+    if url:
+        return str(url)
+    x_url = context.get_x_argument(as_dictionary=True).get("database_url")
+    if x_url:
+        return x_url
+    ini_url = config.get_main_option("sqlalchemy.url")
+    if ini_url:
+        return ini_url
+    return CommonSettings().database_url
+
+
+def _configure(connection: Connection) -> None:
+    context.configure(
+        connection=connection,
+        target_metadata=target_metadata,
+        compare_type=True,
+        include_name=include_name,
+        render_as_batch=connection.dialect.name == "sqlite",
+    )
+
+
+def run_migrations_offline() -> None:
+    context.configure(
+        url=database_url(),
+        target_metadata=target_metadata,
+        compare_type=True,
+        include_name=include_name,
+        literal_binds=True,
+    )
+    with context.begin_transaction():
+        context.run_migrations()
+
+
+def run_migrations_online() -> None:
+    connection = config.attributes.get("connection")
+    if isinstance(connection, Connection):
+        _configure(connection)
+        with context.begin_transaction():
+            context.run_migrations()
+        return
+    engine = make_engine(database_url())
+    try:
+        with engine.connect() as conn:
+            _configure(conn)
+            with context.begin_transaction():
+                context.run_migrations()
+    finally:
+        engine.dispose()
+
+
+if context.is_offline_mode():
+    run_migrations_offline()
+else:
+    run_migrations_online()

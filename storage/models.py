@@ -1,0 +1,212 @@
+"""The store's tables as SQLAlchemy 2.0 typed models on one :class:`Base`.
+
+The same models serve PostgreSQL (where ``exchanges`` and ``health_samples`` are partitioned by
+RANGE per UTC day, see :mod:`storage.partitions`) and SQLite (plain tables). The schema itself
+is created by the Alembic migrations in ``alembic/versions``; a test checks that these models
+and the migrated schema agree. ``storage/SCHEMA.md`` documents every column for SQL users.
+
+The natural keys double as the idempotency keys of the bulk writers:
+
+- ``exchanges``: (pair_id, role, sent_at) -- a replayed record has the same sent_at, and the
+  partition key must be part of every unique key on PostgreSQL;
+- ``health_samples``: (engine, ts);
+- ``incidents``: (deployment, engine, kind, started_at).
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    SmallInteger,
+    String,
+    Text,
+    UniqueConstraint,
+    Uuid,
+    func,
+)
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+# JSONB on PostgreSQL (indexable, compact), JSON text on SQLite.
+JsonDoc = JSON().with_variant(postgresql.JSONB(), "postgresql")
+# 64-bit ids on PostgreSQL; SQLite only autoincrements a column typed exactly INTEGER.
+BigId = BigInteger().with_variant(Integer(), "sqlite")
+Timestamp = DateTime(timezone=True)
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class Deployment(Base):
+    """One named shadow experiment. Writers create a bare row (name only) on first sight."""
+
+    __tablename__ = "deployments"
+
+    name: Mapped[str] = mapped_column(String(200), primary_key=True)
+    incumbent_engine: Mapped[str | None] = mapped_column(Text)
+    incumbent_version: Mapped[str | None] = mapped_column(Text)
+    candidate_engine: Mapped[str | None] = mapped_column(Text)
+    candidate_version: Mapped[str | None] = mapped_column(Text)
+    model: Mapped[str | None] = mapped_column(Text)
+    hardware: Mapped[str | None] = mapped_column(Text)
+    started_at: Mapped[datetime | None] = mapped_column(Timestamp)
+    ended_at: Mapped[datetime | None] = mapped_column(Timestamp)
+    policy: Mapped[dict[str, Any] | None] = mapped_column(JsonDoc)
+    created_at: Mapped[datetime] = mapped_column(
+        Timestamp, nullable=False, server_default=func.now()
+    )
+
+
+class Exchange(Base):
+    """One engine's answer within a pair: one row per :class:`shadow_ab.records.ExchangeRecord`."""
+
+    __tablename__ = "exchanges"
+    __table_args__ = (
+        Index(None, "deployment", "sent_at"),
+        Index(None, "deployment", "role", "sent_at"),
+        {"postgresql_partition_by": "RANGE (sent_at)"},
+    )
+
+    pair_id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True)
+    role: Mapped[str] = mapped_column(String(16), primary_key=True)
+    sent_at: Mapped[datetime] = mapped_column(Timestamp, primary_key=True)
+    deployment: Mapped[str] = mapped_column(
+        String(200), ForeignKey("deployments.name"), nullable=False
+    )
+    schema_version: Mapped[int] = mapped_column(SmallInteger, nullable=False)
+    engine: Mapped[str] = mapped_column(String(200), nullable=False)
+    endpoint: Mapped[str] = mapped_column(String(16), nullable=False)
+    stream: Mapped[bool] = mapped_column(Boolean, nullable=False)
+    model: Mapped[str | None] = mapped_column(Text)
+    status: Mapped[str] = mapped_column(String(32), nullable=False)
+    http_status: Mapped[int | None] = mapped_column(Integer)
+    error: Mapped[str | None] = mapped_column(Text)
+    ttft_s: Mapped[float | None] = mapped_column(Float)
+    e2e_s: Mapped[float | None] = mapped_column(Float)
+    tpot_s: Mapped[float | None] = mapped_column(Float)
+    itl_s: Mapped[list[float]] = mapped_column(JsonDoc, nullable=False)
+    prompt_tokens: Mapped[int | None] = mapped_column(Integer)
+    completion_tokens: Mapped[int | None] = mapped_column(Integer)
+    finish_reason: Mapped[str | None] = mapped_column(Text)
+    request: Mapped[dict[str, Any]] = mapped_column(JsonDoc, nullable=False)
+    rewrites: Mapped[list[str]] = mapped_column(JsonDoc, nullable=False)
+    output_text: Mapped[str | None] = mapped_column(Text)
+    logprobs: Mapped[list[dict[str, Any]] | None] = mapped_column(JsonDoc)
+    inflight_incumbent: Mapped[int | None] = mapped_column(Integer)
+    inflight_candidate: Mapped[int | None] = mapped_column(Integer)
+    guard: Mapped[dict[str, Any]] = mapped_column(JsonDoc, nullable=False)
+    ingested_at: Mapped[datetime] = mapped_column(
+        Timestamp, nullable=False, server_default=func.now()
+    )
+
+
+class HealthSampleRow(Base):
+    """One scrape of one engine: one row per :class:`shadow_ab.records.HealthSample`."""
+
+    __tablename__ = "health_samples"
+    __table_args__ = (
+        Index(None, "deployment", "engine", "ts"),
+        {"postgresql_partition_by": "RANGE (ts)"},
+    )
+
+    engine: Mapped[str] = mapped_column(String(200), primary_key=True)
+    ts: Mapped[datetime] = mapped_column(Timestamp, primary_key=True)
+    deployment: Mapped[str] = mapped_column(
+        String(200), ForeignKey("deployments.name"), nullable=False
+    )
+    schema_version: Mapped[int] = mapped_column(SmallInteger, nullable=False)
+    role: Mapped[str] = mapped_column(String(16), nullable=False)
+    flavor: Mapped[str] = mapped_column(String(16), nullable=False)
+    up: Mapped[bool] = mapped_column(Boolean, nullable=False)
+    http_status: Mapped[int | None] = mapped_column(Integer)
+    latency_s: Mapped[float | None] = mapped_column(Float)
+    error: Mapped[str | None] = mapped_column(Text)
+    version: Mapped[str | None] = mapped_column(Text)
+    process_start_time: Mapped[float | None] = mapped_column(Float)
+    num_running: Mapped[int | None] = mapped_column(Integer)
+    num_waiting: Mapped[int | None] = mapped_column(Integer)
+    kv_cache_usage: Mapped[float | None] = mapped_column(Float)
+    gpu_mem_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    cpu_mem_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    metrics: Mapped[dict[str, float]] = mapped_column(JsonDoc, nullable=False)
+    ingested_at: Mapped[datetime] = mapped_column(
+        Timestamp, nullable=False, server_default=func.now()
+    )
+
+
+class Incident(Base):
+    """A crash/restart, leak, error burst or hang found in the data by the evaluator."""
+
+    __tablename__ = "incidents"
+    __table_args__ = (UniqueConstraint("deployment", "engine", "kind", "started_at"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    deployment: Mapped[str] = mapped_column(
+        String(200), ForeignKey("deployments.name"), nullable=False
+    )
+    engine: Mapped[str] = mapped_column(String(200), nullable=False)
+    kind: Mapped[str] = mapped_column(String(32), nullable=False)
+    started_at: Mapped[datetime] = mapped_column(Timestamp, nullable=False)
+    ended_at: Mapped[datetime | None] = mapped_column(Timestamp)
+    evidence: Mapped[dict[str, Any]] = mapped_column(JsonDoc, nullable=False)
+    detected_at: Mapped[datetime] = mapped_column(
+        Timestamp, nullable=False, server_default=func.now()
+    )
+
+
+class Report(Base):
+    """One evaluation report over a time window, with its verdict."""
+
+    __tablename__ = "reports"
+    __table_args__ = (Index(None, "deployment", "created_at"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    deployment: Mapped[str] = mapped_column(
+        String(200), ForeignKey("deployments.name"), nullable=False
+    )
+    created_at: Mapped[datetime] = mapped_column(
+        Timestamp, nullable=False, server_default=func.now()
+    )
+    window_from: Mapped[datetime] = mapped_column(Timestamp, nullable=False)
+    window_to: Mapped[datetime] = mapped_column(Timestamp, nullable=False)
+    verdict: Mapped[str] = mapped_column(String(16), nullable=False)
+    body: Mapped[dict[str, Any]] = mapped_column(JsonDoc, nullable=False)
+    html: Mapped[str | None] = mapped_column(Text)
+
+
+class Drop(Base):
+    """Records a sink or the mirror had to drop, counted (DESIGN.md promise 4)."""
+
+    __tablename__ = "drops"
+    __table_args__ = (Index(None, "ts"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    ts: Mapped[datetime] = mapped_column(Timestamp, nullable=False)
+    source: Mapped[str] = mapped_column(String(100), nullable=False)
+    reason: Mapped[str] = mapped_column(String(200), nullable=False)
+    count: Mapped[int] = mapped_column(BigInteger, nullable=False)
+
+
+PARTITIONED_TABLES: dict[str, str] = {"exchanges": "sent_at", "health_samples": "ts"}
+"""Tables partitioned by RANGE per UTC day on PostgreSQL, with their partition column."""
