@@ -1,0 +1,101 @@
+"""Wiring: settings in, a running ingester out. I/O is built here and handed to the steps."""
+
+from __future__ import annotations
+
+import logging
+import random
+from typing import Any
+
+from ingester import metrics
+from ingester.backoff import Backoff
+from ingester.batch import Message
+from ingester.clock import Clock, SystemClock
+from ingester.deadletter import DeadLetters
+from ingester.processor import StreamProcessor
+from ingester.settings import IngestSettings
+from ingester.sink import StoreSink
+from ingester.steps import Accumulate, CommitOffsets, Decode, Step, WriteBatch
+
+log = logging.getLogger(__name__)
+
+
+def build_processor(
+    settings: IngestSettings,
+    consumer: Any,
+    producer: Any,
+    engine: Any,
+    clock: Clock | None = None,
+    rng: random.Random | None = None,
+) -> StreamProcessor:
+    """The processor with its steps, over an existing consumer, producer and store engine."""
+    clock = clock or SystemClock()
+    sink = StoreSink(engine)
+    dead_letters = DeadLetters(producer, settings.ingest_topic_dlq)
+    expected = {
+        settings.ingest_topic_exchanges: "exchange",
+        settings.ingest_topic_health: "health",
+    }
+
+    def make_steps() -> Step[Message]:
+        backoff = Backoff(
+            initial_s=settings.ingest_retry_initial_ms / 1000,
+            cap_s=settings.ingest_retry_max_ms / 1000,
+            rng=rng or random.Random(),
+        )
+        write = WriteBatch(sink, dead_letters, CommitOffsets(consumer), clock, backoff)
+        accumulate = Accumulate(
+            write,
+            clock,
+            max_size=settings.ingest_batch_size,
+            max_wait_s=settings.ingest_batch_timeout_ms / 1000,
+        )
+        return Decode(accumulate, expected)
+
+    return StreamProcessor(
+        consumer,
+        [settings.ingest_topic_exchanges, settings.ingest_topic_health],
+        make_steps,
+        clock,
+        max_records=settings.ingest_batch_size,
+        poll_timeout_ms=settings.ingest_poll_timeout_ms,
+    )
+
+
+def ensure_ingest_topics(settings: IngestSettings) -> None:
+    from shadow_ab.topics import default_topics, ensure_topics
+
+    created = ensure_topics(
+        settings.kafka_bootstrap or "",
+        default_topics(
+            settings.ingest_topic_exchanges,
+            settings.ingest_topic_health,
+            settings.ingest_topic_dlq,
+        ),
+    )
+    if created:
+        log.info("created topics %s", created)
+
+
+def open_processor(settings: IngestSettings) -> tuple[StreamProcessor, list[Any]]:
+    """Build the real Kafka clients and store engine; return the processor and what to close."""
+    from ingester.clients import make_consumer, make_producer
+    from storage.db import make_engine
+
+    if settings.ingest_create_topics:
+        ensure_ingest_topics(settings)
+    engine = make_engine(settings.database_url)
+    producer = make_producer(settings)
+    consumer = make_consumer(settings)
+    metrics.serve(settings.ingest_metrics_port, settings.ingest_metrics_host)
+    return build_processor(settings, consumer, producer, engine), [consumer, producer, engine]
+
+
+def close_all(resources: list[Any]) -> None:
+    consumer, producer, engine = resources
+    try:
+        consumer.close(autocommit=False)
+    finally:
+        try:
+            producer.close(timeout=10)
+        finally:
+            engine.dispose()

@@ -1,0 +1,103 @@
+"""``shadow-ab ingest``: consume ``shadow.exchanges`` and ``shadow.health`` into the store."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+from types import FrameType
+from typing import Any
+
+import click
+from pydantic import ValidationError
+
+from ingester.errors import IngestError
+from ingester.settings import IngestSettings
+
+log = logging.getLogger("ingester")
+
+
+def load_settings(**overrides: Any) -> IngestSettings:
+    """Settings from flags (non-None overrides), environment and env file, or a usage error."""
+    given = {k: v for k, v in overrides.items() if v is not None}
+    try:
+        return IngestSettings(**given)
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors():
+            loc = ".".join(str(p) for p in err["loc"])
+            msg = str(err["msg"]).removeprefix("Value error, ")
+            lines.append(f"{loc}: {msg}" if loc else msg)
+        raise click.UsageError("invalid settings:\n  " + "\n  ".join(lines)) from None
+
+
+@click.command("ingest")
+@click.option("--kafka", "kafka_bootstrap", help="Kafka bootstrap HOST:PORT[,HOST:PORT].")
+@click.option("--database-url", help="Store URL, e.g. postgresql+psycopg://user@host:port/db.")
+@click.option("--group", "ingest_group", help="Consumer group id.")
+@click.option("--batch-size", "ingest_batch_size", type=int, help="Messages per batch.")
+@click.option("--batch-timeout-ms", "ingest_batch_timeout_ms", type=int, help="Max age of a batch.")
+@click.option(
+    "--metrics-port", "ingest_metrics_port", type=int, help="Prometheus port on 127.0.0.1 (0=off)."
+)
+@click.option("--exchanges-topic", "ingest_topic_exchanges", help="Topic of exchange records.")
+@click.option("--health-topic", "ingest_topic_health", help="Topic of health samples.")
+@click.option("--dlq-topic", "ingest_topic_dlq", help="Dead-letter topic.")
+@click.option("-v", "--verbose", is_flag=True, help="Log at DEBUG level.")
+def ingest(verbose: bool, **flags: Any) -> None:
+    """Consume Kafka records into the store; offsets are committed after the store commits.
+
+    Poison messages go to the dead-letter topic with the reason in a header. While the store is
+    unreachable, consumption pauses and the batch is retried with backoff. SIGTERM or SIGINT
+    write and commit the current batch, then exit 0.
+    """
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    settings = load_settings(**flags)
+
+    from ingester.app import close_all, open_processor
+
+    try:
+        processor, resources = open_processor(settings)
+    except IngestError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        if processor.stopping:
+            log.warning("second signal: exiting now without flushing (nothing committed is lost)")
+            raise SystemExit(1)
+        log.info("signal %d: writing the current batch, committing, then exiting", signum)
+        processor.stop()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    log.info(
+        "ingesting %s and %s into %s (group %s, batch %d / %d ms)",
+        settings.ingest_topic_exchanges,
+        settings.ingest_topic_health,
+        _redact(settings.database_url),
+        settings.ingest_group,
+        settings.ingest_batch_size,
+        settings.ingest_batch_timeout_ms,
+    )
+    try:
+        ok = processor.run(settings.ingest_shutdown_timeout_s)
+    except IngestError as exc:
+        close_all(resources)
+        raise click.ClickException(str(exc)) from exc
+    close_all(resources)
+    if not ok:
+        raise SystemExit(1)
+    log.info("stopped cleanly")
+
+
+def _redact(url: str) -> str:
+    """The URL without its password, for logs."""
+    scheme, sep, rest = url.partition("://")
+    creds, at, host = rest.rpartition("@")
+    if not at or ":" not in creds:
+        return url
+    return f"{scheme}{sep}{creds.split(':', 1)[0]}:***@{host}"

@@ -1,0 +1,66 @@
+"""The ingester's settings: flags, then ``SHADOW_AB_*`` environment, then var/services.env."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from shadow_ab.records import TOPIC_DLQ, TOPIC_EXCHANGES, TOPIC_HEALTH
+from shadow_ab.settings import CommonSettings
+
+
+class IngestSettings(CommonSettings):
+    """Settings of ``shadow-ab ingest``; environment names are ``SHADOW_AB_<FIELD>``."""
+
+    ingest_group: str = Field(
+        default="shadow-ab-ingester", min_length=1, description="Kafka consumer group id"
+    )
+    ingest_batch_size: int = Field(
+        default=1000, ge=1, le=100_000, description="write a batch when it has this many messages"
+    )
+    ingest_batch_timeout_ms: int = Field(
+        default=1000,
+        ge=1,
+        le=600_000,
+        description="...or when its first message is this old (milliseconds)",
+    )
+    ingest_metrics_port: int = Field(
+        default=0, ge=0, le=65535, description="serve Prometheus /metrics here; 0 = off"
+    )
+    ingest_metrics_host: str = Field(default="127.0.0.1", description="address for /metrics")
+    ingest_topic_exchanges: str = Field(default=TOPIC_EXCHANGES, min_length=1)
+    ingest_topic_health: str = Field(default=TOPIC_HEALTH, min_length=1)
+    ingest_topic_dlq: str = Field(default=TOPIC_DLQ, min_length=1)
+    ingest_auto_offset_reset: Literal["earliest", "latest"] = Field(
+        default="earliest", description="where a new group starts reading"
+    )
+    ingest_retry_initial_ms: int = Field(default=200, ge=1, description="first retry delay")
+    ingest_retry_max_ms: int = Field(default=10_000, ge=1, description="longest retry delay")
+    ingest_shutdown_timeout_s: float = Field(
+        default=30.0, ge=0, description="on SIGTERM, how long to keep trying to write the batch"
+    )
+    ingest_poll_timeout_ms: int = Field(default=100, ge=1, le=10_000)
+    ingest_create_topics: bool = Field(
+        default=True, description="create the topics at start if they are missing"
+    )
+
+    @model_validator(mode="after")
+    def _usable(self) -> IngestSettings:
+        if not self.kafka_bootstrap:
+            raise ValueError(
+                "no Kafka configured: pass --kafka HOST:PORT or set SHADOW_AB_KAFKA_BOOTSTRAP,"
+                " or run `shadow-ab services up`"
+            )
+        if self.ingest_retry_max_ms < self.ingest_retry_initial_ms:
+            raise ValueError(
+                f"retry max ({self.ingest_retry_max_ms} ms) is below retry initial"
+                f" ({self.ingest_retry_initial_ms} ms): raise SHADOW_AB_INGEST_RETRY_MAX_MS"
+            )
+        topics = [self.ingest_topic_exchanges, self.ingest_topic_health, self.ingest_topic_dlq]
+        if len(set(topics)) != 3:
+            raise ValueError(
+                f"the exchanges, health and DLQ topics must differ, got {topics}: a dead letter"
+                " must not be read back as input"
+            )
+        return self

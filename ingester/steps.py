@@ -1,0 +1,318 @@
+"""The ingester's pipeline: small steps sharing one contract (getsentry/arroyo style).
+
+    Decode ──► Accumulate (batch by size or age) ──► WriteBatch (DLQ, store) ──► CommitOffsets
+
+Each step has ``submit(item)``, ``poll()``, ``join(timeout_s)`` and ``close()``:
+
+- ``submit`` hands one item to the step. A step that cannot take it now raises
+  :class:`MessageRejected` (backpressure); the caller keeps the item, pauses its partitions,
+  and submits it again later. Nothing is buffered without bound.
+- ``poll`` does time-driven work: flush a batch that is old enough, retry a failed write whose
+  backoff has passed.
+- ``join`` finishes everything pending (flush, write, commit) within ``timeout_s`` and says
+  whether it did.
+- ``close`` says no more items will come.
+
+Offsets are committed only by the last step, after the store has committed the batch and
+Kafka has acknowledged its dead letters.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Protocol, TypeVar
+
+from ingester import metrics
+from ingester.backoff import Backoff
+from ingester.batch import Batch, DeadLetter, Decoded, Message, Partition
+from ingester.clock import Clock
+from ingester.deadletter import DeadLetters
+from ingester.decode import Poison, PoisonReason, decode
+from ingester.errors import DeadLetterUnavailable, TransientError
+from ingester.sink import StoreSink
+
+log = logging.getLogger(__name__)
+
+T_contra = TypeVar("T_contra", contravariant=True)
+
+
+class MessageRejected(Exception):  # arroyo's name; a backpressure signal, not a failure
+    """Backpressure: the step cannot take this item now; keep it and submit it again later."""
+
+
+class Step(Protocol[T_contra]):
+    def submit(self, item: T_contra) -> None: ...
+    def poll(self) -> None: ...
+    def join(self, timeout_s: float) -> bool: ...
+    def close(self) -> None: ...
+
+
+class CommitOffsets:
+    """Last step: commit the offsets of a batch the store has committed."""
+
+    def __init__(self, consumer: Any) -> None:
+        self.consumer = consumer
+        self.committed: dict[Partition, int] = {}
+
+    def submit(self, offsets: dict[Partition, int]) -> None:
+        if not offsets:
+            return
+        from kafka.structs import OffsetAndMetadata, TopicPartition
+
+        try:
+            self.consumer.commit(
+                {
+                    TopicPartition(tp.topic, tp.partition): OffsetAndMetadata(off, "", -1)
+                    for tp, off in offsets.items()
+                }
+            )
+        except Exception as exc:  # kafka-python raises several unrelated types here
+            # The store has the rows; the records will be redelivered and skipped as duplicates.
+            metrics.OFFSET_COMMIT_FAILURES.inc()
+            log.warning("offset commit failed after the store committed: %r", exc)
+            return
+        self.committed.update(offsets)
+        for tp, off in offsets.items():
+            self._update_lag(tp, off)
+
+    def _update_lag(self, tp: Partition, committed: int) -> None:
+        from kafka.structs import TopicPartition
+
+        try:
+            high = self.consumer.highwater(TopicPartition(tp.topic, tp.partition))
+        except Exception:  # partition no longer assigned: no lag to report here
+            return
+        if high is not None:
+            metrics.CONSUMER_LAG.labels(tp.topic, str(tp.partition)).set(max(0, high - committed))
+
+    def poll(self) -> None:
+        pass
+
+    def join(self, timeout_s: float) -> bool:
+        return True
+
+    def close(self) -> None:
+        pass
+
+
+class WriteBatch:
+    """Send a batch's dead letters, write its records, then hand its offsets on.
+
+    While the store is away (:class:`~ingester.errors.TransientError`) the batch is kept and
+    retried with backoff on ``poll``; meanwhile ``submit`` raises :class:`MessageRejected`, so
+    the caller pauses consumption instead of piling up batches.
+    """
+
+    def __init__(
+        self,
+        sink: StoreSink,
+        dead_letters: DeadLetters,
+        next_step: Step[dict[Partition, int]],
+        clock: Clock,
+        backoff: Backoff,
+    ) -> None:
+        self.sink = sink
+        self.dead_letters = dead_letters
+        self.next_step = next_step
+        self.clock = clock
+        self.backoff = backoff
+        self.pending: Batch | None = None
+        self.attempts = 0
+        self.retry_at = 0.0
+
+    @property
+    def busy(self) -> bool:
+        return self.pending is not None
+
+    def submit(self, batch: Batch) -> None:
+        if self.pending is not None:
+            raise MessageRejected()
+        self.pending = batch
+        self.attempts = 0
+        self._attempt()
+
+    def poll(self) -> None:
+        if self.pending is not None and self.clock.monotonic() >= self.retry_at:
+            self._attempt()
+        self.next_step.poll()
+
+    def join(self, timeout_s: float) -> bool:
+        deadline = self.clock.monotonic() + timeout_s
+        while self.pending is not None:
+            now = self.clock.monotonic()
+            if now >= deadline:
+                return False
+            if now < self.retry_at:
+                self.clock.sleep(min(self.retry_at, deadline) - now)
+                continue
+            self._attempt()
+        return self.next_step.join(max(0.0, deadline - self.clock.monotonic()))
+
+    def close(self) -> None:
+        self.next_step.close()
+
+    def _attempt(self) -> None:
+        batch = self.pending
+        if batch is None:
+            return
+        started = self.clock.monotonic()
+        try:
+            self._write(batch)
+        except TransientError as exc:
+            self.attempts += 1
+            delay = self.backoff.delay(self.attempts)
+            self.retry_at = self.clock.monotonic() + delay
+            cause = "dlq" if isinstance(exc, DeadLetterUnavailable) else "store"
+            metrics.STORE_RETRIES.labels(cause=cause).inc()
+            metrics.PAUSED.set(1)
+            log.warning(
+                "batch of %d not written (attempt %d, %s); retrying in %.2fs: %s",
+                batch.size,
+                self.attempts,
+                type(exc).__name__,
+                delay,
+                exc,
+            )
+            return
+        metrics.BATCH_WRITE_SECONDS.observe(self.clock.monotonic() - started)
+        metrics.BATCH_SIZE.observe(batch.size)
+        metrics.PAUSED.set(0)
+        if self.attempts:
+            log.info(
+                "store is back: batch of %d written after %d retries", batch.size, self.attempts
+            )
+        self.pending = None
+        self.attempts = 0
+        self.next_step.submit(batch.offsets)
+
+    def _write(self, batch: Batch) -> None:
+        # Dead letters first: if Kafka will not take them, nothing is committed.
+        self.dead_letters.send(batch.dead_letters)
+        if not batch.exchanges_done:
+            self._write_table(batch, "exchanges", batch.exchanges, batch.exchange_messages)
+            batch.exchanges_done = True
+        if not batch.health_done:
+            self._write_table(batch, "health_samples", batch.health, batch.health_messages)
+            batch.health_done = True
+        # Records the store refused one by one, now dead letters too.
+        self.dead_letters.send(batch.dead_letters)
+
+    def _write_table(
+        self, batch: Batch, table: str, records: list[Any], messages: list[Message]
+    ) -> None:
+        if not records:
+            return
+        if table == "exchanges":
+            written = self.sink.write_exchanges(records)
+        else:
+            written = self.sink.write_health(records)
+        metrics.ROWS_WRITTEN.labels(table=table).inc(written.inserted)
+        stored = len(records) - len(written.rejected)
+        metrics.DUPLICATES_SKIPPED.labels(table=table).inc(max(0, stored - written.inserted))
+        for index, reason in written.rejected:
+            poison = Poison(PoisonReason.STORE_REJECTED, reason)
+            batch.dead_letters.append(DeadLetter(messages[index], poison))
+
+
+class Accumulate:
+    """Collect decoded messages into a batch; hand it on when it is full or old enough."""
+
+    def __init__(
+        self, next_step: WriteBatch, clock: Clock, max_size: int, max_wait_s: float
+    ) -> None:
+        if max_size < 1 or max_wait_s <= 0:
+            raise ValueError(
+                f"batch needs max_size >= 1 and max_wait_s > 0, got {max_size}, {max_wait_s}"
+            )
+        self.next_step = next_step
+        self.clock = clock
+        self.max_size = max_size
+        self.max_wait_s = max_wait_s
+        self.current: Batch | None = None
+        self.ready: Batch | None = None
+        """A complete batch the next step would not take yet."""
+
+    def submit(self, item: Decoded) -> None:
+        if self.ready is not None:
+            self._hand_on()
+            if self.ready is not None:
+                raise MessageRejected()
+        if self.current is None:
+            self.current = Batch(started_at=self.clock.monotonic())
+        self.current.add(item)
+        metrics.MESSAGES_CONSUMED.labels(topic=item.message.topic).inc()
+        if self.current.size >= self.max_size:
+            self._seal()
+
+    def poll(self) -> None:
+        self.next_step.poll()
+        if self.ready is not None:
+            self._hand_on()
+        elif (
+            self.current is not None
+            and self.clock.monotonic() - self.current.started_at >= self.max_wait_s
+        ):
+            self._seal()
+
+    def join(self, timeout_s: float) -> bool:
+        deadline = self.clock.monotonic() + timeout_s
+        if self.current is not None and self.ready is None:
+            self._seal()
+        while self.ready is not None:
+            remaining = deadline - self.clock.monotonic()
+            if remaining <= 0 or not self.next_step.join(remaining):
+                return False
+            self._hand_on()
+        return self.next_step.join(max(0.0, deadline - self.clock.monotonic()))
+
+    def close(self) -> None:
+        self.next_step.close()
+
+    @property
+    def pending_messages(self) -> int:
+        return sum(b.size for b in (self.current, self.ready) if b is not None)
+
+    def _seal(self) -> None:
+        self.ready, self.current = self.current, None
+        self._hand_on()
+
+    def _hand_on(self) -> None:
+        if self.ready is None:
+            return
+        try:
+            self.next_step.submit(self.ready)
+        except MessageRejected:
+            return
+        self.ready = None
+
+
+class Decode:
+    """First step: turn a raw message into a record or a :class:`Poison` and pass it on."""
+
+    def __init__(self, next_step: Step[Decoded], expected_kinds: dict[str, str]) -> None:
+        self.next_step = next_step
+        self.expected_kinds = expected_kinds
+        """topic -> record kind allowed on it ("exchange" or "health")."""
+
+    def submit(self, message: Message) -> None:
+        kind = self.expected_kinds.get(message.topic)
+        self.next_step.submit(Decoded(message, decode(message.value, kind)))
+
+    def poll(self) -> None:
+        self.next_step.poll()
+
+    def join(self, timeout_s: float) -> bool:
+        return self.next_step.join(timeout_s)
+
+    def close(self) -> None:
+        self.next_step.close()
+
+
+__all__ = [
+    "Accumulate",
+    "CommitOffsets",
+    "Decode",
+    "MessageRejected",
+    "Step",
+    "WriteBatch",
+]
