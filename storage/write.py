@@ -1,0 +1,338 @@
+"""Bulk, idempotent writers: the ONE way records get into the store.
+
+Used by the direct sink (:mod:`storage.sink`) and by the Kafka ingester. Each call:
+
+- is one transaction: every row of the batch is written, or none is;
+- is idempotent: rows already stored (same key) are skipped, duplicates inside the batch too,
+  and the return value counts only rows newly inserted -- so a caller that is unsure whether a
+  batch landed simply writes it again;
+- creates the ``deployments`` row of every deployment name it sees (name only) and, on
+  PostgreSQL, the daily partition of every day in the batch;
+- raises :class:`~storage.errors.StoreUnavailable` when the database cannot be reached (retry
+  the same batch with backoff) and :class:`~storage.errors.StoreError` otherwise.
+
+PostgreSQL: ``COPY`` into a temporary table, then ``INSERT ... SELECT ... ON CONFLICT DO
+NOTHING`` (rows sorted by key, so concurrent writers of overlapping batches cannot deadlock).
+SQLite: ``executemany`` of ``INSERT OR IGNORE``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Sequence
+from datetime import datetime
+from typing import Any, TypeVar
+
+import orjson
+import psycopg
+from sqlalchemy import Connection, Engine, Table, insert
+from sqlalchemy.dialects import postgresql, sqlite
+
+from shadow_ab.records import ExchangeRecord, HealthSample, Record
+from storage.db import is_postgres
+from storage.errors import StoreError, translate
+from storage.models import Base
+from storage.partitions import cache_for, day_of
+
+EXCHANGES: Table = Base.metadata.tables["exchanges"]
+HEALTH: Table = Base.metadata.tables["health_samples"]
+DEPLOYMENTS: Table = Base.metadata.tables["deployments"]
+DROPS: Table = Base.metadata.tables["drops"]
+
+EXCHANGE_COLUMNS = (
+    "pair_id",
+    "role",
+    "sent_at",
+    "deployment",
+    "schema_version",
+    "engine",
+    "endpoint",
+    "stream",
+    "model",
+    "status",
+    "http_status",
+    "error",
+    "ttft_s",
+    "e2e_s",
+    "tpot_s",
+    "itl_s",
+    "prompt_tokens",
+    "completion_tokens",
+    "finish_reason",
+    "request",
+    "rewrites",
+    "output_text",
+    "logprobs",
+    "inflight_incumbent",
+    "inflight_candidate",
+    "guard",
+)
+EXCHANGE_KEY = ("pair_id", "role", "sent_at")
+
+HEALTH_COLUMNS = (
+    "engine",
+    "ts",
+    "deployment",
+    "schema_version",
+    "role",
+    "flavor",
+    "up",
+    "http_status",
+    "latency_s",
+    "error",
+    "version",
+    "process_start_time",
+    "num_running",
+    "num_waiting",
+    "kv_cache_usage",
+    "gpu_mem_bytes",
+    "cpu_mem_bytes",
+    "metrics",
+)
+HEALTH_KEY = ("engine", "ts")
+
+# PostgreSQL's "no partition of relation ... found for row": a partition we believed existed
+# was dropped (retention in another process). Forget the cache, create it, retry once.
+_NO_PARTITION = "23514"
+
+R = TypeVar("R", ExchangeRecord, HealthSample)
+
+
+def _json(value: Any) -> str:
+    return orjson.dumps(value).decode()
+
+
+def exchange_values(rec: ExchangeRecord, dump_json: Callable[[Any], Any]) -> tuple[Any, ...]:
+    """The row of one exchange record, in :data:`EXCHANGE_COLUMNS` order."""
+    logprobs = None if rec.logprobs is None else [lp.model_dump() for lp in rec.logprobs]
+    return (
+        rec.pair_id,
+        rec.role.value,
+        rec.sent_at,
+        rec.deployment,
+        rec.schema_version,
+        rec.engine,
+        rec.endpoint.value,
+        rec.stream,
+        rec.model,
+        rec.status.value,
+        rec.http_status,
+        rec.error,
+        rec.ttft_s,
+        rec.e2e_s,
+        rec.tpot_s,
+        dump_json(rec.itl_s),
+        rec.prompt_tokens,
+        rec.completion_tokens,
+        rec.finish_reason,
+        dump_json(rec.request),
+        dump_json(rec.rewrites),
+        rec.output_text,
+        None if logprobs is None else dump_json(logprobs),
+        rec.inflight_incumbent,
+        rec.inflight_candidate,
+        dump_json(rec.guard),
+    )
+
+
+def health_values(rec: HealthSample, dump_json: Callable[[Any], Any]) -> tuple[Any, ...]:
+    """The row of one health sample, in :data:`HEALTH_COLUMNS` order."""
+    return (
+        rec.engine,
+        rec.ts,
+        rec.deployment,
+        rec.schema_version,
+        rec.role.value,
+        rec.flavor,
+        rec.up,
+        rec.http_status,
+        rec.latency_s,
+        rec.error,
+        rec.version,
+        rec.process_start_time,
+        rec.num_running,
+        rec.num_waiting,
+        rec.kv_cache_usage,
+        rec.gpu_mem_bytes,
+        rec.cpu_mem_bytes,
+        dump_json(rec.metrics),
+    )
+
+
+def _exchange_key(rec: ExchangeRecord) -> Hashable:
+    return (rec.pair_id, rec.role, rec.sent_at)
+
+
+def _health_key(rec: HealthSample) -> Hashable:
+    return (rec.engine, rec.ts)
+
+
+def dedupe(records: Sequence[R], key: Callable[[R], Hashable]) -> list[R]:
+    """The records with the first of each key kept, in their original order."""
+    seen: dict[Hashable, R] = {}
+    for rec in records:
+        seen.setdefault(key(rec), rec)
+    return list(seen.values())
+
+
+def _check_types(records: Sequence[Any], kind: type) -> None:
+    for rec in records:
+        if not isinstance(rec, kind):
+            raise TypeError(
+                f"expected {kind.__name__} objects, got {type(rec).__name__}:"
+                " parse payloads with shadow_ab.records.parse_record first"
+            )
+
+
+def write_exchanges(engine: Engine, records: Sequence[ExchangeRecord]) -> int:
+    """Store exchange records, skipping any already stored; return how many rows were new."""
+    _check_types(records, ExchangeRecord)
+    unique = dedupe(records, _exchange_key)
+    if not unique:
+        return 0
+    return _write(
+        engine,
+        EXCHANGES,
+        EXCHANGE_COLUMNS,
+        EXCHANGE_KEY,
+        [exchange_values(r, _json) for r in unique],
+        {r.deployment for r in unique},
+        {day_of(r.sent_at) for r in unique},
+        sqlite_rows=lambda: [
+            dict(zip(EXCHANGE_COLUMNS, exchange_values(r, _identity), strict=True))
+            for r in unique
+        ],
+    )
+
+
+def write_health(engine: Engine, samples: Sequence[HealthSample]) -> int:
+    """Store health samples, skipping any already stored; return how many rows were new."""
+    _check_types(samples, HealthSample)
+    unique = dedupe(samples, _health_key)
+    if not unique:
+        return 0
+    return _write(
+        engine,
+        HEALTH,
+        HEALTH_COLUMNS,
+        HEALTH_KEY,
+        [health_values(r, _json) for r in unique],
+        {r.deployment for r in unique},
+        {day_of(r.ts) for r in unique},
+        sqlite_rows=lambda: [
+            dict(zip(HEALTH_COLUMNS, health_values(r, _identity), strict=True)) for r in unique
+        ],
+    )
+
+
+def write_records(engine: Engine, records: Sequence[Record]) -> int:
+    """Store a mixed batch (exchanges and health samples): two transactions, one per kind."""
+    exchanges = [r for r in records if isinstance(r, ExchangeRecord)]
+    health = [r for r in records if isinstance(r, HealthSample)]
+    if len(exchanges) + len(health) != len(records):
+        _check_types([r for r in records if not isinstance(r, HealthSample)], ExchangeRecord)
+    return write_exchanges(engine, exchanges) + write_health(engine, health)
+
+
+def write_drops(engine: Engine, source: str, reason: str, count: int, ts: datetime) -> None:
+    """Record that ``source`` dropped ``count`` records for ``reason`` (at ``ts``, UTC)."""
+    if count < 0:
+        raise ValueError(f"drop count must be >= 0, got {count}")
+    if ts.tzinfo is None:
+        raise ValueError("drop ts must carry a timezone (use datetime.now(UTC))")
+    if not source or not reason:
+        raise ValueError("drops need a non-empty source and reason")
+    if count == 0:
+        return
+    with translate(), engine.begin() as conn:
+        conn.execute(
+            insert(DROPS), {"ts": ts, "source": source, "reason": reason, "count": count}
+        )
+
+
+def _identity(value: Any) -> Any:
+    return value
+
+
+def _write(
+    engine: Engine,
+    table: Table,
+    columns: tuple[str, ...],
+    key: tuple[str, ...],
+    pg_rows: list[tuple[Any, ...]],
+    deployments: set[str],
+    days: set[Any],
+    sqlite_rows: Callable[[], list[dict[str, Any]]],
+) -> int:
+    with translate():
+        if not is_postgres(engine):
+            return _write_sqlite(engine, table, sqlite_rows(), deployments)
+        cache = cache_for(engine)
+        cache.ensure(engine, table.name, days)
+        try:
+            return _write_postgres(engine, table, columns, key, pg_rows, deployments)
+        except psycopg.errors.CheckViolation as exc:
+            if exc.sqlstate != _NO_PARTITION or "no partition" not in str(exc):
+                raise
+            cache.forget()
+            cache.ensure(engine, table.name, days)
+            return _write_postgres(engine, table, columns, key, pg_rows, deployments)
+
+
+def _ensure_deployments(conn: Connection, names: set[str]) -> None:
+    rows = [{"name": n} for n in sorted(names)]
+    if conn.dialect.name == "postgresql":
+        conn.execute(postgresql.insert(DEPLOYMENTS).on_conflict_do_nothing(), rows)
+    else:
+        conn.execute(sqlite.insert(DEPLOYMENTS).on_conflict_do_nothing(), rows)
+
+
+def _write_sqlite(
+    engine: Engine, table: Table, rows: list[dict[str, Any]], deployments: set[str]
+) -> int:
+    with engine.begin() as conn:
+        _ensure_deployments(conn, deployments)
+        result = conn.execute(insert(table).prefix_with("OR IGNORE"), rows)
+        return max(result.rowcount, 0)
+
+
+def _write_postgres(
+    engine: Engine,
+    table: Table,
+    columns: tuple[str, ...],
+    key: tuple[str, ...],
+    rows: list[tuple[Any, ...]],
+    deployments: set[str],
+) -> int:
+    stage = f"stage_{table.name}"
+    cols = ", ".join(columns)
+    with engine.begin() as conn:
+        _ensure_deployments(conn, deployments)
+        raw = conn.connection.driver_connection
+        if not isinstance(raw, psycopg.Connection):
+            raise StoreError(f"expected a psycopg 3 connection, got {type(raw).__name__}")
+        with raw.cursor() as cur:
+            # Only the columns we copy, no constraints: the INSERT below checks them.
+            cur.execute(
+                f"CREATE TEMP TABLE {stage} ON COMMIT DROP AS"
+                f" SELECT {cols} FROM {table.name} WITH NO DATA"
+            )
+            with cur.copy(f"COPY {stage} ({cols}) FROM STDIN") as copy:
+                for row in rows:
+                    copy.write_row(row)
+            cur.execute(
+                f"INSERT INTO {table.name} ({cols})"
+                f" SELECT {cols} FROM {stage} ORDER BY {', '.join(key)}"
+                " ON CONFLICT DO NOTHING"
+            )
+            return max(cur.rowcount, 0)
+
+
+__all__ = [
+    "dedupe",
+    "exchange_values",
+    "health_values",
+    "write_drops",
+    "write_exchanges",
+    "write_health",
+    "write_records",
+]
