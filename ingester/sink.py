@@ -41,11 +41,15 @@ class StoreSink:
         write_health: Writer[Any] | None = None,
     ) -> None:
         from storage import errors as storage_errors
-        from storage import write as storage_write
 
+        if write_exchanges is None or write_health is None:
+            from storage import write as storage_write
+
+            write_exchanges = write_exchanges or storage_write.write_exchanges
+            write_health = write_health or storage_write.write_health
         self.engine = engine
-        self._write_exchanges = write_exchanges or storage_write.write_exchanges
-        self._write_health = write_health or storage_write.write_health
+        self._write_exchanges = write_exchanges
+        self._write_health = write_health
         self._unavailable: type[Exception] = storage_errors.StoreUnavailable
         self._error: type[Exception] = storage_errors.StoreError
         # Errors about the store itself, not about a record: no point bisecting the batch.

@@ -20,13 +20,13 @@ Kafka has acknowledged its dead letters.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any, Protocol, TypeVar
 
 from ingester import metrics
 from ingester.backoff import Backoff
 from ingester.batch import Batch, DeadLetter, Decoded, Message, Partition
 from ingester.clock import Clock
-from ingester.deadletter import DeadLetters
 from ingester.decode import Poison, PoisonReason, decode
 from ingester.errors import DeadLetterUnavailable, TransientError
 from ingester.sink import StoreSink
@@ -45,6 +45,12 @@ class Step(Protocol[T_contra]):
     def poll(self) -> None: ...
     def join(self, timeout_s: float) -> bool: ...
     def close(self) -> None: ...
+
+
+class SendsDeadLetters(Protocol):
+    def send(self, letters: Sequence[DeadLetter]) -> None:
+        """Send the letters not yet acknowledged; raise DeadLetterUnavailable on failure."""
+        ...
 
 
 class CommitOffsets:
@@ -106,7 +112,7 @@ class WriteBatch:
     def __init__(
         self,
         sink: StoreSink,
-        dead_letters: DeadLetters,
+        dead_letters: SendsDeadLetters,
         next_step: Step[dict[Partition, int]],
         clock: Clock,
         backoff: Backoff,

@@ -1,0 +1,228 @@
+"""The steps with an exact clock and simple fakes of our own seams (the store's writer
+functions, the dead-letter sender, the commit step); the real Kafka and PostgreSQL are in
+test_ingest_services.py."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+from ingest_factories import Msg, exchange, health
+
+from ingester.backoff import Backoff
+from ingester.batch import DeadLetter, Partition
+from ingester.clock import ManualClock
+from ingester.decode import PoisonReason
+from ingester.errors import DeadLetterUnavailable, StoreRejected
+from ingester.sink import StoreSink
+from ingester.steps import Accumulate, Decode, MessageRejected, WriteBatch
+from storage.errors import SchemaMissing, StoreError, StoreUnavailable
+
+EX, HE = "t.exchanges", "t.health"
+
+
+class Store:
+    """Writer functions with the storage.write signatures, over a dict; can be 'down'."""
+
+    def __init__(self) -> None:
+        self.rows: dict[Any, Any] = {}
+        self.down = False
+        self.calls = 0
+        self.refuse: set[str] = set()  # output_text values the 'database' refuses
+
+    def write_exchanges(self, engine: Any, records: Sequence[Any]) -> int:
+        return self._write(records, lambda r: (r.pair_id, r.role))
+
+    def write_health(self, engine: Any, samples: Sequence[Any]) -> int:
+        return self._write(samples, lambda s: (s.engine, s.ts))
+
+    def _write(self, records: Sequence[Any], key: Any) -> int:
+        self.calls += 1
+        if self.down:
+            raise StoreUnavailable("connection refused")
+        if any(getattr(r, "output_text", None) in self.refuse for r in records):
+            raise StoreError("value too long for type character varying(200)")
+        new = {key(r): r for r in records if key(r) not in self.rows}
+        self.rows.update(new)
+        return len(new)
+
+
+class Letters:
+    def __init__(self) -> None:
+        self.sent: list[DeadLetter] = []
+        self.down = False
+
+    def send(self, letters: Sequence[DeadLetter]) -> None:
+        pending = [x for x in letters if not x.acked]
+        if pending and self.down:
+            raise DeadLetterUnavailable("broker away")
+        for x in pending:
+            x.acked = True
+            self.sent.append(x)
+
+
+class Commits:
+    def __init__(self) -> None:
+        self.offsets: list[dict[Partition, int]] = []
+
+    def submit(self, offsets: dict[Partition, int]) -> None:
+        self.offsets.append(dict(offsets))
+
+    def poll(self) -> None:
+        pass
+
+    def join(self, timeout_s: float) -> bool:
+        return True
+
+    def close(self) -> None:
+        pass
+
+
+class Pipeline:
+    def __init__(self, batch_size: int = 3, wait_s: float = 1.0) -> None:
+        self.clock = ManualClock(100.0)
+        self.store = Store()
+        self.letters = Letters()
+        self.commits = Commits()
+        sink = StoreSink(None, self.store.write_exchanges, self.store.write_health)
+        backoff = Backoff(initial_s=1.0, cap_s=8.0, rng=random.Random(1))
+        self.write = WriteBatch(sink, self.letters, self.commits, self.clock, backoff)
+        self.acc = Accumulate(self.write, self.clock, max_size=batch_size, max_wait_s=wait_s)
+        self.decode = Decode(self.acc, {EX: "exchange", HE: "health"})
+        self.offsets = {EX: 0, HE: 0}
+
+    def msg(self, topic: str, value: bytes | None, partition: int = 0) -> Msg:
+        off = self.offsets[topic]
+        self.offsets[topic] += 1
+        return Msg(topic, partition, off, value, key=b"k")
+
+    def submit_exchange(self, i: int, partition: int = 0) -> None:
+        self.decode.submit(self.msg(EX, exchange("dep", i).to_json(), partition))
+
+
+def test_batch_flushes_at_size_and_commits_after_the_write() -> None:
+    p = Pipeline(batch_size=3)
+    p.submit_exchange(0)
+    p.submit_exchange(1, partition=1)
+    assert p.store.rows == {} and p.commits.offsets == []
+    p.submit_exchange(2)
+    assert len(p.store.rows) == 3
+    assert p.commits.offsets == [{Partition(EX, 0): 3, Partition(EX, 1): 2}]
+
+
+def test_batch_flushes_exactly_at_its_timeout() -> None:
+    p = Pipeline(batch_size=100, wait_s=1.0)
+    p.submit_exchange(0)
+    p.clock.advance(0.5)
+    p.submit_exchange(1)
+    p.clock.advance(0.499)
+    p.decode.poll()
+    assert p.store.rows == {}
+    p.clock.advance(0.001)  # the first message is now exactly 1.0 s old
+    p.decode.poll()
+    assert len(p.store.rows) == 2
+    assert p.commits.offsets == [{Partition(EX, 0): 2}]
+
+
+def test_mixed_kinds_and_poison_share_one_batch_and_one_commit() -> None:
+    p = Pipeline(batch_size=4)
+    p.submit_exchange(0)
+    p.decode.submit(p.msg(HE, health("dep", 0).to_json()))
+    p.decode.submit(p.msg(EX, b"\xff not json"))
+    p.decode.submit(p.msg(EX, health("dep", 1).to_json()))  # wrong topic
+    assert len(p.store.rows) == 2
+    assert [x.poison.code for x in p.letters.sent] == [
+        PoisonReason.NOT_JSON,
+        PoisonReason.WRONG_TOPIC,
+    ]
+    assert p.letters.sent[0].message.value == b"\xff not json"
+    assert p.commits.offsets == [{Partition(EX, 0): 3, Partition(HE, 0): 1}]
+
+
+def test_store_down_keeps_the_batch_pushes_back_and_retries_with_backoff() -> None:
+    p = Pipeline(batch_size=2)
+    p.store.down = True
+    p.submit_exchange(0)
+    p.submit_exchange(1)  # full: write fails, batch kept by WriteBatch
+    assert p.write.busy and p.commits.offsets == []
+    first_retry = p.write.retry_at
+    assert 100.5 <= first_retry <= 101.0  # attempt 1: jitter within [0.5, 1.0] s
+    p.submit_exchange(2)
+    p.submit_exchange(3)  # second batch full, but the writer is busy: held in Accumulate
+    assert p.acc.ready is not None
+    with pytest.raises(MessageRejected):
+        p.submit_exchange(4)  # backpressure: the caller must pause
+    calls = p.store.calls
+    p.clock.now = first_retry - 0.001
+    p.decode.poll()
+    assert p.store.calls == calls  # not before the backoff has passed
+    p.clock.now = first_retry
+    p.decode.poll()
+    assert p.store.calls == calls + 1 and p.write.attempts == 2
+    second_retry = p.write.retry_at
+    assert first_retry + 1.0 <= second_retry <= first_retry + 2.0  # attempt 2: [1, 2] s
+    p.store.down = False
+    p.clock.now = second_retry
+    p.decode.poll()  # batch 1 written and committed, batch 2 handed on and written
+    p.decode.poll()
+    assert len(p.store.rows) == 4
+    assert p.commits.offsets == [{Partition(EX, 0): 2}, {Partition(EX, 0): 4}]
+    p.decode.submit(p.msg(EX, exchange("dep", 4).to_json()))  # accepted again
+
+
+def test_dead_letter_failure_blocks_the_commit_and_is_retried_without_duplicates() -> None:
+    p = Pipeline(batch_size=2)
+    p.letters.down = True
+    p.submit_exchange(0)
+    p.decode.submit(p.msg(EX, b"nope"))
+    assert p.commits.offsets == [] and p.write.busy
+    p.letters.down = False
+    p.clock.now = p.write.retry_at
+    p.decode.poll()
+    assert len(p.letters.sent) == 1
+    assert p.commits.offsets == [{Partition(EX, 0): 2}]
+
+
+def test_join_writes_the_partial_batch_and_waits_out_a_short_outage() -> None:
+    p = Pipeline(batch_size=100, wait_s=60)
+    p.submit_exchange(0)
+    p.store.down = True
+    assert p.decode.join(0.2) is False  # store away, timeout shorter than the backoff
+    p.store.down = False
+    assert p.decode.join(30) is True
+    assert len(p.store.rows) == 1 and p.commits.offsets == [{Partition(EX, 0): 1}]
+
+
+def test_store_refusing_one_record_sends_just_that_one_to_the_dlq() -> None:
+    p = Pipeline(batch_size=5)
+    p.store.refuse = {"answer 3"}
+    for i in range(5):
+        p.submit_exchange(i)
+    assert len(p.store.rows) == 4
+    assert [x.poison.code for x in p.letters.sent] == [PoisonReason.STORE_REJECTED]
+    assert p.letters.sent[0].message.offset == 3
+    assert "value too long" in p.letters.sent[0].poison.detail
+    assert p.commits.offsets == [{Partition(EX, 0): 5}]
+
+
+def test_store_refusing_everything_stops_instead_of_dead_lettering_it_all() -> None:
+    store = Store()
+    store.refuse = {"answer 0", "answer 1"}
+    sink = StoreSink(None, store.write_exchanges, store.write_health)
+    with pytest.raises(StoreRejected, match="refused every one of 2"):
+        sink.write_exchanges([exchange("d", 0), exchange("d", 1)])
+
+
+def test_unmigrated_store_stops_at_once() -> None:
+    calls = []
+
+    def missing(engine: Any, records: Sequence[Any]) -> int:
+        calls.append(len(records))
+        raise SchemaMissing("relation exchanges does not exist: run `shadow-ab db upgrade`")
+
+    sink = StoreSink(None, missing, missing)
+    with pytest.raises(StoreRejected, match="db upgrade"):
+        sink.write_exchanges([exchange("d", i) for i in range(64)])
+    assert calls == [64]  # no bisecting a schema problem
