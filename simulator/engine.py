@@ -1,0 +1,246 @@
+"""The simulated engine core: continuous batching paced by asyncio sleeps.
+
+One loop task steps the engine like vLLM's or TensorRT-LLM's scheduler does: each iteration it
+admits waiting requests while the running set and the KV cache allow (a request reserves its
+prompt plus its output budget; beyond capacity it queues), sleeps for the iteration's modelled
+time, then advances every running sequence by one token (newly admitted ones get their first
+token: prefill). Iteration time::
+
+    decode_ms * drift * (1 + batch_slowdown * (running_seqs - 1))
+      + sum over admitted requests of (prefill_base_ms + prefill_per_token_ms * prompt_tokens)
+    all times log-normal noise
+
+Answers are computed when a request is submitted (:mod:`simulator.generate`); the loop only
+counts how many tokens of each are ready and wakes the request's handler. A hung engine (fault)
+does not step, so streams stop mid-way and new requests wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from simulator.faults import FaultRuntime
+from simulator.generate import Completion
+from simulator.metrics import EngineSnapshot, EngineStats, trt_iteration_stat
+from simulator.scenario import Scenario
+
+
+@dataclass(eq=False, slots=True)
+class Sequence:
+    """One choice being generated."""
+
+    completion: Completion
+    produced: int = 0
+    sent: int = 0
+    finish_sent: bool = False
+
+    @property
+    def total(self) -> int:
+        return len(self.completion.tokens)
+
+    @property
+    def done(self) -> bool:
+        return self.produced >= len(self.completion.tokens)
+
+
+@dataclass(eq=False)
+class Job:
+    """One HTTP request's work: its sequences and its timeline (monotonic seconds)."""
+
+    id: str
+    seqs: list[Sequence]
+    prompt_tokens: int
+    reserve_tokens: int
+    arrival: float = field(default_factory=time.monotonic)
+    scheduled_at: float | None = None
+    first_token_at: float | None = None
+    finished_at: float | None = None
+    finished: bool = False
+    aborted: bool = False
+    event: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def generated(self) -> int:
+        return sum(s.produced for s in self.seqs)
+
+
+class Engine:
+    def __init__(
+        self,
+        scenario: Scenario,
+        faults: FaultRuntime,
+        stats: EngineStats,
+        *,
+        rng: random.Random | None = None,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        self.scenario = scenario
+        self.lat = scenario.latency
+        self.faults = faults
+        self.stats = stats
+        self.rng = rng or random.Random(scenario.seed)
+        self.waiting: deque[Job] = deque()
+        self.running: list[Job] = []
+        self.kv_reserved = 0
+        self._wake = asyncio.Event()
+        self._sleep = sleep
+
+    # -- requests ------------------------------------------------------------------------
+
+    def submit(self, job: Job) -> None:
+        self.waiting.append(job)
+        self._wake.set()
+
+    def abort(self, job: Job) -> None:
+        """The client went away: free its slot (counted as an abort)."""
+        if job.finished or job.aborted:
+            return
+        job.aborted = True
+        if job in self.running:
+            self.running.remove(job)
+            self.kv_reserved -= job.reserve_tokens
+            self.stats.success["abort"] += 1
+        else:
+            try:
+                self.waiting.remove(job)
+            except ValueError:
+                pass
+            else:
+                self.stats.success["abort"] += 1
+
+    def inflight_ids(self) -> list[str]:
+        return [j.id for j in self.running]
+
+    # -- state ---------------------------------------------------------------------------
+
+    def running_seqs(self) -> int:
+        return sum(1 for j in self.running for s in j.seqs if not s.done)
+
+    def snapshot(self) -> EngineSnapshot:
+        used = sum(j.prompt_tokens + j.generated for j in self.running)
+        cpu, gpu = self.faults.memory_mb()
+        return EngineSnapshot(
+            running=len(self.running),
+            waiting=len(self.waiting),
+            kv_used_tokens=min(used, self.lat.kv_capacity_tokens),
+            kv_capacity_tokens=self.lat.kv_capacity_tokens,
+            kv_block_tokens=self.lat.kv_block_tokens,
+            cpu_mb=cpu,
+            gpu_mb=gpu,
+        )
+
+    # -- the loop ------------------------------------------------------------------------
+
+    def _admit(self) -> list[Job]:
+        admitted: list[Job] = []
+        seqs = self.running_seqs()
+        while self.waiting:
+            job = self.waiting[0]
+            fits_kv = self.kv_reserved + job.reserve_tokens <= self.lat.kv_capacity_tokens
+            fits_batch = seqs + len(job.seqs) <= self.lat.max_num_seqs
+            # An idle engine always takes the head request, however large, or it would wait
+            # forever.
+            if (not self.running and not admitted) or (fits_kv and fits_batch):
+                self.waiting.popleft()
+                self.kv_reserved += job.reserve_tokens
+                seqs += len(job.seqs)
+                admitted.append(job)
+                self.running.append(job)
+            else:
+                break
+        return admitted
+
+    def iteration_ms(self, admitted: list[Job]) -> float:
+        seqs = max(1, self.running_seqs())
+        decode = (
+            self.lat.decode_ms
+            * self.faults.decode_multiplier()
+            * (1.0 + self.lat.batch_slowdown * (seqs - 1))
+        )
+        prefill = sum(
+            self.lat.prefill_base_ms + self.lat.prefill_per_token_ms * j.prompt_tokens
+            for j in admitted
+        )
+        noise = math.exp(self.rng.gauss(0.0, self.lat.noise)) if self.lat.noise else 1.0
+        return (decode + prefill) * noise
+
+    async def run(self) -> None:
+        while True:
+            if self.faults.hang_active():
+                await asyncio.sleep(0.005)
+                continue
+            if not self.running and not self.waiting:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            await self.step()
+
+    async def step(self) -> None:
+        started = time.monotonic()
+        admitted = self._admit()
+        for job in admitted:
+            job.scheduled_at = started
+        ms = self.iteration_ms(admitted)
+        await self._sleep(ms / 1000.0)
+        now = time.monotonic()
+        took = now - started
+        stats = self.stats
+        produced = 0
+        for job in list(self.running):
+            if job.aborted:
+                continue
+            for seq in job.seqs:
+                if seq.produced < seq.total:
+                    seq.produced += 1
+                    produced += 1
+            if job.first_token_at is None:
+                job.first_token_at = now
+                stats.ttft.observe(now - job.arrival)
+            else:
+                stats.itl.observe(took)
+            if all(s.done for s in job.seqs):
+                self._finish(job, now)
+            job.event.set()
+        stats.generation_tokens_total += produced
+        queue_ms = (
+            sum(started - j.arrival for j in admitted) / len(admitted) * 1000.0 if admitted else 0.0
+        )
+        stats.iterations.append(
+            trt_iteration_stat(
+                stats,
+                self.snapshot(),
+                latency_ms=ms,
+                queue_latency_ms=queue_ms,
+                scheduled=len(self.running),
+                context_requests=len(admitted),
+                context_tokens=sum(j.prompt_tokens for j in admitted),
+                max_active=self.lat.max_num_seqs,
+                sim_time=self.faults.clock.now(),
+                time_scale=self.scenario.time_scale,
+            )
+        )
+
+    def _finish(self, job: Job, now: float) -> None:
+        job.finished = True
+        job.finished_at = now
+        self.running.remove(job)
+        self.kv_reserved -= job.reserve_tokens
+        s = self.stats
+        s.completed_since_iter += 1
+        s.prompt_tokens_total += job.prompt_tokens
+        s.prompt_tokens.observe(job.prompt_tokens)
+        s.generation_tokens.observe(job.generated)
+        s.e2e.observe(now - job.arrival)
+        if job.scheduled_at is not None:
+            s.queue.observe(job.scheduled_at - job.arrival)
+            if job.first_token_at is not None:
+                s.prefill.observe(job.first_token_at - job.scheduled_at)
+                s.decode.observe(now - job.first_token_at)
+        reasons = {seq.completion.finish_reason for seq in job.seqs}
+        s.success["length" if "length" in reasons else "stop"] += 1

@@ -1,0 +1,78 @@
+"""The ledger: a JSON-lines file of everything the simulator injected.
+
+Appended by whoever injects (the serving process for faults and divergences, the supervisor for
+restarts), one ``write`` per line on an ``O_APPEND`` file, so lines survive a crash and never
+interleave. Every line carries::
+
+    event        "start" | "fault" | "fault_end" | "restart" | "divergence" | "stop"
+    ts, ts_iso   simulated time (Unix seconds / ISO 8601)
+    elapsed_s    simulated seconds since the simulator's epoch
+    wall         real Unix time of the write
+    time_scale   simulated seconds per real second (1 = real time)
+    flavor, engine, pid
+
+Fault lines add ``kind``, ``fault_id`` (stable across restarts), ``start``/``end`` (simulated
+Unix seconds; ``end`` null when open-ended) and ``params``. Divergence lines add
+``request_id``, ``pair_id`` (the ``x-shadow-pair-id`` request header, if sent), ``choice``,
+``position``, ``near_tie``, ``reference_token``, ``token``, ``visible`` and the prompt's hash.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from simulator.clock import SimClock, iso
+
+
+class Ledger:
+    def __init__(self, path: Path | None, clock: SimClock, *, flavor: str, engine: str) -> None:
+        self.path = path
+        self._clock = clock
+        self._fd: int | None = None
+        self._base = {"flavor": flavor, "engine": engine}
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+
+    def write(self, event: str, **fields: Any) -> dict[str, Any]:
+        elapsed = self._clock.elapsed()
+        ts = self._clock.at(elapsed)
+        line: dict[str, Any] = {
+            "event": event,
+            "ts": round(ts, 6),
+            "ts_iso": iso(ts),
+            "elapsed_s": round(elapsed, 6),
+            "wall": round(self._clock._wall(), 6),
+            "time_scale": self._clock.scale,
+            **self._base,
+            "pid": os.getpid(),
+            **fields,
+        }
+        if self._fd is not None:
+            os.write(self._fd, orjson.dumps(line) + b"\n")
+        return line
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def read_ledger(path: Path | str) -> list[dict[str, Any]]:
+    """Every line of a ledger file, in order (a missing file is an empty ledger)."""
+    p = Path(path)
+    if not p.exists():
+        return []
+    out = []
+    for n, raw in enumerate(p.read_bytes().splitlines(), 1):
+        if not raw.strip():
+            continue
+        try:
+            out.append(orjson.loads(raw))
+        except orjson.JSONDecodeError as exc:
+            raise ValueError(f"{p}:{n}: not a JSON line ({exc}); the ledger is corrupt") from exc
+    return out

@@ -1,0 +1,366 @@
+"""The serving process: one aiohttp application speaking one flavor's wire format.
+
+Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``,
+``GET /health``, ``GET /version``, ``GET /metrics``. The engine loop
+(:class:`simulator.engine.Engine`) and a fault ticker run beside the application.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import random
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from simulator.clock import SimClock
+from simulator.engine import Engine, Job, Sequence
+from simulator.faults import FaultRuntime
+from simulator.generate import (
+    Completion,
+    Departure,
+    answer_length,
+    complete,
+    natural_length,
+    prompt_state,
+)
+from simulator.ledger import Ledger
+from simulator.metrics import EngineStats, drain_trt, render_vllm
+from simulator.scenario import Scenario
+from simulator.wire import (
+    Framer,
+    WireError,
+    _Chat,
+    _Completion,
+    chat_prompt,
+    completion_prompts,
+    error_body,
+    models_body,
+    parse_request,
+)
+
+FAULT_TICK_S = 0.01
+PROM_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def _json(body: Any, status: int = 200) -> web.Response:
+    return web.Response(body=orjson.dumps(body), status=status, content_type="application/json")
+
+
+class SimServer:
+    def __init__(
+        self,
+        scenario: Scenario,
+        clock: SimClock,
+        ledger: Ledger,
+        *,
+        process_start_wall: float,
+        process_start_elapsed: float,
+        resume_after: float = 0.0,
+        restarts: int = 0,
+        on_crash: Callable[[float, float], None],
+    ) -> None:
+        self.scenario = scenario
+        self.flavor = scenario.flavor
+        self.clock = clock
+        self.ledger = ledger
+        self.process_start_wall = process_start_wall
+        self.rng = random.Random(scenario.seed * 7919 + restarts)
+        self.stats = EngineStats()
+        self.faults = FaultRuntime(
+            scenario,
+            clock,
+            ledger,
+            process_start=process_start_elapsed,
+            resume_after=resume_after,
+            on_crash=on_crash,
+            inflight=lambda: self.engine.inflight_ids(),
+            rng=random.Random(scenario.seed * 104729 + restarts),
+        )
+        self.engine = Engine(scenario, self.faults, self.stats, rng=self.rng)
+        self._seq_no = 0
+        self.app = web.Application(client_max_size=64 * 1024 * 1024)
+        self.app.router.add_post("/v1/chat/completions", self.chat)
+        self.app.router.add_post("/v1/completions", self.completions)
+        self.app.router.add_get("/v1/models", self.models)
+        self.app.router.add_get("/health", self.health)
+        self.app.router.add_get("/version", self.version)
+        self.app.router.add_get("/metrics", self.metrics)
+        self.app.cleanup_ctx.append(self._background)
+        if scenario.accelerated:
+            self.app.on_response_prepare.append(self._mark_accelerated)
+
+    async def _background(self, app: web.Application) -> AsyncIterator[None]:
+        self.faults.tick()
+        tasks = [asyncio.create_task(self.engine.run()), asyncio.create_task(self._tick())]
+        yield
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+
+    async def _tick(self) -> None:
+        while True:
+            await asyncio.sleep(FAULT_TICK_S)
+            self.faults.tick()
+
+    async def _mark_accelerated(self, request: web.Request, response: web.StreamResponse) -> None:
+        response.headers["x-sim-time-scale"] = repr(self.scenario.time_scale)
+
+    # -- plain endpoints -----------------------------------------------------------------
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.Response(status=200)
+
+    async def version(self, request: web.Request) -> web.Response:
+        body: dict[str, Any] = {"version": self.faults.version}
+        if self.scenario.accelerated:
+            body["sim_time_scale"] = self.scenario.time_scale
+        return _json(body)
+
+    async def models(self, request: web.Request) -> web.Response:
+        return _json(
+            models_body(
+                self.flavor,
+                self.scenario.model,
+                self.scenario.latency.max_model_len,
+                int(self.process_start_wall),
+            )
+        )
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        if self.flavor == "trtllm":
+            return _json(drain_trt(self.stats))
+        text = render_vllm(
+            self.stats,
+            self.engine.snapshot(),
+            model=self.scenario.model,
+            process_start=self.process_start_wall,
+            multiprocess=self.scenario.multiprocess,
+            time_scale=self.scenario.time_scale,
+            sim_elapsed=self.clock.elapsed(),
+        )
+        return web.Response(body=text.encode(), headers={"Content-Type": PROM_CONTENT_TYPE})
+
+    # -- generation ----------------------------------------------------------------------
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, "chat")
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, "completions")
+
+    async def _generate(self, request: web.Request, endpoint: str) -> web.StreamResponse:
+        raw = await request.read()
+        try:
+            req = parse_request(self.flavor, endpoint, raw, self.scenario.model)
+        except WireError as exc:
+            return _json(exc.body, exc.status)
+        self._seq_no += 1
+        framer = Framer(
+            self.flavor, endpoint, self.scenario.model, stream=bool(req.stream), seq_no=self._seq_no
+        )
+        status = self.faults.error_for_request(framer.id)
+        if status is not None:
+            msg = "Internal server error (injected by the simulator's error_burst fault)"
+            return _json(error_body(self.flavor, status, msg, "InternalServerError"), status)
+        if isinstance(req, _Chat):
+            prompts = [chat_prompt(req.messages)]
+            logprobs = (req.top_logprobs or 0) if req.logprobs else None
+        else:
+            assert isinstance(req, _Completion)
+            prompts = completion_prompts(req.prompt)
+            logprobs = req.logprobs
+        max_len = self.scenario.latency.max_model_len
+        budget = req.output_budget
+        for _, n_prompt in prompts:
+            if n_prompt + (budget or 0) > max_len:
+                msg = (
+                    f"This model's maximum context length is {max_len} tokens. However, you"
+                    f" requested {n_prompt + (budget or 0)} tokens ({n_prompt} in the messages,"
+                    f" {budget or 0} in the completion). Please reduce the length of the"
+                    " messages or completion."
+                )
+                return _json(error_body(self.flavor, 400, msg, "BadRequestError"), 400)
+        pair_id = request.headers.get("x-shadow-pair-id")
+        completions: list[Completion] = []
+        for text, n_prompt in prompts:
+            for i in range(req.n):
+                completions.append(
+                    self._answer(req, endpoint, text, n_prompt, i, logprobs, framer.id, pair_id)
+                )
+        prompt_tokens = sum(n for _, n in prompts)
+        job = Job(
+            id=framer.id,
+            seqs=[Sequence(c) for c in completions],
+            prompt_tokens=prompt_tokens,
+            reserve_tokens=prompt_tokens * req.n + sum(len(c.tokens) for c in completions),
+        )
+        if self.faults.hang_active():
+            self.faults.note_hung_request(job.id)
+        self.engine.submit(job)
+        try:
+            if req.stream:
+                return await self._stream(request, req, framer, job, prompt_tokens, logprobs)
+            while not job.finished:
+                await job.event.wait()
+                job.event.clear()
+            echo = None
+            if isinstance(req, _Completion) and req.echo:
+                echo = [t for t, _ in prompts for _ in range(req.n)]
+            body = framer.response(completions, prompt_tokens, logprobs=logprobs, echo_prefix=echo)
+            return _json(body)
+        finally:
+            if not job.finished:
+                self.engine.abort(job)
+
+    def _answer(
+        self,
+        req: _Chat | _Completion,
+        endpoint: str,
+        prompt: str,
+        prompt_tokens: int,
+        choice: int,
+        logprobs: int | None,
+        request_id: str,
+        pair_id: str | None,
+    ) -> Completion:
+        sc = self.scenario
+        start = prompt_state(sc.model, prompt, req.seed)
+        natural = natural_length(start, sc.answers.min_tokens, sc.answers.max_tokens)
+        max_model_tokens = max(1, sc.latency.max_model_len - prompt_tokens)
+        temperature = 1.0 if req.temperature is None else req.temperature
+        departure = None
+        if temperature == 0.0:
+            p = sc.divergence.p_at(self.clock.elapsed())
+            if p > 0.0 and self.rng.random() < p:
+                length, _ = answer_length(
+                    natural, req.output_budget, req.min_tokens, req.ignore_eos, max_model_tokens
+                )
+                hi = length - 1
+                if sc.divergence.position_max is not None:
+                    hi = min(hi, sc.divergence.position_max)
+                lo = sc.divergence.position_min
+                if lo <= hi:
+                    near = self.rng.random() < sc.divergence.near_tie_share
+                    departure = Departure(self.rng.randint(lo, hi), near)
+        rng = None
+        if temperature > 0.0:
+            seed = f"{req.seed}:{start}:{choice}" if req.seed is not None else self.rng.random()
+            rng = random.Random(seed)
+        result = complete(
+            start,
+            natural=natural,
+            max_tokens=req.output_budget,
+            min_tokens=req.min_tokens,
+            ignore_eos=req.ignore_eos,
+            max_model_tokens=max_model_tokens,
+            stops=req.stops,
+            include_stop=req.include_stop_str_in_output,
+            want_top=logprobs is not None,
+            temperature=temperature,
+            rng=rng,
+            departure=departure,
+        )
+        info = result.departure
+        if info is not None:
+            self.ledger.write(
+                "divergence",
+                request_id=request_id,
+                pair_id=pair_id,
+                endpoint=endpoint,
+                stream=bool(req.stream),
+                choice=choice,
+                position=info.position,
+                near_tie=info.near_tie,
+                reference_token=info.reference_token,
+                token=info.token,
+                reference_top=list(info.reference_top),
+                top=list(info.top),
+                visible=result.visible_departure,
+                model=sc.model,
+                seed=req.seed,
+                prompt_sha256=hashlib.sha256(prompt.encode()).hexdigest(),
+            )
+        return result
+
+    async def _stream(
+        self,
+        request: web.Request,
+        req: _Chat | _Completion,
+        framer: Framer,
+        job: Job,
+        prompt_tokens: int,
+        logprobs: int | None,
+    ) -> web.StreamResponse:
+        resp = web.StreamResponse(
+            headers={
+                "Content-Type": "text/event-stream; charset=utf-8",
+                "Cache-Control": "no-cache",
+            }
+        )
+        so = req.stream_options
+        include_usage = bool(so is not None and so.include_usage)
+        continuous = include_usage and bool(so is not None and so.continuous_usage_stats)
+        chat = framer.endpoint == "chat"
+        sent_total = 0
+        offsets = [0] * len(job.seqs)
+        try:
+            await resp.prepare(request)
+            if chat:
+                usage0 = framer.usage(prompt_tokens, 0) if continuous else None
+                await resp.write(
+                    b"".join(framer.role_chunk(i, usage0) for i in range(len(job.seqs)))
+                )
+            while True:
+                await job.event.wait()
+                job.event.clear()
+                finished = job.finished
+                out: list[bytes] = []
+                for i, seq in enumerate(job.seqs):
+                    if seq.finish_sent:
+                        continue
+                    upto = seq.produced
+                    tokens = seq.completion.tokens[seq.sent : upto]
+                    last = upto >= seq.total
+                    if not tokens and not last:
+                        continue
+                    seq.sent = upto
+                    sent_total += len(tokens)
+                    c = seq.completion
+                    out.append(
+                        framer.token_chunk(
+                            i,
+                            tokens,
+                            finish_reason=c.finish_reason if last else None,
+                            stop_reason=c.stop_reason if last else None,
+                            logprobs=logprobs,
+                            text_offset=offsets[i],
+                            usage=framer.usage(prompt_tokens, sent_total) if continuous else None,
+                        )
+                    )
+                    offsets[i] += sum(len(t.text) for t in tokens)
+                    seq.finish_sent = last
+                if finished:
+                    if include_usage:
+                        out.append(framer.usage_chunk(framer.usage(prompt_tokens, sent_total)))
+                    out.append(Framer.DONE)
+                if out:
+                    await resp.write(b"".join(out))
+                if finished:
+                    break
+            await resp.write_eof()
+        except (ConnectionResetError, ConnectionError):
+            pass  # the client went away; the finally in _generate aborts the job
+        return resp
+
+
+def process_start_times(clock: SimClock) -> tuple[float, float]:
+    """(wall, simulated elapsed) start of this process."""
+    return time.time(), clock.elapsed()

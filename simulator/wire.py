@@ -1,0 +1,469 @@
+"""Each flavor's wire format: request validation, response bodies, stream chunks, errors.
+
+Checked against the engines' sources (vllm ``entrypoints/openai/protocol.py`` and
+``serving_chat.py``; TensorRT-LLM ``serve/openai_protocol.py``, ``postprocess_handlers.py``,
+``openai_server.py``):
+
+=====================  ===========================================  ============================
+                       vLLM                                         TensorRT-LLM
+=====================  ===========================================  ============================
+unknown fields         accepted (ignored)                           400 (``extra="forbid"``)
+completions max_tokens 16 by default                                none: up to end-of-sequence
+wrong ``model``        404 ``NotFoundError``                        accepted
+validation error body  ``{"error": {message, type, param, code}}``  ``{"error": "<pydantic>"}``
+first chat delta       ``{"role": "assistant", "content": ""}``     ``{"role": "assistant"}``,
+                                                                    framed ``data: {..} \\n\\n``
+stream chunks          ``logprobs``/``finish_reason`` null keys,     ``None`` fields left out
+                       ``stop_reason``                              (chat), all kept (completion)
+=====================  ===========================================  ============================
+
+Both: ``data: [DONE]`` last, usage chunk (empty ``choices``) with
+``stream_options.include_usage``, ``continuous_usage_stats`` on every chunk, ``stream_options``
+without ``stream`` is a 400.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import uuid
+from typing import Annotated, Any, Literal
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from simulator.generate import TOP_K_MAX, Completion, Token
+
+Flavor = Literal["vllm", "trtllm"]
+
+_WORD_RE = re.compile(r"\w+|[^\w\s]")
+
+
+def count_tokens(text: str) -> int:
+    """A tokenizer stand-in: words and punctuation marks (same on both flavors)."""
+    return len(_WORD_RE.findall(text))
+
+
+class WireError(Exception):
+    """A request the engine refuses, with the HTTP status and body it answers."""
+
+    def __init__(self, status: int, body: dict[str, Any]) -> None:
+        super().__init__(str(body))
+        self.status = status
+        self.body = body
+
+
+def error_body(
+    flavor: Flavor, status: int, message: str, err_type: str, param: str | None = None
+) -> dict[str, Any]:
+    if flavor == "vllm":
+        return {"error": {"message": message, "type": err_type, "param": param, "code": status}}
+    return {"object": "error", "message": message, "type": err_type, "param": param, "code": status}
+
+
+# -- requests --------------------------------------------------------------------------
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    include_usage: bool | None = True
+    continuous_usage_stats: bool | None = False
+
+
+class _Sampling(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    model: str | None = None
+    n: Annotated[int, Field(ge=1, le=128)] = 1
+    best_of: int | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    temperature: Annotated[float, Field(ge=0.0)] | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    frequency_penalty: float | None = 0.0
+    presence_penalty: float | None = 0.0
+    repetition_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+    echo: bool | None = False
+    use_beam_search: bool = False
+    length_penalty: float | None = None
+    stop_token_ids: list[int] | None = None
+    include_stop_str_in_output: bool = False
+    ignore_eos: bool = False
+    min_tokens: Annotated[int, Field(ge=0)] = 0
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    truncate_prompt_tokens: int | None = None
+    add_special_tokens: bool = True
+    response_format: dict[str, Any] | None = None
+    priority: float | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _stream_options_need_stream(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("stream_options") and not data.get("stream"):
+            raise ValueError("Stream options can only be defined when `stream=True`.")
+        return data
+
+    @property
+    def stops(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else [s for s in self.stop if s]
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+class _Chat(_Sampling):
+    messages: Annotated[list[dict[str, Any]], Field(min_length=1)]
+    logprobs: bool | None = False
+    top_logprobs: Annotated[int, Field(ge=0, le=TOP_K_MAX)] | None = None
+    max_tokens: Annotated[int, Field(ge=1)] | None = None
+    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    documents: list[dict[str, Any]] | None = None
+    reasoning_effort: str | None = None
+
+    @model_validator(mode="after")
+    def _top_needs_logprobs(self) -> _Chat:
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("when using `top_logprobs`, `logprobs` must be set to true.")
+        return self
+
+    @property
+    def output_budget(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+
+class _Completion(_Sampling):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    logprobs: Annotated[int, Field(ge=0, le=TOP_K_MAX)] | None = None
+    max_tokens: Annotated[int, Field(ge=0)] | None = 16
+    suffix: str | None = None
+
+    @property
+    def output_budget(self) -> int | None:
+        return self.max_tokens
+
+
+class VllmChatRequest(_Chat):
+    pass
+
+
+class VllmCompletionRequest(_Completion):
+    pass
+
+
+class TrtChatRequest(_Chat):
+    model_config = ConfigDict(extra="forbid")
+    model: str  # required on TensorRT-LLM
+    cache_salt: str | None = None
+    disaggregated_params: dict[str, Any] | None = None
+    conversation_params: dict[str, Any] | None = None
+    lora_request: dict[str, Any] | None = None
+
+
+class TrtCompletionRequest(_Completion):
+    model_config = ConfigDict(extra="forbid")
+    model: str  # required on TensorRT-LLM
+    max_tokens: Annotated[int, Field(ge=0)] | None = None
+    disaggregated_params: dict[str, Any] | None = None
+    conversation_params: dict[str, Any] | None = None
+    lora_request: dict[str, Any] | None = None
+    detokenize: bool = True
+    prompt_ignore_length: int | None = 0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_suffix(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("suffix"):
+            raise ValueError("suffix is not supported")
+        return data
+
+
+ChatRequest = VllmChatRequest | TrtChatRequest
+CompletionRequest = VllmCompletionRequest | TrtCompletionRequest
+
+_MODELS: dict[tuple[str, str], type[_Chat] | type[_Completion]] = {
+    ("vllm", "chat"): VllmChatRequest,
+    ("vllm", "completions"): VllmCompletionRequest,
+    ("trtllm", "chat"): TrtChatRequest,
+    ("trtllm", "completions"): TrtCompletionRequest,
+}
+
+
+def parse_request(
+    flavor: Flavor, endpoint: str, raw: bytes, served_model: str
+) -> _Chat | _Completion:
+    """Validate one request body the way the flavor does; raise :class:`WireError` if refused."""
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        msg = f"request body is not valid JSON: {exc}"
+        if flavor == "vllm":
+            raise WireError(400, error_body(flavor, 400, msg, "BadRequestError")) from exc
+        raise WireError(400, {"error": msg}) from exc
+    if not isinstance(data, dict):
+        msg = "request body must be a JSON object"
+        raise WireError(400, error_body(flavor, 400, msg, "BadRequestError"))
+    model_cls = _MODELS[(flavor, endpoint)]
+    try:
+        req = model_cls.model_validate(data)
+    except ValidationError as exc:
+        if flavor == "vllm":
+            raise WireError(400, error_body(flavor, 400, str(exc), "BadRequestError")) from exc
+        raise WireError(400, {"error": str(exc)}) from exc
+    if flavor == "vllm" and req.model is not None and req.model != served_model:
+        msg = f"The model `{req.model}` does not exist."
+        raise WireError(404, error_body(flavor, 404, msg, "NotFoundError", "model"))
+    return req
+
+
+def chat_prompt(messages: list[dict[str, Any]]) -> tuple[str, int]:
+    """The rendered prompt (a simple chat template) and its token count."""
+    parts = []
+    for m in messages:
+        content = m.get("content")
+        if isinstance(content, list):
+            content = "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+        parts.append(f"<|{m.get('role', 'user')}|>\n{content or ''}\n")
+    text = "".join(parts) + "<|assistant|>\n"
+    return text, count_tokens(text) + 3 * len(messages) + 1
+
+
+def completion_prompts(
+    prompt: str | list[str] | list[int] | list[list[int]],
+) -> list[tuple[str, int]]:
+    """Each prompt of a (possibly batched) completion request, with its token count."""
+    if isinstance(prompt, str):
+        return [(prompt, count_tokens(prompt) + 1)]
+    if not prompt:
+        return [("", 1)]
+    if all(isinstance(p, str) for p in prompt):
+        return [(str(p), count_tokens(str(p)) + 1) for p in prompt]
+    if all(isinstance(p, int) for p in prompt):
+        return [(" ".join(map(str, prompt)), len(prompt))]
+    return [(" ".join(map(str, p)), len(p)) for p in prompt if isinstance(p, list)]
+
+
+# -- responses -------------------------------------------------------------------------
+
+
+class Framer:
+    """Builds one response's bodies and SSE events for one flavor and endpoint."""
+
+    def __init__(
+        self, flavor: Flavor, endpoint: str, model: str, *, stream: bool, seq_no: int
+    ) -> None:
+        self.flavor = flavor
+        self.endpoint = endpoint
+        self.model = model
+        self.created = int(time.time())
+        chat = endpoint == "chat"
+        prefix = "chatcmpl" if chat else "cmpl"
+        if flavor == "trtllm" and stream:
+            self.id = f"{prefix}-{seq_no}"
+        else:
+            self.id = f"{prefix}-{uuid.uuid4().hex}"
+        obj = (
+            ("chat.completion.chunk" if stream else "chat.completion")
+            if chat
+            else "text_completion"
+        )
+        self.base = {"id": self.id, "object": obj, "created": self.created, "model": model}
+
+    # logprobs ------------------------------------------------------------------------
+
+    @staticmethod
+    def chat_logprobs(tokens: list[Token], top: int) -> dict[str, Any]:
+        content = []
+        for t in tokens:
+            content.append(
+                {
+                    "token": t.text,
+                    "logprob": t.logprob,
+                    "bytes": list(t.text.encode()),
+                    "top_logprobs": [
+                        {"token": s, "logprob": lp, "bytes": list(s.encode())}
+                        for s, lp in t.top[:top]
+                    ],
+                }
+            )
+        return {"content": content}
+
+    @staticmethod
+    def completion_logprobs(tokens: list[Token], top: int, offset: int) -> dict[str, Any]:
+        offsets, lps, texts, tops = [], [], [], []
+        pos = offset
+        for t in tokens:
+            offsets.append(pos)
+            pos += len(t.text)
+            lps.append(t.logprob)
+            texts.append(t.text)
+            tops.append({s: lp for s, lp in t.top[:top]} if top else None)
+        return {
+            "text_offset": offsets,
+            "token_logprobs": lps,
+            "tokens": texts,
+            "top_logprobs": tops,
+        }
+
+    # SSE -----------------------------------------------------------------------------
+
+    def event(self, obj: dict[str, Any], *, trailing_space: bool = False) -> bytes:
+        return b"data: " + orjson.dumps(obj) + (b" \n\n" if trailing_space else b"\n\n")
+
+    DONE = b"data: [DONE]\n\n"
+
+    def role_chunk(self, index: int, usage: dict[str, Any] | None) -> bytes:
+        """The first chat event of one choice (before any token)."""
+        if self.flavor == "vllm":
+            choice: dict[str, Any] = {
+                "index": index,
+                "delta": {"role": "assistant", "content": ""},
+                "logprobs": None,
+                "finish_reason": None,
+            }
+            chunk = {**self.base, "choices": [choice]}
+            if usage is not None:
+                chunk["usage"] = usage
+            return self.event(chunk)
+        chunk = {**self.base, "choices": [{"index": index, "delta": {"role": "assistant"}}]}
+        if usage is not None:
+            chunk["usage"] = usage
+        return self.event(chunk, trailing_space=True)
+
+    def token_chunk(
+        self,
+        index: int,
+        tokens: list[Token],
+        *,
+        finish_reason: str | None,
+        stop_reason: str | None,
+        logprobs: int | None,
+        text_offset: int,
+        usage: dict[str, Any] | None,
+    ) -> bytes:
+        text = "".join(t.text for t in tokens)
+        vllm = self.flavor == "vllm"
+        if self.endpoint == "chat":
+            choice: dict[str, Any] = {
+                "index": index,
+                "delta": {"content": text} if tokens or vllm else {},
+            }
+            lp = self.chat_logprobs(tokens, logprobs or 0) if logprobs is not None else None
+            if vllm:
+                choice["logprobs"] = lp
+                choice["finish_reason"] = finish_reason
+                if finish_reason is not None:
+                    choice["stop_reason"] = stop_reason
+            else:
+                if lp is not None:
+                    choice["logprobs"] = lp
+                if finish_reason is not None:
+                    choice["finish_reason"] = finish_reason
+                if stop_reason is not None:
+                    choice["stop_reason"] = stop_reason
+        else:
+            lp = (
+                self.completion_logprobs(tokens, logprobs or 0, text_offset)
+                if logprobs is not None
+                else None
+            )
+            choice = {
+                "index": index,
+                "text": text,
+                "logprobs": lp,
+                "finish_reason": finish_reason,
+                "stop_reason": stop_reason,
+            }
+            if not vllm:
+                choice["token_ids"] = None
+                choice["avg_decoded_tokens_per_iter"] = None
+        chunk: dict[str, Any] = {**self.base, "choices": [choice]}
+        if usage is not None:
+            chunk["usage"] = usage
+        elif self.endpoint == "completions" and not vllm:
+            chunk["usage"] = None
+        return self.event(chunk)
+
+    def usage_chunk(self, usage: dict[str, Any]) -> bytes:
+        return self.event({**self.base, "choices": [], "usage": usage})
+
+    def usage(self, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+        u: dict[str, Any] = {
+            "prompt_tokens": prompt_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+            "completion_tokens": completion_tokens,
+        }
+        u["prompt_tokens_details"] = {"cached_tokens": 0} if self.flavor == "trtllm" else None
+        return u
+
+    # whole responses -----------------------------------------------------------------
+
+    def response(
+        self,
+        completions: list[Completion],
+        prompt_tokens: int,
+        *,
+        logprobs: int | None,
+        echo_prefix: list[str] | None = None,
+    ) -> dict[str, Any]:
+        choices = []
+        for i, c in enumerate(completions):
+            if self.endpoint == "chat":
+                message: dict[str, Any] = {"role": "assistant", "content": c.text, "tool_calls": []}
+                message["reasoning_content"] = None if self.flavor == "vllm" else ""
+                choice: dict[str, Any] = {
+                    "index": i,
+                    "message": message,
+                    "logprobs": self.chat_logprobs(c.tokens, logprobs or 0)
+                    if logprobs is not None
+                    else None,
+                    "finish_reason": c.finish_reason,
+                    "stop_reason": c.stop_reason,
+                }
+            else:
+                prefix = echo_prefix[i] if echo_prefix else ""
+                choice = {
+                    "index": i,
+                    "text": prefix + c.text,
+                    "logprobs": self.completion_logprobs(c.tokens, logprobs or 0, len(prefix))
+                    if logprobs is not None
+                    else None,
+                    "finish_reason": c.finish_reason,
+                    "stop_reason": c.stop_reason,
+                }
+                if self.flavor == "trtllm":
+                    choice["token_ids"] = None
+            choices.append(choice)
+        body: dict[str, Any] = {
+            **self.base,
+            "choices": choices,
+            "usage": self.usage(prompt_tokens, sum(len(c.tokens) for c in completions)),
+        }
+        if self.flavor == "vllm":
+            body["prompt_logprobs"] = None
+        return body
+
+
+def models_body(flavor: Flavor, model: str, max_model_len: int, created: int) -> dict[str, Any]:
+    card: dict[str, Any] = {"id": model, "object": "model", "created": created}
+    if flavor == "vllm":
+        card.update(owned_by="vllm", root=model, parent=None, max_model_len=max_model_len)
+    else:
+        card["owned_by"] = "tensorrt_llm"
+    return {"object": "list", "data": [card]}
