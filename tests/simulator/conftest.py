@@ -1,0 +1,39 @@
+"""Simulator test fixtures: simulators with tiny latencies where timing is not the point."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from simulator.testing import RunningSim, running_sim
+
+FAST: dict[str, Any] = {
+    "latency": {
+        "decode_ms": 0.3,
+        "prefill_base_ms": 0.5,
+        "prefill_per_token_ms": 0.0,
+        "noise": 0.0,
+    },
+    "answers": {"min_tokens": 24, "max_tokens": 60},
+}
+
+
+@pytest.fixture(scope="module", params=["vllm", "trtllm"])
+def sim(request: pytest.FixtureRequest) -> Iterator[RunningSim]:
+    """A clean simulator of each flavor, shared by a module's tests."""
+    with running_sim(request.param, "clean", overrides=FAST) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def vllm_sim() -> Iterator[RunningSim]:
+    with running_sim("vllm", "clean", overrides=FAST) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def trt_sim() -> Iterator[RunningSim]:
+    with running_sim("trtllm", "clean", overrides=FAST) as s:
+        yield s
