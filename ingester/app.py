@@ -42,7 +42,8 @@ def build_processor(
             cap_s=settings.ingest_retry_max_ms / 1000,
             rng=rng or random.Random(),
         )
-        write = WriteBatch(sink, dead_letters, CommitOffsets(consumer), clock, backoff)
+        commit = CommitOffsets(consumer, on_committed=lambda offsets: processor.committed(offsets))
+        write = WriteBatch(sink, dead_letters, commit, clock, backoff)
         accumulate = Accumulate(
             write,
             clock,
@@ -51,7 +52,7 @@ def build_processor(
         )
         return Decode(accumulate, expected)
 
-    return StreamProcessor(
+    processor = StreamProcessor(
         consumer,
         [settings.ingest_topic_exchanges, settings.ingest_topic_health],
         make_steps,
@@ -59,6 +60,7 @@ def build_processor(
         max_records=settings.ingest_batch_size,
         poll_timeout_ms=settings.ingest_poll_timeout_ms,
     )
+    return processor
 
 
 def ensure_ingest_topics(settings: IngestSettings) -> None:

@@ -6,18 +6,20 @@ It polls the consumer (which also keeps the group membership: heartbeats and
 :class:`~ingester.steps.MessageRejected` keeps the rest of that poll's messages, pauses every
 assigned partition, and resumes once the steps take them again.
 
-On a rebalance the steps are flushed (bounded by ``revoke_timeout_s``); whatever could not be
-written is dropped without committing its offsets, so the partitions' next owner reads it again.
+On a rebalance the unwritten batch is dropped without committing its offsets, so the
+partitions' next owner reads it again (see :meth:`StreamProcessor._on_revoked`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable
 from typing import Any
 
 from ingester.batch import Message, Partition
 from ingester.clock import Clock
+from ingester.errors import SettingsError
 from ingester.steps import MessageRejected, Step
 
 log = logging.getLogger(__name__)
@@ -33,7 +35,6 @@ class StreamProcessor:
         *,
         max_records: int,
         poll_timeout_ms: int = 100,
-        revoke_timeout_s: float = 5.0,
     ) -> None:
         self.consumer = consumer
         self.topics = topics
@@ -41,18 +42,29 @@ class StreamProcessor:
         self.clock = clock
         self.max_records = max_records
         self.poll_timeout_ms = poll_timeout_ms
-        self.revoke_timeout_s = revoke_timeout_s
         self.steps: Step[Message] = make_steps()
         self.held: list[Message] = []
         """Messages polled but not yet taken by the steps (at most one poll's worth)."""
         self.paused = False
         self._stopping = False
+        self.uncommitted_from: dict[Partition, int] = {}
+        """Per partition, the first offset taken from Kafka and not committed yet."""
+        self.last_taken: dict[Partition, int] = {}
 
     # -- lifecycle -------------------------------------------------------------------------
 
     def subscribe(self) -> None:
         from kafka import ConsumerRebalanceListener
 
+        # Know the topics' partitions before joining the group: a consumer that joins with
+        # no metadata yet gets no partitions assigned, and may not notice for minutes.
+        missing = [t for t in self.topics if not self.consumer.partitions_for_topic(t)]
+        if missing:
+            raise SettingsError(
+                f"Kafka has no topic {', '.join(missing)}: create it (`shadow-ab services up`"
+                " creates the default topics; `shadow-ab ingest` does unless"
+                " SHADOW_AB_INGEST_CREATE_TOPICS=false) or fix the topic names"
+            )
         processor = self
 
         class Listener(ConsumerRebalanceListener):
@@ -116,6 +128,10 @@ class StreamProcessor:
 
     def _absorb(self, records: dict[Any, list[Message]]) -> None:
         for messages in records.values():
+            if messages:
+                tp = Partition(messages[0].topic, messages[0].partition)
+                self.uncommitted_from.setdefault(tp, messages[0].offset)
+                self.last_taken[tp] = messages[-1].offset
             self.held.extend(messages)
         if self.held and self.paused:
             # Possible right after a rebalance assigned new, unpaused partitions.
@@ -145,26 +161,43 @@ class StreamProcessor:
             self.consumer.resume(*paused)
         self.paused = False
 
+    def committed(self, offsets: dict[Partition, int]) -> None:
+        """Called by the commit step after Kafka accepted ``offsets``."""
+        for tp, offset in offsets.items():
+            if self.last_taken.get(tp, -1) >= offset:
+                self.uncommitted_from[tp] = offset
+            else:
+                self.uncommitted_from.pop(tp, None)
+
     # -- rebalances ------------------------------------------------------------------------
 
     def _on_revoked(self, revoked: list[Partition]) -> None:
+        # kafka-python 3 runs rebalance listeners on its IO thread, where the blocking consumer
+        # API (commit) cannot be used, so the pending batch cannot be flushed here. Drop it,
+        # and rewind each revoked partition to its first uncommitted offset: kafka-python keeps
+        # a partition's position when the same partition comes back to us in the new
+        # assignment, and otherwise its next owner starts from the committed offset. Either
+        # way the dropped records are read again, and the writes are idempotent.
         if not revoked:
             return
-        log.info("partitions revoked: %s; flushing before letting them go", sorted(revoked))
-        # Held messages were never submitted: drop those of the lost partitions (they are not
-        # committed, so their next owner reads them again).
+        from kafka.structs import TopicPartition
+
         lost = set(revoked)
+        dropped = sum(1 for m in self.held if Partition(m.topic, m.partition) in lost)
         self.held = [m for m in self.held if Partition(m.topic, m.partition) not in lost]
-        if not self.steps.join(self.revoke_timeout_s):
-            log.warning(
-                "rebalance: the store did not take the pending batch within %.0fs; dropping it"
-                " without committing, it will be read again",
-                self.revoke_timeout_s,
-            )
-            # Fresh steps; the eager rebalance protocol (the consumer is configured for it)
-            # revokes every partition and resets positions to the committed offsets.
-            self.steps = self.make_steps()
-            self.held = []
+        for tp in revoked:
+            start = self.uncommitted_from.pop(tp, None)
+            self.last_taken.pop(tp, None)
+            if start is not None:
+                with contextlib.suppress(ValueError):  # already unassigned (consumer closing)
+                    self.consumer.seek(TopicPartition(tp.topic, tp.partition), start)
+        log.info(
+            "partitions revoked: %s; dropped %d held messages and any unwritten batch; they"
+            " are read again from the first uncommitted offset",
+            sorted(revoked),
+            dropped,
+        )
+        self.steps = self.make_steps()
         if not self.held:
             self.paused = False
 

@@ -4,10 +4,11 @@ The store's writers (``storage.write``) are injected so the ingester can be driv
 PostgreSQL in tests and by the same code in production. Each write call is one transaction and
 idempotent, so retrying a whole batch after a failure never duplicates rows.
 
-A batch the store refuses for a reason that waiting will not fix (``StoreError``; ``StoreUnavailable`` is
-its sibling, not a subclass) is bisected: records the store accepts are written, single records it
-refuses come back as rejects for the dead-letter topic. If it refuses every record, the
-problem is the store, not the data: :class:`~ingester.errors.StoreRejected` stops the process.
+A batch the store refuses for a reason that waiting will not fix (``StoreError``; its sibling
+``StoreUnavailable`` is the transient one) is bisected: records the store accepts are written,
+single records it refuses come back as rejects for the dead-letter topic. If it refuses every
+record, the problem is the store, not the data: :class:`~ingester.errors.StoreRejected`
+stops the process.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ Kafka has acknowledged its dead letters.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
 from ingester import metrics
@@ -56,8 +56,11 @@ class SendsDeadLetters(Protocol):
 class CommitOffsets:
     """Last step: commit the offsets of a batch the store has committed."""
 
-    def __init__(self, consumer: Any) -> None:
+    def __init__(
+        self, consumer: Any, on_committed: Callable[[dict[Partition, int]], None] | None = None
+    ) -> None:
         self.consumer = consumer
+        self.on_committed = on_committed
         self.committed: dict[Partition, int] = {}
 
     def submit(self, offsets: dict[Partition, int]) -> None:
@@ -78,6 +81,8 @@ class CommitOffsets:
             log.warning("offset commit failed after the store committed: %r", exc)
             return
         self.committed.update(offsets)
+        if self.on_committed is not None:
+            self.on_committed(offsets)
         for tp, off in offsets.items():
             self._update_lag(tp, off)
 

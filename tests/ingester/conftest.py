@@ -1,0 +1,73 @@
+"""Fixtures of the ingester tests that use the real Kafka and PostgreSQL.
+
+The servers are the ones `shadow-ab services up` started (``pg_server_url`` and
+``kafka_bootstrap`` from the shared conftest fail loudly if they are not running). This session
+gets its own database, migrated to head and dropped at the end; each test gets its own topics,
+consumer group and deployment name, so tests do not see each other's records.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from ingest_harness import Topics
+from sqlalchemy import Engine, text
+from sqlalchemy.engine import make_url
+
+from shadow_ab.topics import TopicSpec, delete_topics, ensure_topics
+from storage.db import make_engine, normalize_url
+from storage.migrate import upgrade
+
+SESSION_TAG = uuid.uuid4().hex[:8]
+
+
+@pytest.fixture(scope="session")
+def ingest_db_url(pg_server_url: str) -> Iterator[str]:
+    """A fresh database for this test session, migrated to head."""
+    admin = make_engine(pg_server_url, isolation_level="AUTOCOMMIT")
+    name = f"shadow_ingest_test_{SESSION_TAG}"
+    try:
+        with admin.connect() as conn:
+            conn.execute(text(f'CREATE DATABASE "{name}"'))
+    except Exception as exc:
+        admin.dispose()
+        pytest.fail(
+            f"PostgreSQL at {pg_server_url} did not create a test database ({exc}):"
+            " run `shadow-ab services up`",
+            pytrace=False,
+        )
+    url = make_url(normalize_url(pg_server_url)).set(database=name)
+    url_text = url.render_as_string(hide_password=False)
+    upgrade(url_text)
+    yield url_text
+    with admin.connect() as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    admin.dispose()
+
+
+@pytest.fixture(scope="session")
+def ingest_engine(ingest_db_url: str) -> Iterator[Engine]:
+    engine = make_engine(ingest_db_url)
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture
+def topics(kafka_bootstrap: str) -> Iterator[Topics]:
+    """Topics, consumer group and deployment name of this test alone."""
+    tag = uuid.uuid4().hex[:10]
+    t = Topics(
+        exchanges=f"ingest-test-{tag}.exchanges",
+        health=f"ingest-test-{tag}.health",
+        dlq=f"ingest-test-{tag}.dlq",
+        group=f"ingest-test-{tag}",
+        deployment=f"ingest-test-{tag}",
+    )
+    ensure_topics(
+        kafka_bootstrap,
+        [TopicSpec(t.exchanges, 3), TopicSpec(t.health, 2), TopicSpec(t.dlq, 1)],
+    )
+    yield t
+    delete_topics(kafka_bootstrap, [t.exchanges, t.health, t.dlq])

@@ -1,0 +1,216 @@
+"""Helpers for the ingester's service tests: produce, count, wait, run the ingester."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, text
+
+from ingester.app import build_processor
+from ingester.clients import make_consumer, make_producer
+from ingester.processor import StreamProcessor
+from ingester.settings import IngestSettings
+
+WAIT_S = 90.0
+"""Upper bound for anything a test waits for; reaching it fails the test (never a speed check)."""
+
+
+@dataclass(frozen=True)
+class Topics:
+    exchanges: str
+    health: str
+    dlq: str
+    group: str
+    deployment: str
+
+
+def settings_for(
+    topics: Topics, bootstrap: str, db_url: str, *, group: str | None = None, **extra: Any
+) -> IngestSettings:
+    return IngestSettings(
+        kafka_bootstrap=bootstrap,
+        database_url=db_url,
+        ingest_group=group or topics.group,
+        ingest_topic_exchanges=topics.exchanges,
+        ingest_topic_health=topics.health,
+        ingest_topic_dlq=topics.dlq,
+        ingest_create_topics=False,
+        **extra,
+    )
+
+
+def produce(bootstrap: str, topic: str, messages: Iterable[tuple[bytes | None, bytes]]) -> int:
+    """Send (key, value) pairs with acks=all; return how many were sent."""
+    from kafka import KafkaProducer
+
+    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
+    n = 0
+    try:
+        futures = [producer.send(topic, key=k, value=v) for k, v in messages]
+        producer.flush(timeout=60)
+        for f in futures:
+            f.get(timeout=0)
+            n += 1
+    finally:
+        producer.close(timeout=10)
+    return n
+
+
+def count_rows(engine: Engine, table: str, deployment: str) -> int:
+    with engine.connect() as conn:
+        return int(
+            conn.execute(
+                text(f"SELECT count(*) FROM {table} WHERE deployment = :d"), {"d": deployment}
+            ).scalar_one()
+        )
+
+
+def committed_total(bootstrap: str, group: str) -> int:
+    """Sum of the group's committed offsets over all its partitions (0 if none yet; -1 while
+    the broker's group coordinator is still loading, so callers just ask again)."""
+    from kafka import KafkaAdminClient
+    from kafka.errors import CoordinatorLoadInProgressError, NotCoordinatorError
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        offsets = admin.list_group_offsets(group).get(group, {})
+    except (NotCoordinatorError, CoordinatorLoadInProgressError):
+        return -1
+    finally:
+        admin.close()
+    return sum(max(0, om.offset) for om in offsets.values())
+
+
+def wait_for(check: Callable[[], bool], what: str, timeout_s: float = WAIT_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > deadline:
+            pytest.fail(f"gave up after {timeout_s:.0f}s waiting for {what}", pytrace=False)
+        time.sleep(0.2)
+
+
+def run_until(
+    settings: IngestSettings, done: Callable[[], bool], what: str, timeout_s: float = WAIT_S
+) -> None:
+    """Run an in-process ingester over real Kafka and PostgreSQL until ``done()``, then stop it
+    the way SIGTERM does (flush, commit, close)."""
+    from storage.db import make_engine
+
+    engine = make_engine(settings.database_url)
+    consumer = make_consumer(settings)
+    producer = make_producer(settings)
+    processor: StreamProcessor = build_processor(settings, consumer, producer, engine)
+    try:
+        processor.subscribe()
+        deadline = time.monotonic() + timeout_s
+        next_check = 0.0
+        while True:
+            processor.step()
+            now = time.monotonic()
+            if now >= next_check:
+                if done():
+                    break
+                next_check = now + 0.3
+            if now > deadline:
+                pytest.fail(f"gave up after {timeout_s:.0f}s waiting for {what}", pytrace=False)
+        assert processor.shutdown(30), "shutdown did not flush"
+    finally:
+        consumer.close(autocommit=False)
+        producer.close(timeout=10)
+        engine.dispose()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class IngestProcess:
+    """``shadow-ab ingest`` as a child process, logging to a file in the test's tmp_path."""
+
+    def __init__(self, settings: IngestSettings, log_path: Path, *extra_args: str) -> None:
+        self.metrics_port = free_port()
+        args = [
+            sys.executable,
+            "-c",
+            "from shadow_ab.cli import main; main()",
+            "ingest",
+            "--kafka",
+            settings.kafka_bootstrap or "",
+            "--database-url",
+            settings.database_url,
+            "--group",
+            settings.ingest_group,
+            "--batch-size",
+            str(settings.ingest_batch_size),
+            "--batch-timeout-ms",
+            str(settings.ingest_batch_timeout_ms),
+            "--exchanges-topic",
+            settings.ingest_topic_exchanges,
+            "--health-topic",
+            settings.ingest_topic_health,
+            "--dlq-topic",
+            settings.ingest_topic_dlq,
+            "--metrics-port",
+            str(self.metrics_port),
+            *extra_args,
+        ]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SHADOW_AB_")}
+        env["SHADOW_AB_HOME"] = str(log_path.parent)  # no env file there: flags only
+        env["SHADOW_AB_INGEST_RETRY_MAX_MS"] = "1000"
+        self.log_path = log_path
+        self._log = log_path.open("ab")
+        self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, env=env)
+
+    def metric(self, name: str) -> float:
+        """Sum of a metric's samples from the child's /metrics (0 if not there yet)."""
+        try:
+            with urllib.request.urlopen(
+                f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=2
+            ) as resp:
+                body = resp.read().decode()
+        except OSError:
+            return 0.0
+        total = 0.0
+        for line in body.splitlines():
+            if line.startswith(name + "{") or line.startswith(name + " "):
+                total += float(line.rsplit(" ", 1)[1])
+        return total
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def signal(self, sig: int) -> None:
+        self.proc.send_signal(sig)
+
+    def kill9(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=30)
+
+    def wait(self, timeout_s: float = WAIT_S) -> int:
+        try:
+            return self.proc.wait(timeout=timeout_s)
+        finally:
+            self._log.close()
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> None:
+        """Make sure the child is gone (used in ``finally``)."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=30)
+        self._log.close()

@@ -1,0 +1,161 @@
+"""The ingester against the real Kafka and PostgreSQL from `shadow-ab services up`."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import orjson
+import pytest
+from ingest_factories import exchange, health
+from ingest_harness import (
+    IngestProcess,
+    Topics,
+    committed_total,
+    count_rows,
+    produce,
+    run_until,
+    settings_for,
+    wait_for,
+)
+from sqlalchemy import Engine
+
+from shadow_ab.records import Role
+
+pytestmark = [pytest.mark.services, pytest.mark.slow]
+
+
+def _exchanges(deployment: str, start: int, stop: int) -> list[tuple[bytes, bytes]]:
+    out = []
+    for i in range(start, stop):
+        rec = exchange(deployment, i, Role.INCUMBENT if i % 2 else Role.CANDIDATE)
+        out.append((str(rec.pair_id).encode(), rec.to_json()))
+    return out
+
+
+def test_n_records_make_n_rows_and_a_replay_adds_none(
+    kafka_bootstrap: str, ingest_db_url: str, ingest_engine: Engine, topics: Topics
+) -> None:
+    n, h = 500, 40
+    produce(kafka_bootstrap, topics.exchanges, _exchanges(topics.deployment, 0, n))
+    produce(
+        kafka_bootstrap,
+        topics.health,
+        [(b"vllm@incumbent", health(topics.deployment, i).to_json()) for i in range(h)],
+    )
+    settings = settings_for(topics, kafka_bootstrap, ingest_db_url, ingest_batch_size=128)
+    run_until(
+        settings,
+        lambda: committed_total(kafka_bootstrap, topics.group) == n + h,
+        "the first group to commit every offset",
+    )
+    assert count_rows(ingest_engine, "exchanges", topics.deployment) == n
+    assert count_rows(ingest_engine, "health_samples", topics.deployment) == h
+
+    replay_group = topics.group + "-replay"
+    replay = settings_for(
+        topics, kafka_bootstrap, ingest_db_url, group=replay_group, ingest_batch_size=1000
+    )
+    run_until(
+        replay,
+        lambda: committed_total(kafka_bootstrap, replay_group) == n + h,
+        "the replay group to commit every offset",
+    )
+    assert count_rows(ingest_engine, "exchanges", topics.deployment) == n
+    assert count_rows(ingest_engine, "health_samples", topics.deployment) == h
+
+
+def test_poison_goes_to_the_dlq_with_its_reason_and_the_rest_is_stored(
+    kafka_bootstrap: str, ingest_db_url: str, ingest_engine: Engine, topics: Topics
+) -> None:
+    good = _exchanges(topics.deployment, 0, 30)
+    wrong_shape = orjson.loads(good[0][1])
+    del wrong_shape["pair_id"]
+    future = orjson.loads(good[1][1])
+    future["schema_version"] = 99
+    poison = [
+        (b"p1", b"this is not json {"),
+        (b"p2", orjson.dumps(wrong_shape)),
+        (b"p3", orjson.dumps(future)),
+    ]
+    # Poison in the middle of the good records, all on one partition (same key), so a
+    # poison message blocking its partition would show as missing rows.
+    messages = [(b"same-key", v) for _, v in good[:10]]
+    messages += [(b"same-key", v) for _, v in poison]
+    messages += [(b"same-key", v) for _, v in good[10:]]
+    produce(kafka_bootstrap, topics.exchanges, messages)
+
+    run_until(
+        settings_for(topics, kafka_bootstrap, ingest_db_url, ingest_batch_size=7),
+        lambda: committed_total(kafka_bootstrap, topics.group) == len(messages),
+        "every offset, poison included, to be committed",
+    )
+    assert count_rows(ingest_engine, "exchanges", topics.deployment) == len(good)
+
+    letters = _read_all(kafka_bootstrap, topics.dlq, expected=3)
+    by_value = {m.value: m for m in letters}
+    assert set(by_value) == {v for _, v in poison}
+    reasons = {}
+    for value, m in by_value.items():
+        headers = {k: v.decode() for k, v in m.headers}
+        assert headers["source_topic"] == topics.exchanges
+        assert int(headers["source_offset"]) in range(10, 13)
+        assert headers["source_partition"].isdigit()
+        assert m.key == b"same-key"
+        reasons[value] = headers["reason"]
+    assert reasons[poison[0][1]].startswith("not_json: ")
+    assert reasons[poison[1][1]].startswith("invalid_record: ")
+    assert "pair_id" in reasons[poison[1][1]]
+    assert reasons[poison[2][1]].startswith("unsupported_schema_version: ")
+
+
+def _read_all(bootstrap: str, topic: str, expected: int) -> list[object]:
+    from kafka import KafkaConsumer
+
+    consumer = KafkaConsumer(
+        topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest", group_id=None
+    )
+    got: list[object] = []
+    try:
+        wait_for(
+            lambda: (
+                bool(got.extend(m for ms in consumer.poll(timeout_ms=500).values() for m in ms))
+                or len(got) >= expected
+            ),
+            f"{expected} dead letters on {topic}",
+        )
+        # Nothing beyond the expected ones.
+        extra = [m for ms in consumer.poll(timeout_ms=1000).values() for m in ms]
+        assert extra == []
+    finally:
+        consumer.close()
+    return got
+
+
+def test_sigterm_with_a_pending_batch_writes_it_commits_and_exits_0(
+    kafka_bootstrap: str, ingest_db_url: str, ingest_engine: Engine, topics: Topics, tmp_path: Path
+) -> None:
+    n = 120
+    settings = settings_for(
+        topics,
+        kafka_bootstrap,
+        ingest_db_url,
+        ingest_batch_size=100_000,
+        ingest_batch_timeout_ms=600_000,  # the batch would wait 10 minutes on its own
+    )
+    proc = IngestProcess(settings, tmp_path / "ingest.log")
+    try:
+        produce(kafka_bootstrap, topics.exchanges, _exchanges(topics.deployment, 0, n))
+        wait_for(
+            lambda: proc.metric("shadow_ab_ingest_messages_consumed_total") == n,
+            f"the ingester to take all {n} messages into its batch",
+        )
+        assert count_rows(ingest_engine, "exchanges", topics.deployment) == 0  # still pending
+        assert committed_total(kafka_bootstrap, topics.group) == 0
+        proc.signal(signal.SIGTERM)
+        code = proc.wait()
+        assert code == 0, proc.log()
+    finally:
+        proc.stop()
+    assert count_rows(ingest_engine, "exchanges", topics.deployment) == n
+    assert committed_total(kafka_bootstrap, topics.group) == n
