@@ -61,7 +61,7 @@ async def serve(settings: dict[str, Any]) -> int:
         ledger,
         process_start_wall=start_wall,
         process_start_elapsed=start_elapsed,
-        resume_after=float(settings.get("resume_after", 0.0)),
+        resume_after=settings.get("resume_after"),
         restarts=int(settings.get("restarts", 0)),
         on_crash=_crash(state_dir, ledger),
     )

@@ -65,13 +65,13 @@ class FaultRuntime:
         ledger: Ledger,
         *,
         process_start: float,
-        resume_after: float,
+        resume_after: float | None,
         on_crash: CrashHandler,
         inflight: Callable[[], list[str]] = list,
         rng: random.Random | None = None,
     ) -> None:
         """``process_start``/``resume_after`` are simulated elapsed seconds: this process's
-        start, and the crash it follows (0 for the first process)."""
+        start, and the crash it follows (None for the first process)."""
         self.scenario = scenario
         self.clock = clock
         self.ledger = ledger
@@ -97,7 +97,11 @@ class FaultRuntime:
                 track.advance()
                 # Versions already reached are in effect; occurrences handled by an earlier
                 # process (before the crash this one resumes after) are not repeated.
-                while track.next_t is not None and track.next_t < resume_after:
+                while (
+                    resume_after is not None
+                    and track.next_t is not None
+                    and track.next_t <= resume_after
+                ):
                     if isinstance(spec, VersionChangeFault):
                         self.version = spec.to_version
                     track.advance()
@@ -125,7 +129,7 @@ class FaultRuntime:
                 assert isinstance(spec, LeakFault | DriftFault)
                 self._continuous_logged.add(i)
                 # A restarted process does not repeat what an earlier one already logged.
-                if spec.start_s >= self.resume_after or self.resume_after == 0.0:
+                if self.resume_after is None or spec.start_s > self.resume_after:
                     self._log_continuous(i, spec)
         for track in self._tracks:
             while track.next_t is not None and track.next_t <= now:

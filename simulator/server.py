@@ -61,7 +61,7 @@ class SimServer:
         *,
         process_start_wall: float,
         process_start_elapsed: float,
-        resume_after: float = 0.0,
+        resume_after: float | None = None,
         restarts: int = 0,
         on_crash: Callable[[float, float], None],
     ) -> None:

@@ -52,7 +52,9 @@ class Supervisor:
         if child is not None and child.poll() is None:
             child.send_signal(signal.SIGTERM)
 
-    def _spawn(self, state_dir: str, resume_after: float, restarts: int) -> subprocess.Popen[bytes]:
+    def _spawn(
+        self, state_dir: str, resume_after: float | None, restarts: int
+    ) -> subprocess.Popen[bytes]:
         settings = {
             "scenario": self.scenario.model_dump(mode="json"),
             "epoch": self.epoch,
@@ -79,7 +81,8 @@ class Supervisor:
             flush=True,
         )
         ledger = Ledger(self.ledger_path, self.clock, flavor=sc.flavor, engine=self.engine)
-        resume_after, restarts = 0.0, 0
+        resume_after: float | None = None
+        restarts = 0
         with tempfile.TemporaryDirectory(prefix="shadow-ab-sim-") as state_dir:
             try:
                 while not self._stop.is_set():
@@ -102,7 +105,7 @@ class Supervisor:
                         "restart",
                         restarts=restarts,
                         crashed_pid=self._child.pid,
-                        down_from=self.clock.at(resume_after),
+                        down_from=self.clock.at(float(crash["at_elapsed"])),
                         restart_delay_s=delay,
                     )
                 return 0
