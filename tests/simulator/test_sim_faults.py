@@ -6,6 +6,7 @@ a second or two to come up, so schedules leave room for that.
 
 from __future__ import annotations
 
+import itertools
 import json
 import socket
 import time
@@ -130,7 +131,7 @@ def test_hang_stops_streams_mid_way_then_resumes() -> None:
         end = wait_for(lambda: events(sim, "fault_end", "hang"), 10, "the hang to end")
         hang = events(sim, "fault", "hang")[0]
     assert usage is not None and usage.completion_tokens == pieces == 240
-    gaps = [b - a for a, b in zip(arrivals, arrivals[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(arrivals)]
     assert max(gaps) >= 1.5  # the stream stopped for the hang (2 s), not just slowed
     assert rid in hang["inflight_requests"]
     assert hang["end"] - hang["start"] == pytest.approx(2.0)
@@ -143,6 +144,7 @@ def test_leak_grows_at_the_set_rate_per_simulated_hour_vllm() -> None:
         samples = []
         for _ in range(3):
             status, body = http_get(sim.base_url + "/metrics")
+            assert status == 200
             text = body.decode()
             values = {
                 line.split(" ")[0]: float(line.rsplit(" ", 1)[1])
@@ -151,7 +153,7 @@ def test_leak_grows_at_the_set_rate_per_simulated_hour_vllm() -> None:
             }
             samples.append((values["sim:elapsed_seconds"], values["process_resident_memory_bytes"]))
             time.sleep(0.5)
-        status, version = http_get(sim.base_url + "/version")
+        _status, version = http_get(sim.base_url + "/version")
         leak = events(sim, "fault", "leak")
     (t0, m0), (t2, m2) = samples[0], samples[-1]
     slope_mb_per_hour = (m2 - m0) / (1024 * 1024) / ((t2 - t0) / 3600.0)
@@ -226,7 +228,7 @@ def test_version_change_with_restart() -> None:
             "to_version": "1.2.0",
             "restart": True,
             "restart_delay_s": 0.5,
-        }  # fmt: skip
+        }
     )
     with running_sim("trtllm", "clean", overrides=overrides) as sim:
         wait_for(lambda: len(events(sim, "start")) == 2, 15, "the restart")
