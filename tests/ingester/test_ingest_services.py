@@ -13,6 +13,7 @@ from ingest_harness import (
     Topics,
     committed_total,
     count_rows,
+    free_port,
     produce,
     run_until,
     settings_for,
@@ -159,3 +160,93 @@ def test_sigterm_with_a_pending_batch_writes_it_commits_and_exits_0(
         proc.stop()
     assert count_rows(ingest_engine, "exchanges", topics.deployment) == n
     assert committed_total(kafka_bootstrap, topics.group) == n
+
+
+def test_kill_9_mid_stream_then_restart_gives_exactly_n_rows(
+    kafka_bootstrap: str, ingest_db_url: str, ingest_engine: Engine, topics: Topics, tmp_path: Path
+) -> None:
+    first, second = 1500, 500
+    settings = settings_for(
+        topics, kafka_bootstrap, ingest_db_url, ingest_batch_size=50, ingest_batch_timeout_ms=200
+    )
+    produce(kafka_bootstrap, topics.exchanges, _exchanges(topics.deployment, 0, first))
+    proc = IngestProcess(settings, tmp_path / "ingest-1.log")
+    try:
+        wait_for(
+            lambda: count_rows(ingest_engine, "exchanges", topics.deployment) >= 100,
+            "the first ingester to write some rows",
+        )
+        proc.kill9()
+    finally:
+        proc.stop()
+    at_kill = count_rows(ingest_engine, "exchanges", topics.deployment)
+    assert at_kill < first + second  # the restart has work left to do
+    produce(kafka_bootstrap, topics.exchanges, _exchanges(topics.deployment, first, first + second))
+
+    proc = IngestProcess(settings, tmp_path / "ingest-2.log")
+    try:
+        wait_for(
+            lambda: committed_total(kafka_bootstrap, topics.group) == first + second,
+            "the restarted ingester to commit every offset",
+        )
+        proc.signal(signal.SIGTERM)
+        assert proc.wait() == 0, proc.log()
+    finally:
+        proc.stop()
+    assert count_rows(ingest_engine, "exchanges", topics.deployment) == first + second
+
+
+def test_postgres_stopped_while_records_flow_loses_nothing(
+    kafka_bootstrap: str, topics: Topics, tmp_path: Path
+) -> None:
+    """A private throwaway PostgreSQL cluster, so the shared server other tests use stays up."""
+    from shadow_ab.services.base import ServicesSettings
+    from shadow_ab.services.postgres import LocalPostgres
+    from storage.db import make_engine
+    from storage.migrate import upgrade
+
+    pg = LocalPostgres(ServicesSettings(root=tmp_path / "pg", pg_port=free_port()))
+    pg.up()
+    engine = None
+    proc = None
+    try:
+        upgrade(pg.url)
+        engine = make_engine(pg.url)
+        first, second = 600, 600
+        settings = settings_for(
+            topics, kafka_bootstrap, pg.url, ingest_batch_size=50, ingest_batch_timeout_ms=200
+        )
+        proc = IngestProcess(settings, tmp_path / "ingest.log")
+        produce(kafka_bootstrap, topics.exchanges, _exchanges(topics.deployment, 0, first))
+        wait_for(
+            lambda: count_rows(engine, "exchanges", topics.deployment) >= 100,
+            "some rows before stopping PostgreSQL",
+        )
+        pg.down()
+        produce(
+            kafka_bootstrap, topics.exchanges, _exchanges(topics.deployment, first, first + second)
+        )
+        p = proc
+        wait_for(
+            lambda: p.metric("shadow_ab_ingest_store_retries_total") >= 3,
+            "the ingester to retry while PostgreSQL is away",
+        )
+        assert proc.metric("shadow_ab_ingest_paused") == 1
+        assert proc.alive()
+        assert committed_total(kafka_bootstrap, topics.group) < first + second
+        pg.up()
+        wait_for(
+            lambda: committed_total(kafka_bootstrap, topics.group) == first + second,
+            "every offset committed after PostgreSQL came back",
+        )
+        assert proc.metric("shadow_ab_ingest_paused") == 0
+        proc.signal(signal.SIGTERM)
+        assert proc.wait() == 0, proc.log()
+        engine.dispose()
+        assert count_rows(engine, "exchanges", topics.deployment) == first + second
+    finally:
+        if proc is not None:
+            proc.stop()
+        if engine is not None:
+            engine.dispose()
+        pg.down()
