@@ -91,9 +91,8 @@ class Exchange(Base):
     pair_id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True)
     role: Mapped[str] = mapped_column(String(16), primary_key=True)
     sent_at: Mapped[datetime] = mapped_column(Timestamp, primary_key=True)
-    deployment: Mapped[str] = mapped_column(
-        String(200), ForeignKey("deployments.name"), nullable=False
-    )
+    deployment: Mapped[str] = mapped_column(String(200), nullable=False)
+    """No foreign key (bulk insert speed): the writers create the deployments row."""
     schema_version: Mapped[int] = mapped_column(SmallInteger, nullable=False)
     engine: Mapped[str] = mapped_column(String(200), nullable=False)
     endpoint: Mapped[str] = mapped_column(String(16), nullable=False)
@@ -132,9 +131,8 @@ class HealthSampleRow(Base):
 
     engine: Mapped[str] = mapped_column(String(200), primary_key=True)
     ts: Mapped[datetime] = mapped_column(Timestamp, primary_key=True)
-    deployment: Mapped[str] = mapped_column(
-        String(200), ForeignKey("deployments.name"), nullable=False
-    )
+    deployment: Mapped[str] = mapped_column(String(200), nullable=False)
+    """No foreign key (bulk insert speed): the writers create the deployments row."""
     schema_version: Mapped[int] = mapped_column(SmallInteger, nullable=False)
     role: Mapped[str] = mapped_column(String(16), nullable=False)
     flavor: Mapped[str] = mapped_column(String(16), nullable=False)

@@ -226,7 +226,10 @@ def _retention_rows(engine: Engine, cutoff: datetime, dry_run: bool) -> Retentio
             col = Base.metadata.tables[table].c[column]
             where = col < cutoff
             count = conn.execute(
-                Base.metadata.tables[table].select().with_only_columns(text("count(*)")).where(where)
+                Base.metadata.tables[table]
+                .select()
+                .with_only_columns(text("count(*)"))
+                .where(where)
             ).scalar_one()
             rows[table] = int(count)
             if not dry_run and count:

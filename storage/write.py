@@ -12,18 +12,22 @@ Used by the direct sink (:mod:`storage.sink`) and by the Kafka ingester. Each ca
   the same batch with backoff) and :class:`~storage.errors.StoreError` otherwise.
 
 PostgreSQL: ``COPY`` into a temporary table, then ``INSERT ... SELECT ... ON CONFLICT DO
-NOTHING`` (rows sorted by key, so concurrent writers of overlapping batches cannot deadlock).
+NOTHING`` (rows copied in key order, so concurrent writers of overlapping batches take their
+row locks in the same order and do not deadlock; a deadlock would be retried anyway).
 SQLite: ``executemany`` of ``INSERT OR IGNORE``.
 """
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
 
 import orjson
 import psycopg
+from psycopg.types.json import set_json_dumps
 from sqlalchemy import Connection, Engine, Table, insert
 from sqlalchemy.dialects import postgresql, sqlite
 
@@ -67,6 +71,35 @@ EXCHANGE_COLUMNS = (
     "guard",
 )
 EXCHANGE_KEY = ("pair_id", "role", "sent_at")
+# PostgreSQL types of EXCHANGE_COLUMNS, for binary COPY.
+EXCHANGE_PG_TYPES = (
+    "uuid",
+    "text",
+    "timestamptz",
+    "text",
+    "int2",
+    "text",
+    "text",
+    "bool",
+    "text",
+    "text",
+    "int4",
+    "text",
+    "float8",
+    "float8",
+    "float8",
+    "jsonb",
+    "int4",
+    "int4",
+    "text",
+    "jsonb",
+    "jsonb",
+    "text",
+    "jsonb",
+    "int4",
+    "int4",
+    "jsonb",
+)
 
 HEALTH_COLUMNS = (
     "engine",
@@ -89,6 +122,26 @@ HEALTH_COLUMNS = (
     "metrics",
 )
 HEALTH_KEY = ("engine", "ts")
+HEALTH_PG_TYPES = (
+    "text",
+    "timestamptz",
+    "text",
+    "int2",
+    "text",
+    "text",
+    "bool",
+    "int4",
+    "float8",
+    "text",
+    "text",
+    "float8",
+    "int4",
+    "int4",
+    "float8",
+    "int8",
+    "int8",
+    "jsonb",
+)
 
 # PostgreSQL's "no partition of relation ... found for row": a partition we believed existed
 # was dropped (retention in another process). Forget the cache, create it, retry once.
@@ -97,13 +150,14 @@ _NO_PARTITION = "23514"
 R = TypeVar("R", ExchangeRecord, HealthSample)
 
 
-def _json(value: Any) -> str:
-    return orjson.dumps(value).decode()
-
-
-def exchange_values(rec: ExchangeRecord, dump_json: Callable[[Any], Any]) -> tuple[Any, ...]:
-    """The row of one exchange record, in :data:`EXCHANGE_COLUMNS` order."""
-    logprobs = None if rec.logprobs is None else [lp.model_dump() for lp in rec.logprobs]
+def exchange_values(rec: ExchangeRecord) -> tuple[Any, ...]:
+    """The row of one exchange record, in :data:`EXCHANGE_COLUMNS` order (JSON columns as
+    Python objects: the driver serializes them)."""
+    logprobs = (
+        None
+        if rec.logprobs is None
+        else [{"token": lp.token, "logprob": lp.logprob, "top": lp.top} for lp in rec.logprobs]
+    )
     return (
         rec.pair_id,
         rec.role.value,
@@ -120,21 +174,21 @@ def exchange_values(rec: ExchangeRecord, dump_json: Callable[[Any], Any]) -> tup
         rec.ttft_s,
         rec.e2e_s,
         rec.tpot_s,
-        dump_json(rec.itl_s),
+        rec.itl_s,
         rec.prompt_tokens,
         rec.completion_tokens,
         rec.finish_reason,
-        dump_json(rec.request),
-        dump_json(rec.rewrites),
+        rec.request,
+        rec.rewrites,
         rec.output_text,
-        None if logprobs is None else dump_json(logprobs),
+        logprobs,
         rec.inflight_incumbent,
         rec.inflight_candidate,
-        dump_json(rec.guard),
+        rec.guard,
     )
 
 
-def health_values(rec: HealthSample, dump_json: Callable[[Any], Any]) -> tuple[Any, ...]:
+def health_values(rec: HealthSample) -> tuple[Any, ...]:
     """The row of one health sample, in :data:`HEALTH_COLUMNS` order."""
     return (
         rec.engine,
@@ -154,12 +208,13 @@ def health_values(rec: HealthSample, dump_json: Callable[[Any], Any]) -> tuple[A
         rec.kv_cache_usage,
         rec.gpu_mem_bytes,
         rec.cpu_mem_bytes,
-        dump_json(rec.metrics),
+        rec.metrics,
     )
 
 
 def _exchange_key(rec: ExchangeRecord) -> Hashable:
-    return (rec.pair_id, rec.role, rec.sent_at)
+    # uuid.int hashes and compares in C; UUID objects do both in Python.
+    return (rec.pair_id.int, rec.role, rec.sent_at)
 
 
 def _health_key(rec: HealthSample) -> Hashable:
@@ -191,16 +246,10 @@ def write_exchanges(engine: Engine, records: Sequence[ExchangeRecord]) -> int:
         return 0
     return _write(
         engine,
-        EXCHANGES,
-        EXCHANGE_COLUMNS,
-        EXCHANGE_KEY,
-        [exchange_values(r, _json) for r in unique],
+        _EXCHANGE_SPEC,
+        [exchange_values(r) for r in unique],
         {r.deployment for r in unique},
         {day_of(r.sent_at) for r in unique},
-        sqlite_rows=lambda: [
-            dict(zip(EXCHANGE_COLUMNS, exchange_values(r, _identity), strict=True))
-            for r in unique
-        ],
     )
 
 
@@ -212,15 +261,10 @@ def write_health(engine: Engine, samples: Sequence[HealthSample]) -> int:
         return 0
     return _write(
         engine,
-        HEALTH,
-        HEALTH_COLUMNS,
-        HEALTH_KEY,
-        [health_values(r, _json) for r in unique],
+        _HEALTH_SPEC,
+        [health_values(r) for r in unique],
         {r.deployment for r in unique},
         {day_of(r.ts) for r in unique},
-        sqlite_rows=lambda: [
-            dict(zip(HEALTH_COLUMNS, health_values(r, _identity), strict=True)) for r in unique
-        ],
     )
 
 
@@ -244,38 +288,41 @@ def write_drops(engine: Engine, source: str, reason: str, count: int, ts: dateti
     if count == 0:
         return
     with translate(), engine.begin() as conn:
-        conn.execute(
-            insert(DROPS), {"ts": ts, "source": source, "reason": reason, "count": count}
-        )
+        conn.execute(insert(DROPS), {"ts": ts, "source": source, "reason": reason, "count": count})
 
 
-def _identity(value: Any) -> Any:
-    return value
+@dataclass(frozen=True)
+class _TableSpec:
+    table: Table
+    columns: tuple[str, ...]
+    key: tuple[str, ...]
+    pg_types: tuple[str, ...]
+
+
+_EXCHANGE_SPEC = _TableSpec(EXCHANGES, EXCHANGE_COLUMNS, EXCHANGE_KEY, EXCHANGE_PG_TYPES)
+_HEALTH_SPEC = _TableSpec(HEALTH, HEALTH_COLUMNS, HEALTH_KEY, HEALTH_PG_TYPES)
 
 
 def _write(
     engine: Engine,
-    table: Table,
-    columns: tuple[str, ...],
-    key: tuple[str, ...],
-    pg_rows: list[tuple[Any, ...]],
+    spec: _TableSpec,
+    rows: list[tuple[Any, ...]],
     deployments: set[str],
     days: set[Any],
-    sqlite_rows: Callable[[], list[dict[str, Any]]],
 ) -> int:
     with translate():
         if not is_postgres(engine):
-            return _write_sqlite(engine, table, sqlite_rows(), deployments)
+            return _write_sqlite(engine, spec, rows, deployments)
         cache = cache_for(engine)
-        cache.ensure(engine, table.name, days)
+        cache.ensure(engine, spec.table.name, days)
         try:
-            return _write_postgres(engine, table, columns, key, pg_rows, deployments)
+            return _write_postgres(engine, spec, rows, deployments)
         except psycopg.errors.CheckViolation as exc:
             if exc.sqlstate != _NO_PARTITION or "no partition" not in str(exc):
                 raise
             cache.forget()
-            cache.ensure(engine, table.name, days)
-            return _write_postgres(engine, table, columns, key, pg_rows, deployments)
+            cache.ensure(engine, spec.table.name, days)
+            return _write_postgres(engine, spec, rows, deployments)
 
 
 def _ensure_deployments(conn: Connection, names: set[str]) -> None:
@@ -287,42 +334,55 @@ def _ensure_deployments(conn: Connection, names: set[str]) -> None:
 
 
 def _write_sqlite(
-    engine: Engine, table: Table, rows: list[dict[str, Any]], deployments: set[str]
+    engine: Engine, spec: _TableSpec, rows: list[tuple[Any, ...]], deployments: set[str]
 ) -> int:
+    params = [dict(zip(spec.columns, row, strict=True)) for row in rows]
     with engine.begin() as conn:
         _ensure_deployments(conn, deployments)
-        result = conn.execute(insert(table).prefix_with("OR IGNORE"), rows)
+        result = conn.execute(insert(spec.table).prefix_with("OR IGNORE"), params)
         return max(result.rowcount, 0)
 
 
+def _sort_key(row: tuple[Any, ...]) -> tuple[Any, ...]:
+    # PostgreSQL orders uuids by their bytes, i.e. like uuid.int (compared in C, not Python).
+    first = row[0]
+    return (first.int if isinstance(first, uuid.UUID) else first, row[1], row[2])
+
+
+def _json_bytes(value: Any) -> bytes:
+    return orjson.dumps(value)
+
+
 def _write_postgres(
-    engine: Engine,
-    table: Table,
-    columns: tuple[str, ...],
-    key: tuple[str, ...],
-    rows: list[tuple[Any, ...]],
-    deployments: set[str],
+    engine: Engine, spec: _TableSpec, rows: list[tuple[Any, ...]], deployments: set[str]
 ) -> int:
-    stage = f"stage_{table.name}"
-    cols = ", ".join(columns)
+    name = spec.table.name
+    stage = f"stage_{name}"
+    cols = ", ".join(spec.columns)
+    # Key order (the key columns come first in every row): concurrent writers of overlapping
+    # batches then take their row locks in the same order.
+    rows = sorted(rows, key=_sort_key)
     with engine.begin() as conn:
         _ensure_deployments(conn, deployments)
         raw = conn.connection.driver_connection
         if not isinstance(raw, psycopg.Connection):
             raise StoreError(f"expected a psycopg 3 connection, got {type(raw).__name__}")
         with raw.cursor() as cur:
-            # Only the columns we copy, no constraints: the INSERT below checks them.
+            set_json_dumps(_json_bytes, cur)
+            # Same column types and lz4 compression as the target, so the INSERT below copies
+            # the compressed values as they are instead of compressing them a second time.
             cur.execute(
-                f"CREATE TEMP TABLE {stage} ON COMMIT DROP AS"
-                f" SELECT {cols} FROM {table.name} WITH NO DATA"
+                f"CREATE TEMP TABLE {stage} (LIKE {name}"
+                " INCLUDING DEFAULTS INCLUDING COMPRESSION) ON COMMIT DROP"
             )
-            with cur.copy(f"COPY {stage} ({cols}) FROM STDIN") as copy:
+            with cur.copy(f"COPY {stage} ({cols}) FROM STDIN (FORMAT BINARY)") as copy:
+                copy.set_types(list(spec.pg_types))
                 for row in rows:
                     copy.write_row(row)
+            # No ORDER BY: the stage is read in the order it was written, and sorting wide
+            # rows would spill to disk.
             cur.execute(
-                f"INSERT INTO {table.name} ({cols})"
-                f" SELECT {cols} FROM {stage} ORDER BY {', '.join(key)}"
-                " ON CONFLICT DO NOTHING"
+                f"INSERT INTO {name} ({cols}) SELECT {cols} FROM {stage} ON CONFLICT DO NOTHING"
             )
             return max(cur.rowcount, 0)
 

@@ -2,7 +2,9 @@
 
 On PostgreSQL ``exchanges`` (by ``sent_at``) and ``health_samples`` (by ``ts``) are declared
 ``PARTITION BY RANGE``; their daily partitions are created at run time by
-``storage.partitions.ensure_partitions`` (and by the writers for every day they see).
+``storage.partitions.ensure_partitions`` (and by the writers for every day they see). Their
+``deployment`` column has no foreign key (it costs ~20% of the bulk insert time); the writers
+create the ``deployments`` row in the same transaction instead.
 
 Revision ID: 0001
 Revises:
@@ -26,6 +28,22 @@ depends_on: str | Sequence[str] | None = None
 JsonDoc = sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
 BigId = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
 Timestamp = sa.DateTime(timezone=True)
+
+
+def _compress_lz4(table: str, columns: list[str]) -> None:
+    """PostgreSQL >= 14: compress large values with lz4 (several times faster than the default
+    pglz on the write path). Partitions created later inherit it. Skipped where the server was
+    built without lz4."""
+    if op.get_bind().dialect.name != "postgresql":
+        return
+    alters = ", ".join(f"ALTER COLUMN {c} SET COMPRESSION lz4" for c in columns)
+    op.execute(
+        "DO $$ BEGIN"
+        f" EXECUTE 'ALTER TABLE {table} {alters}';"
+        " EXCEPTION WHEN feature_not_supported OR syntax_error THEN"
+        f" RAISE NOTICE 'lz4 compression not available, {table} keeps the default';"
+        " END $$"
+    )
 
 
 def upgrade() -> None:
@@ -75,11 +93,9 @@ def upgrade() -> None:
         sa.Column("guard", JsonDoc, nullable=False),
         sa.Column("ingested_at", Timestamp, server_default=sa.func.now(), nullable=False),
         sa.PrimaryKeyConstraint("pair_id", "role", "sent_at", name="pk_exchanges"),
-        sa.ForeignKeyConstraint(
-            ["deployment"], ["deployments.name"], name="fk_exchanges_deployment_deployments"
-        ),
         postgresql_partition_by="RANGE (sent_at)",
     )
+    _compress_lz4("exchanges", ["request", "output_text", "logprobs", "itl_s", "error"])
     op.create_index("ix_exchanges_deployment_sent_at", "exchanges", ["deployment", "sent_at"])
     op.create_index(
         "ix_exchanges_deployment_role_sent_at", "exchanges", ["deployment", "role", "sent_at"]
@@ -107,11 +123,9 @@ def upgrade() -> None:
         sa.Column("metrics", JsonDoc, nullable=False),
         sa.Column("ingested_at", Timestamp, server_default=sa.func.now(), nullable=False),
         sa.PrimaryKeyConstraint("engine", "ts", name="pk_health_samples"),
-        sa.ForeignKeyConstraint(
-            ["deployment"], ["deployments.name"], name="fk_health_samples_deployment_deployments"
-        ),
         postgresql_partition_by="RANGE (ts)",
     )
+    _compress_lz4("health_samples", ["metrics", "error"])
     op.create_index(
         "ix_health_samples_deployment_engine_ts",
         "health_samples",
