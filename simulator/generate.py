@@ -131,6 +131,30 @@ class Completion:
     text: str = field(default="")
 
 
+def choose_departure(
+    rng: random.Random,
+    *,
+    p: float,
+    near_tie_share: float,
+    length: int,
+    position_min: int = 0,
+    position_max: int | None = None,
+) -> Departure | None:
+    """The divergence knob for one greedy choice of ``length`` tokens.
+
+    With probability ``p`` the choice departs at a position uniform in
+    ``[position_min, min(position_max, length - 1)]`` (no departure if that is empty); a
+    ``near_tie_share`` of departures are near ties.
+    """
+    if p <= 0.0 or rng.random() >= p:
+        return None
+    hi = length - 1 if position_max is None else min(length - 1, position_max)
+    if position_min > hi:
+        return None
+    near = rng.random() < near_tie_share
+    return Departure(rng.randint(position_min, hi), near)
+
+
 def _token(idx: int, logprob: float, top: tuple[tuple[str, float], ...]) -> Token:
     return Token(ID_OFFSET + idx, PIECES[idx], logprob, top)
 

@@ -23,8 +23,8 @@ from simulator.engine import Engine, Job, Sequence
 from simulator.faults import FaultRuntime
 from simulator.generate import (
     Completion,
-    Departure,
     answer_length,
+    choose_departure,
     complete,
     natural_length,
     prompt_state,
@@ -237,19 +237,18 @@ class SimServer:
         max_model_tokens = max(1, sc.latency.max_model_len - prompt_tokens)
         temperature = 1.0 if req.temperature is None else req.temperature
         departure = None
-        if temperature == 0.0:
-            p = sc.divergence.p_at(self.clock.elapsed())
-            if p > 0.0 and self.rng.random() < p:
-                length, _ = answer_length(
-                    natural, req.output_budget, req.min_tokens, req.ignore_eos, max_model_tokens
-                )
-                hi = length - 1
-                if sc.divergence.position_max is not None:
-                    hi = min(hi, sc.divergence.position_max)
-                lo = sc.divergence.position_min
-                if lo <= hi:
-                    near = self.rng.random() < sc.divergence.near_tie_share
-                    departure = Departure(self.rng.randint(lo, hi), near)
+        if temperature == 0.0 and sc.divergence.p_at(0.0) + sc.divergence.p_per_hour > 0.0:
+            length, _ = answer_length(
+                natural, req.output_budget, req.min_tokens, req.ignore_eos, max_model_tokens
+            )
+            departure = choose_departure(
+                self.rng,
+                p=sc.divergence.p_at(self.clock.elapsed()),
+                near_tie_share=sc.divergence.near_tie_share,
+                length=length,
+                position_min=sc.divergence.position_min,
+                position_max=sc.divergence.position_max,
+            )
         rng = None
         if temperature > 0.0:
             seed = f"{req.seed}:{start}:{choice}" if req.seed is not None else self.rng.random()
