@@ -51,7 +51,12 @@ class Latency(_Strict):
     noise: Annotated[float, Field(ge=0, le=2)] = 0.05
     """Sigma of the log-normal noise multiplied into every iteration."""
     kv_capacity_tokens: Annotated[int, Field(ge=1)] = 262_144
-    """KV cache size; a request reserves prompt + max output tokens, beyond that it queues."""
+    """KV cache size in tokens; requests that do not fit queue until others finish."""
+    kv_reserve: Literal["auto", "budget", "actual"] = "auto"
+    """What a request holds in the KV cache while it runs: ``budget`` = prompt + its output
+    budget (``max_tokens``, else up to ``max_model_len``), TensorRT-LLM's GUARANTEED_NO_EVICT;
+    ``actual`` = prompt + the tokens it will really generate (vLLM allocates as it goes and
+    this simulator does not model preemption); ``auto`` = the flavor's own."""
     kv_block_tokens: Annotated[int, Field(ge=1)] = 16
     max_num_seqs: Annotated[int, Field(ge=1)] = 256
     """Most sequences running at once (vLLM max_num_seqs / TensorRT-LLM max_batch_size)."""

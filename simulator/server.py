@@ -200,7 +200,7 @@ class SimServer:
             id=framer.id,
             seqs=[Sequence(c) for c in completions],
             prompt_tokens=prompt_tokens,
-            reserve_tokens=prompt_tokens * req.n + sum(len(c.tokens) for c in completions),
+            reserve_tokens=self._kv_reserve(prompts, req.n, budget, completions),
         )
         if self.faults.hang_active():
             self.faults.note_hung_request(job.id)
@@ -219,6 +219,24 @@ class SimServer:
         finally:
             if not job.finished:
                 self.engine.abort(job)
+
+    def _kv_reserve(
+        self,
+        prompts: list[tuple[str, int]],
+        n: int,
+        budget: int | None,
+        completions: list[Completion],
+    ) -> int:
+        policy = self.scenario.latency.kv_reserve
+        if policy == "auto":
+            policy = "budget" if self.flavor == "trtllm" else "actual"
+        prompt_tokens = sum(p for _, p in prompts) * n
+        if policy == "actual":
+            return prompt_tokens + sum(len(c.tokens) for c in completions)
+        max_len = self.scenario.latency.max_model_len
+        return sum(
+            n * (p + (budget if budget is not None else max(0, max_len - p))) for _, p in prompts
+        )
 
     def _answer(
         self,
