@@ -19,11 +19,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, time, timedelta
 
-from sqlalchemy import Connection, Engine, text
+from sqlalchemy import Connection, Engine, delete, func, select, text
 
 from storage.db import is_postgres
 from storage.errors import translate
-from storage.models import PARTITIONED_TABLES
+from storage.models import PARTITIONED_TABLES, Base
 
 _NAME = re.compile(r"^(?P<table>[a-z_]+)_p(?P<day>\d{8})$")
 # One advisory lock key for every DDL on partitions, so concurrent writers (direct sink,
@@ -217,21 +217,15 @@ def _retention_postgres(engine: Engine, cutoff: datetime, dry_run: bool) -> Rete
 
 
 def _retention_rows(engine: Engine, cutoff: datetime, dry_run: bool) -> RetentionPlan:
-    # SQLite stores timestamps as naive UTC text; compare with the same representation.
-    from storage.models import Base
-
+    # Through the models' column types, so the cutoff is rendered the way SQLite stores
+    # timestamps (naive UTC text).
     rows: dict[str, int] = {}
     with engine.begin() as conn:
-        for table, column in {**PARTITIONED_TABLES, "drops": "ts"}.items():
-            col = Base.metadata.tables[table].c[column]
-            where = col < cutoff
-            count = conn.execute(
-                Base.metadata.tables[table]
-                .select()
-                .with_only_columns(text("count(*)"))
-                .where(where)
-            ).scalar_one()
-            rows[table] = int(count)
+        for name, column in {**PARTITIONED_TABLES, "drops": "ts"}.items():
+            table = Base.metadata.tables[name]
+            where = table.c[column] < cutoff
+            count = conn.execute(select(func.count()).select_from(table).where(where)).scalar_one()
+            rows[name] = int(count)
             if not dry_run and count:
-                conn.execute(Base.metadata.tables[table].delete().where(where))
+                conn.execute(delete(table).where(where))
     return RetentionPlan(cutoff=cutoff, partitions=[], rows=rows)
