@@ -3,34 +3,21 @@
 The database URL comes from, in order: ``config.attributes["database_url"]`` (set by
 :func:`storage.migrate.upgrade` and ``shadow-ab db ... --database-url``), ``-x database_url=URL``
 on the alembic command line, ``sqlalchemy.url`` in alembic.ini if set, else
-:class:`shadow_ab.settings.CommonSettings` (``SHADOW_AB_DATABASE_URL`` / var/services.env).
+:class:`shadow_ab.settings.CommonSettings` (``SHADOW_AB_DATABASE_URL``).
 """
 
 from __future__ import annotations
-
-import re
-from typing import Any
 
 from sqlalchemy import Connection
 
 from alembic import context
 from shadow_ab.settings import CommonSettings
 from storage.db import make_engine
-from storage.models import PARTITIONED_TABLES, Base
+from storage.migrate import include_name
+from storage.models import Base
 
 config = context.config
 target_metadata = Base.metadata
-
-# Daily partitions (exchanges_p20261130) are created at run time, not by migrations.
-_PARTITION_NAME = re.compile(
-    r"^(?:" + "|".join(re.escape(t) for t in PARTITIONED_TABLES) + r")_p\d{8}$"
-)
-
-
-def include_name(name: str | None, type_: str, parent_names: Any) -> bool:
-    if type_ == "table" and name is not None:
-        return not _PARTITION_NAME.match(name)
-    return True
 
 
 def database_url() -> str:

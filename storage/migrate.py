@@ -7,6 +7,7 @@ configuration is built here, so no ``alembic.ini`` is needed at run time.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
@@ -15,8 +16,14 @@ from alembic.script import ScriptDirectory
 from alembic import command
 from storage.db import make_engine, normalize_url
 from storage.errors import BadConfiguration, translate
+from storage.partitions import parse_partition_name
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "alembic"
+
+
+def include_name(name: str | None, type_: str, parent_names: Any) -> bool:
+    """Alembic autogenerate filter: daily partitions are made at run time, not by migrations."""
+    return not (type_ == "table" and name is not None and parse_partition_name(name))
 
 
 def alembic_config(url: str) -> Config:
