@@ -39,8 +39,8 @@ from sqlalchemy import (
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-# JSONB on PostgreSQL (indexable, compact), JSON text on SQLite.
-JsonDoc = JSON().with_variant(postgresql.JSONB(), "postgresql")
+# JSONB on PostgreSQL (indexable, compact), JSON text on SQLite; Python None is SQL NULL.
+JsonDoc = JSON(none_as_null=True).with_variant(postgresql.JSONB(none_as_null=True), "postgresql")
 # 64-bit ids on PostgreSQL; SQLite only autoincrements a column typed exactly INTEGER.
 BigId = BigInteger().with_variant(Integer(), "sqlite")
 Timestamp = DateTime(timezone=True)

@@ -10,7 +10,21 @@ from typing import Any
 from shadow_ab.records import ExchangeRecord, HealthSample, TokenLogprob
 
 T0 = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
-_WORDS = "the quick brown fox jumps over a lazy dog while engines stream tokens".split()
+_WORDS = [
+    "the",
+    "quick",
+    "brown",
+    "fox",
+    "jumps",
+    "over",
+    "a",
+    "lazy",
+    "dog",
+    "while",
+    "engines",
+    "stream",
+    "tokens",
+]
 
 
 def text_of(n_bytes: int, rng: random.Random) -> str:

@@ -1,0 +1,189 @@
+"""Bulk idempotent writers on SQLite and on the real PostgreSQL."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, text
+from store_factories import T0, exchange, exchanges, health, health_series
+
+from shadow_ab.records import ExchangeRecord
+from storage.partitions import ensure_partitions, partition_name
+from storage.write import write_drops, write_exchanges, write_health, write_records
+
+
+def _count(engine: Engine, sql: str) -> int:
+    with engine.connect() as conn:
+        return int(conn.execute(text(sql)).scalar_one())
+
+
+def test_exchanges_written_once(engine: Engine) -> None:
+    batch = exchanges(50)
+    assert write_exchanges(engine, batch) == 50
+    assert _count(engine, "SELECT count(*) FROM exchanges") == 50
+    assert write_exchanges(engine, batch) == 0
+    assert _count(engine, "SELECT count(*) FROM exchanges") == 50
+    # a batch overlapping the stored rows only inserts the new ones
+    assert write_exchanges(engine, exchanges(60)) == 10
+    assert _count(engine, "SELECT count(*) FROM exchanges") == 60
+
+
+def test_exchanges_duplicates_inside_the_batch(engine: Engine) -> None:
+    a = exchange(pair_id=uuid.UUID(int=1), role="incumbent")
+    b = exchange(pair_id=uuid.UUID(int=1), role="candidate")
+    a_again = exchange(pair_id=uuid.UUID(int=1), role="incumbent", output_text="other")
+    assert write_exchanges(engine, [a, b, a_again, b]) == 2
+    with engine.connect() as conn:
+        texts = conn.execute(text("SELECT role, output_text FROM exchanges ORDER BY role")).all()
+    # the first occurrence wins
+    assert [tuple(t) for t in texts] == [("candidate", b.output_text), ("incumbent", a.output_text)]
+
+
+def test_same_pair_and_role_at_another_time_is_another_row(engine: Engine) -> None:
+    a = exchange(pair_id=uuid.UUID(int=1))
+    later = exchange(pair_id=uuid.UUID(int=1), sent_at=T0 + timedelta(seconds=1))
+    assert write_exchanges(engine, [a, later]) == 2
+
+
+def test_exchange_round_trip(engine: Engine) -> None:
+    rec = exchange(
+        seed=3,
+        error="upstream said \\ no\n\ttab",
+        output_text="tabs\tnewlines\nbackslash\\ quote' \"unicode ✓",
+        logprobs=None,
+    )
+    assert write_exchanges(engine, [rec]) == 1
+    with engine.connect() as conn:
+        row = conn.execute(text("SELECT * FROM exchanges")).mappings().one()
+    if engine.dialect.name == "sqlite":
+        assert row["pair_id"] == rec.pair_id.hex
+        assert row["sent_at"].startswith("2026-11-30 12:00:00")
+        import json
+
+        loads: Any = json.loads
+    else:
+        assert row["pair_id"] == rec.pair_id
+        assert row["sent_at"] == rec.sent_at
+        assert row["ingested_at"].tzinfo is not None
+
+        def loads(v: Any) -> Any:
+            return v
+
+    assert row["role"] == "incumbent"
+    assert row["endpoint"] == "chat"
+    assert row["status"] == "ok"
+    assert bool(row["stream"]) is True
+    assert row["output_text"] == rec.output_text
+    assert row["error"] == rec.error
+    assert row["ttft_s"] == rec.ttft_s
+    assert row["completion_tokens"] == 64
+    assert loads(row["itl_s"]) == rec.itl_s
+    assert loads(row["request"]) == rec.request
+    assert loads(row["guard"]) == rec.guard
+    assert loads(row["rewrites"]) == []
+    assert row["logprobs"] is None
+    assert row["schema_version"] == 1
+
+
+def test_logprobs_stored_as_json(engine: Engine) -> None:
+    rec = exchange()
+    write_exchanges(engine, [rec])
+    with engine.connect() as conn:
+        raw = conn.execute(text("SELECT logprobs FROM exchanges")).scalar_one()
+    import json
+
+    value = json.loads(raw) if isinstance(raw, str) else raw
+    assert value == [
+        {"token": "the", "logprob": -0.1, "top": {"the": -0.1, "a": -2.5}},
+        {"token": " fox", "logprob": -0.3, "top": {" fox": -0.3}},
+    ]
+
+
+def test_deployments_created_on_first_sight(engine: Engine) -> None:
+    write_exchanges(engine, exchanges(4, deployment="exp-1"))
+    write_health(engine, [health(deployment="exp-2")])
+    write_exchanges(engine, exchanges(4, deployment="exp-1", seed=9))
+    with engine.connect() as conn:
+        names = conn.execute(text("SELECT name FROM deployments ORDER BY name")).scalars().all()
+    assert names == ["exp-1", "exp-2"]
+
+
+def test_health_written_once(engine: Engine) -> None:
+    samples = health_series(30)
+    assert write_health(engine, samples) == 30
+    assert write_health(engine, samples) == 0
+    assert write_health(engine, [*samples[:5], *samples[:5]]) == 0
+    other_engine = health_series(5, engine="trtllm@candidate")
+    assert write_health(engine, other_engine + other_engine) == 5
+    assert _count(engine, "SELECT count(*) FROM health_samples") == 35
+
+
+def test_mixed_batch(engine: Engine) -> None:
+    assert write_records(engine, [*exchanges(6), *health_series(4)]) == 10
+    assert write_records(engine, [*exchanges(6), *health_series(4)]) == 0
+
+
+def test_empty_batches(engine: Engine) -> None:
+    assert write_exchanges(engine, []) == 0
+    assert write_health(engine, []) == 0
+
+
+def test_wrong_record_type_is_refused(engine: Engine) -> None:
+    with pytest.raises(TypeError, match="parse_record"):
+        write_exchanges(engine, [health()])  # type: ignore[list-item]  # the point of the test
+    with pytest.raises(TypeError, match="parse_record"):
+        write_exchanges(engine, [{"kind": "exchange"}])  # type: ignore[list-item]
+
+
+def test_drops(engine: Engine) -> None:
+    ts = datetime(2026, 11, 30, 1, 2, 3, tzinfo=UTC)
+    write_drops(engine, "mirror", "queue_full", 17, ts)
+    write_drops(engine, "mirror", "queue_full", 0, ts)  # nothing to record
+    write_drops(engine, "direct_sink", "store_error", 3, ts)
+    with engine.connect() as conn:
+        rows = conn.execute(text("SELECT source, reason, count FROM drops ORDER BY count")).all()
+    assert [tuple(r) for r in rows] == [
+        ("direct_sink", "store_error", 3),
+        ("mirror", "queue_full", 17),
+    ]
+    with pytest.raises(ValueError, match="timezone"):
+        write_drops(engine, "mirror", "x", 1, datetime(2026, 1, 1))
+    with pytest.raises(ValueError, match=">= 0"):
+        write_drops(engine, "mirror", "x", -1, ts)
+
+
+def test_records_of_many_days_land_in_their_partitions(pg_engine: Engine) -> None:
+    days = [T0 - timedelta(days=40), T0, T0 + timedelta(days=1), T0 + timedelta(days=400)]
+    batch: list[ExchangeRecord] = []
+    for i, day in enumerate(days):
+        batch += exchanges(
+            2 * (i + 1), start=day.replace(hour=23, minute=59), seed=i, step=timedelta(seconds=20)
+        )
+    # ~pairs cross midnight: count by day from the records themselves
+    expected: dict[str, int] = {}
+    for rec in batch:
+        name = partition_name("exchanges", rec.sent_at.date())
+        expected[name] = expected.get(name, 0) + 1
+    assert write_exchanges(pg_engine, batch) == len(batch)
+    for name, n in expected.items():
+        assert _count(pg_engine, f"SELECT count(*) FROM {name}") == n
+    week_ago = T0 - timedelta(days=7)
+    assert write_health(pg_engine, health_series(3, start=week_ago)) == 3
+    name = partition_name("health_samples", week_ago.date())
+    assert _count(pg_engine, f"SELECT count(*) FROM {name}") == 3
+
+
+def test_partition_dropped_behind_the_writers_back_is_recreated(pg_engine: Engine) -> None:
+    assert write_exchanges(pg_engine, exchanges(2)) == 2  # the writer now caches today's partition
+    with pg_engine.begin() as conn:
+        conn.execute(text(f"DROP TABLE {partition_name('exchanges', T0.date())}"))
+    assert write_exchanges(pg_engine, exchanges(2)) == 2
+    assert _count(pg_engine, "SELECT count(*) FROM exchanges") == 2
+
+
+def test_ensure_partitions_then_write(pg_engine: Engine) -> None:
+    ensure_partitions(pg_engine, T0, days_ahead=3)
+    assert write_exchanges(pg_engine, exchanges(10, start=T0 + timedelta(days=3))) == 10
