@@ -7,7 +7,7 @@ time, then advances every running sequence by one token (newly admitted ones get
 token: prefill). Iteration time::
 
     decode_ms * drift * (1 + batch_slowdown * (running_seqs - 1))
-      + sum over admitted requests of (prefill_base_ms + prefill_per_token_ms * prompt_tokens)
+      + if any request was admitted: prefill_base_ms + prefill_per_token_ms * their prompt tokens
     all times log-normal noise
 
 Answers are computed when a request is submitted (:mod:`simulator.generate`); the loop only
@@ -29,6 +29,10 @@ from simulator.faults import FaultRuntime
 from simulator.generate import Completion
 from simulator.metrics import EngineSnapshot, EngineStats, trt_iteration_stat
 from simulator.scenario import Scenario
+
+
+MAX_LAG_S = 0.05
+"""How far behind its modelled timeline the loop may run before it gives up catching up."""
 
 
 @dataclass(eq=False, slots=True)
@@ -90,6 +94,7 @@ class Engine:
         self.kv_reserved = 0
         self._wake = asyncio.Event()
         self._sleep = sleep
+        self._next_start: float | None = None
 
     # -- requests ------------------------------------------------------------------------
 
@@ -163,31 +168,43 @@ class Engine:
             * self.faults.decode_multiplier()
             * (1.0 + self.lat.batch_slowdown * (seqs - 1))
         )
-        prefill = sum(
-            self.lat.prefill_base_ms + self.lat.prefill_per_token_ms * j.prompt_tokens
-            for j in admitted
-        )
+        prefill = 0.0
+        if admitted:  # one batched prefill: a fixed cost plus a cost per prompt token
+            prefill = self.lat.prefill_base_ms + self.lat.prefill_per_token_ms * sum(
+                j.prompt_tokens for j in admitted
+            )
         noise = math.exp(self.rng.gauss(0.0, self.lat.noise)) if self.lat.noise else 1.0
         return (decode + prefill) * noise
 
     async def run(self) -> None:
         while True:
             if self.faults.hang_active():
+                self._next_start = None
                 await asyncio.sleep(0.005)
                 continue
             if not self.running and not self.waiting:
+                self._next_start = None
                 self._wake.clear()
                 await self._wake.wait()
                 continue
             await self.step()
 
     async def step(self) -> None:
-        started = time.monotonic()
+        """One iteration. Iterations are laid end to end on the modelled timeline (each
+        starts when the previous one should have ended), so the time spent handing tokens
+        to the streams does not add to the pace; a loop running behind by more than
+        :data:`MAX_LAG_S` (overload) restarts the timeline from now."""
+        now = time.monotonic()
+        started = self._next_start
+        if started is None or now - started > MAX_LAG_S:
+            started = now
         admitted = self._admit()
         for job in admitted:
-            job.scheduled_at = started
+            job.scheduled_at = max(started, job.arrival)
         ms = self.iteration_ms(admitted)
-        await self._sleep(ms / 1000.0)
+        end = started + ms / 1000.0
+        self._next_start = end
+        await self._sleep(max(0.0, end - time.monotonic()))
         now = time.monotonic()
         took = now - started
         stats = self.stats

@@ -43,7 +43,8 @@ class Latency(_Strict):
 
     prefill_base_ms: Annotated[float, Field(ge=0)] = 12.0
     prefill_per_token_ms: Annotated[float, Field(ge=0)] = 0.04
-    """Prefill time added per prompt token of each request admitted in an iteration."""
+    """An iteration that admits requests adds ``prefill_base_ms`` once plus this per prompt
+    token of the requests it admits (one batched prefill)."""
     decode_ms: Annotated[float, Field(ge=0)] = 8.0
     """One decode iteration with a single running sequence."""
     batch_slowdown: Annotated[float, Field(ge=0)] = 0.004

@@ -50,6 +50,7 @@ def test_iteration_time_formula() -> None:
     small, big = _job(100, 10), _job(1000, 10)
     assert e.iteration_ms([small]) == pytest.approx(10 + 5 + 10)
     assert e.iteration_ms([big]) == pytest.approx(10 + 5 + 100)  # prefill grows with the prompt
+    assert e.iteration_ms([small, big]) == pytest.approx(10 + 5 + 110)  # one batched prefill
     e.running = [_job(10, 10, n=51)]
     assert e.iteration_ms([]) == pytest.approx(10 * (1 + 0.01 * 50))  # batching slowdown
 
