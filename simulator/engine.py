@@ -30,7 +30,6 @@ from simulator.generate import Completion
 from simulator.metrics import EngineSnapshot, EngineStats, trt_iteration_stat
 from simulator.scenario import Scenario
 
-
 MAX_LAG_S = 0.05
 """How far behind its modelled timeline the loop may run before it gives up catching up."""
 
