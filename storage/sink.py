@@ -157,6 +157,11 @@ class DirectSink:
             lost = sum(n for reason, n in self._stats.dropped.items() if reason != QUEUE_FULL)
         return not self._thread.is_alive() and unwritten == 0 and lost == 0
 
+    def pending(self) -> tuple[int, int]:
+        """(records queued, records being written now)."""
+        with self._cond:
+            return len(self._queue), self._inflight
+
     def stats(self) -> SinkStats:
         with self._cond:
             return SinkStats(
