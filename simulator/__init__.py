@@ -1,1 +1,36 @@
-"""simulator."""
+"""An engine simulator with two flavors, vLLM and TensorRT-LLM, for tests, demo and benchmarks.
+
+One configurable server (``shadow-ab sim``) that behaves like the real engines on the wire
+(each flavor's request validation, stream framing, ``/metrics`` format) and in the ways that
+matter to a shadow evaluation: deterministic greedy answers with consistent logprobs, a
+continuous-batching latency model, a divergence knob, and injected faults, every one of them
+written to a ledger so tests can check that the evaluator finds exactly what was injected.
+
+Modules: :mod:`~simulator.scenario` (the YAML schema), :mod:`~simulator.generate` (what the
+model answers), :mod:`~simulator.engine` (the scheduler), :mod:`~simulator.faults`,
+:mod:`~simulator.ledger`, :mod:`~simulator.metrics`, :mod:`~simulator.wire` (each flavor's wire
+format), :mod:`~simulator.server` (the aiohttp app), :mod:`~simulator.supervisor` and
+:mod:`~simulator.child` (the restart-on-crash process pair), :mod:`~simulator.testing`
+(``running_sim``).
+
+Errors::
+
+    ScenarioError       a scenario file or mapping that cannot be used (says which key)
+    SimulatorError      a simulator subprocess that did not start or stop as asked
+"""
+
+from simulator.ledger import read_ledger
+from simulator.scenario import Scenario, ScenarioError, load_scenario, shipped
+from simulator.testing import RunningSim, SimulatorError, free_port, running_sim
+
+__all__ = [
+    "RunningSim",
+    "Scenario",
+    "ScenarioError",
+    "SimulatorError",
+    "free_port",
+    "load_scenario",
+    "read_ledger",
+    "running_sim",
+    "shipped",
+]
