@@ -11,6 +11,7 @@ from sqlalchemy import Engine, text
 from store_factories import T0, exchange, exchanges, health, health_series
 
 from shadow_ab.records import ExchangeRecord
+from storage.db import make_engine
 from storage.partitions import ensure_partitions, partition_name
 from storage.write import write_drops, write_exchanges, write_health, write_records
 
@@ -187,3 +188,21 @@ def test_partition_dropped_behind_the_writers_back_is_recreated(pg_engine: Engin
 def test_ensure_partitions_then_write(pg_engine: Engine) -> None:
     ensure_partitions(pg_engine, T0, days_ahead=3)
     assert write_exchanges(pg_engine, exchanges(10, start=T0 + timedelta(days=3))) == 10
+
+
+def test_write_after_the_server_dropped_our_connections(pg_engine: Engine, pg_url: str) -> None:
+    assert write_exchanges(pg_engine, exchanges(2)) == 2  # a pooled connection now exists
+    admin = make_engine(pg_url)
+    try:
+        with admin.connect() as conn:
+            conn.execute(
+                text(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                    " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                )
+            )
+    finally:
+        admin.dispose()
+    # the pool notices the dead connection and opens a new one: no error, no lost batch
+    assert write_exchanges(pg_engine, exchanges(4)) == 2
+    assert _count(pg_engine, "SELECT count(*) FROM exchanges") == 4
