@@ -11,9 +11,10 @@ Used by the direct sink (:mod:`storage.sink`) and by the Kafka ingester. Each ca
 - raises :class:`~storage.errors.StoreUnavailable` when the database cannot be reached (retry
   the same batch with backoff) and :class:`~storage.errors.StoreError` otherwise.
 
-PostgreSQL: ``COPY`` into a temporary table, then ``INSERT ... SELECT ... ON CONFLICT DO
-NOTHING`` (rows copied in key order, so concurrent writers of overlapping batches take their
-row locks in the same order and do not deadlock; a deadlock would be retried anyway).
+PostgreSQL: binary ``COPY`` straight into the table inside a savepoint; when a row is already
+there (a replayed batch), roll back to the savepoint and ``COPY`` into a temporary table, then
+``INSERT ... SELECT ... ON CONFLICT DO NOTHING``. Rows go in key order, so concurrent writers of
+overlapping batches take their locks in the same order (a deadlock would be retried anyway).
 SQLite: ``executemany`` of ``INSERT OR IGNORE``.
 """
 
@@ -353,14 +354,23 @@ def _json_bytes(value: Any) -> bytes:
     return orjson.dumps(value)
 
 
+def _copy_rows(cur: psycopg.Cursor[Any], target: str, spec: _TableSpec, rows: list[Any]) -> None:
+    with cur.copy(f"COPY {target} ({', '.join(spec.columns)}) FROM STDIN (FORMAT BINARY)") as copy:
+        copy.set_types(list(spec.pg_types))
+        for row in rows:
+            copy.write_row(row)
+
+
 def _write_postgres(
     engine: Engine, spec: _TableSpec, rows: list[tuple[Any, ...]], deployments: set[str]
 ) -> int:
+    """COPY the rows straight into the table; if any is already there (a replay), roll back to
+    a savepoint and take the conflict-tolerant path: COPY into a temporary table, then
+    ``INSERT ... SELECT ... ON CONFLICT DO NOTHING``. Fresh batches, the common case, are
+    written once; replays cost the failed attempt."""
     name = spec.table.name
-    stage = f"stage_{name}"
-    cols = ", ".join(spec.columns)
     # Key order (the key columns come first in every row): concurrent writers of overlapping
-    # batches then take their row locks in the same order.
+    # batches then take their locks in the same order.
     rows = sorted(rows, key=_sort_key)
     with engine.begin() as conn:
         _ensure_deployments(conn, deployments)
@@ -369,22 +379,30 @@ def _write_postgres(
             raise StoreError(f"expected a psycopg 3 connection, got {type(raw).__name__}")
         with raw.cursor() as cur:
             set_json_dumps(_json_bytes, cur)
-            # Same column types and lz4 compression as the target, so the INSERT below copies
-            # the compressed values as they are instead of compressing them a second time.
-            cur.execute(
-                f"CREATE TEMP TABLE {stage} (LIKE {name}"
-                " INCLUDING DEFAULTS INCLUDING COMPRESSION) ON COMMIT DROP"
-            )
-            with cur.copy(f"COPY {stage} ({cols}) FROM STDIN (FORMAT BINARY)") as copy:
-                copy.set_types(list(spec.pg_types))
-                for row in rows:
-                    copy.write_row(row)
-            # No ORDER BY: the stage is read in the order it was written, and sorting wide
-            # rows would spill to disk.
-            cur.execute(
-                f"INSERT INTO {name} ({cols}) SELECT {cols} FROM {stage} ON CONFLICT DO NOTHING"
-            )
-            return max(cur.rowcount, 0)
+            cur.execute("SAVEPOINT shadow_ab_copy")
+            try:
+                _copy_rows(cur, name, spec, rows)
+            except psycopg.errors.UniqueViolation:
+                cur.execute("ROLLBACK TO SAVEPOINT shadow_ab_copy")
+                return _insert_new_rows(cur, spec, rows)
+            cur.execute("RELEASE SAVEPOINT shadow_ab_copy")
+            return len(rows)
+
+
+def _insert_new_rows(cur: psycopg.Cursor[Any], spec: _TableSpec, rows: list[Any]) -> int:
+    name = spec.table.name
+    stage = f"stage_{name}"
+    cols = ", ".join(spec.columns)
+    # Same column types and lz4 compression as the target, so the INSERT below copies the
+    # compressed values as they are instead of compressing them a second time.
+    cur.execute(
+        f"CREATE TEMP TABLE {stage} (LIKE {name} INCLUDING DEFAULTS INCLUDING COMPRESSION)"
+        " ON COMMIT DROP"
+    )
+    _copy_rows(cur, stage, spec, rows)
+    # No ORDER BY: the stage is read in the order it was written; sorting wide rows spills.
+    cur.execute(f"INSERT INTO {name} ({cols}) SELECT {cols} FROM {stage} ON CONFLICT DO NOTHING")
+    return max(cur.rowcount, 0)
 
 
 __all__ = [
