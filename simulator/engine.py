@@ -8,7 +8,7 @@ token: prefill). Iteration time::
 
     decode_ms * drift * (1 + batch_slowdown * (running_seqs - 1))
       + if any request was admitted: prefill_base_ms + prefill_per_token_ms * their prompt tokens
-    all times log-normal noise
+    all times log-normal noise, times warmup_factor during warmup_s after a (re)start
 
 Answers are computed when a request is submitted (:mod:`simulator.generate`); the loop only
 counts how many tokens of each are ready and wakes the request's handler. A hung engine (fault)
@@ -173,7 +173,12 @@ class Engine:
                 j.prompt_tokens for j in admitted
             )
         noise = math.exp(self.rng.gauss(0.0, self.lat.noise)) if self.lat.noise else 1.0
-        return (decode + prefill) * noise
+        warm = 1.0
+        if self.lat.warmup_factor != 1.0 and self.lat.warmup_s > 0.0:
+            age = self.faults.clock.elapsed() - self.faults.process_start
+            if age < self.lat.warmup_s:
+                warm = self.lat.warmup_factor
+        return (decode + prefill) * noise * warm
 
     async def run(self) -> None:
         while True:

@@ -62,6 +62,10 @@ class Latency(_Strict):
     max_num_seqs: Annotated[int, Field(ge=1)] = 256
     """Most sequences running at once (vLLM max_num_seqs / TensorRT-LLM max_batch_size)."""
     max_model_len: Annotated[int, Field(ge=16)] = 8192
+    warmup_s: Annotated[float, Field(ge=0)] = 0.0
+    """For this long (simulated seconds) after each process start, iterations are slower..."""
+    warmup_factor: Annotated[float, Field(ge=1)] = 1.0
+    """...by this factor (cold caches and graphs after a (re)start)."""
 
 
 class Answers(_Strict):

@@ -329,17 +329,20 @@ class SimServer:
         sent_total = 0
         offsets = [0] * len(job.seqs)
         try:
-            await resp.prepare(request)
-            if chat:
-                usage0 = framer.usage(prompt_tokens, 0) if continuous else None
-                await resp.write(
-                    b"".join(framer.role_chunk(i, usage0) for i in range(len(job.seqs)))
-                )
+            # Like both engines, nothing (not even the headers or the role delta) goes out
+            # before the first engine output: the role chunk travels with the first token.
+            first = True
             while True:
                 await job.event.wait()
                 job.event.clear()
                 finished = job.finished
                 out: list[bytes] = []
+                if first:
+                    first = False
+                    await resp.prepare(request)
+                    if chat:
+                        usage0 = framer.usage(prompt_tokens, 0) if continuous else None
+                        out.extend(framer.role_chunk(i, usage0) for i in range(len(job.seqs)))
                 for i, seq in enumerate(job.seqs):
                     if seq.finish_sent:
                         continue

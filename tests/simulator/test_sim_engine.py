@@ -55,6 +55,13 @@ def test_iteration_time_formula() -> None:
     assert e.iteration_ms([]) == pytest.approx(10 * (1 + 0.01 * 50))  # batching slowdown
 
 
+def test_warmup_after_start_slows_iterations() -> None:
+    cold = _engine(decode_ms=10, warmup_s=3600, warmup_factor=2)
+    assert cold.iteration_ms([]) == pytest.approx(20.0)
+    warm = _engine(decode_ms=10, warmup_s=0.0, warmup_factor=2)
+    assert warm.iteration_ms([]) == pytest.approx(10.0)
+
+
 def test_kv_capacity_and_batch_limits_queue_requests() -> None:
     e = _engine(kv_capacity_tokens=300, max_num_seqs=4)
     jobs = [_job(50, 50) for _ in range(5)]  # each reserves 100 tokens
