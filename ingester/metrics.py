@@ -19,6 +19,10 @@ MESSAGES_CONSUMED = Counter(
     "Counter. Messages taken from Kafka, good or poison, by source topic.",
     ["topic"],
 )
+PENDING_MESSAGES = Gauge(
+    "shadow_ab_ingest_pending_messages",
+    "Gauge. Messages taken from Kafka and held in batches not yet written to the store.",
+)
 BATCH_SIZE = Histogram(
     "shadow_ab_ingest_batch_size",
     "Histogram. Messages per flushed batch (records plus poison), observed once per batch.",

@@ -242,6 +242,7 @@ class Accumulate:
         self.current: Batch | None = None
         self.ready: Batch | None = None
         """A complete batch the next step would not take yet."""
+        metrics.PENDING_MESSAGES.set(0)
 
     def submit(self, item: Decoded) -> None:
         if self.ready is not None:
@@ -254,6 +255,7 @@ class Accumulate:
         metrics.MESSAGES_CONSUMED.labels(topic=item.message.topic).inc()
         if self.current.size >= self.max_size:
             self._seal()
+        self._report()
 
     def poll(self) -> None:
         self.next_step.poll()
@@ -264,6 +266,7 @@ class Accumulate:
             and self.clock.monotonic() - self.current.started_at >= self.max_wait_s
         ):
             self._seal()
+        self._report()
 
     def join(self, timeout_s: float) -> bool:
         deadline = self.clock.monotonic() + timeout_s
@@ -272,16 +275,24 @@ class Accumulate:
         while self.ready is not None:
             remaining = deadline - self.clock.monotonic()
             if remaining <= 0 or not self.next_step.join(remaining):
+                self._report()
                 return False
             self._hand_on()
-        return self.next_step.join(max(0.0, deadline - self.clock.monotonic()))
+        done = self.next_step.join(max(0.0, deadline - self.clock.monotonic()))
+        self._report()
+        return done
 
     def close(self) -> None:
         self.next_step.close()
 
     @property
     def pending_messages(self) -> int:
-        return sum(b.size for b in (self.current, self.ready) if b is not None)
+        """Messages here and in the writer that are not written yet."""
+        batches = (self.current, self.ready, self.next_step.pending)
+        return sum(b.size for b in batches if b is not None)
+
+    def _report(self) -> None:
+        metrics.PENDING_MESSAGES.set(self.pending_messages)
 
     def _seal(self) -> None:
         self.ready, self.current = self.current, None

@@ -148,7 +148,7 @@ def test_sigterm_with_a_pending_batch_writes_it_commits_and_exits_0(
     try:
         produce(kafka_bootstrap, topics.exchanges, _exchanges(topics.deployment, 0, n))
         wait_for(
-            lambda: proc.metric("shadow_ab_ingest_messages_consumed_total") == n,
+            lambda: proc.metric("shadow_ab_ingest_pending_messages") == n,
             f"the ingester to take all {n} messages into its batch",
         )
         assert count_rows(ingest_engine, "exchanges", topics.deployment) == 0  # still pending

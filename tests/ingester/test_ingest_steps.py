@@ -152,6 +152,7 @@ def test_store_down_keeps_the_batch_pushes_back_and_retries_with_backoff() -> No
     p.submit_exchange(2)
     p.submit_exchange(3)  # second batch full, but the writer is busy: held in Accumulate
     assert p.acc.ready is not None
+    assert p.acc.pending_messages == 4
     with pytest.raises(MessageRejected):
         p.submit_exchange(4)  # backpressure: the caller must pause
     calls = p.store.calls
