@@ -160,15 +160,15 @@ class _Completion(_Sampling):
 
 
 class VllmChatRequest(_Chat):
-    pass
+    model_config = ConfigDict(extra="allow", title="ChatCompletionRequest")
 
 
 class VllmCompletionRequest(_Completion):
-    pass
+    model_config = ConfigDict(extra="allow", title="CompletionRequest")
 
 
 class TrtChatRequest(_Chat):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", title="ChatCompletionRequest")
     model: str  # required on TensorRT-LLM
     cache_salt: str | None = None
     disaggregated_params: dict[str, Any] | None = None
@@ -177,7 +177,7 @@ class TrtChatRequest(_Chat):
 
 
 class TrtCompletionRequest(_Completion):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", title="CompletionRequest")
     model: str  # required on TensorRT-LLM
     max_tokens: Annotated[int, Field(ge=0)] | None = None
     disaggregated_params: dict[str, Any] | None = None
