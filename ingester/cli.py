@@ -27,7 +27,7 @@ def load_settings(**overrides: Any) -> IngestSettings:
         for err in exc.errors():
             loc = ".".join(str(p) for p in err["loc"])
             msg = str(err["msg"]).removeprefix("Value error, ")
-            lines.append(f"{loc}: {msg}" if loc else msg)
+            lines.append(f"{_where(loc)}: {msg}" if loc else msg)
         raise click.UsageError("invalid settings:\n  " + "\n  ".join(lines)) from None
 
 
@@ -59,10 +59,12 @@ def ingest(verbose: bool, **flags: Any) -> None:
     settings = load_settings(**flags)
 
     from ingester.app import close_all, open_processor
+    from shadow_ab.topics import TopicError
+    from storage.errors import StorageError
 
     try:
         processor, resources = open_processor(settings)
-    except IngestError as exc:
+    except (IngestError, TopicError, StorageError) as exc:
         raise click.ClickException(str(exc)) from exc
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -92,6 +94,26 @@ def ingest(verbose: bool, **flags: Any) -> None:
     if not ok:
         raise SystemExit(1)
     log.info("stopped cleanly")
+
+
+_FLAGS = {
+    "kafka_bootstrap": "--kafka",
+    "database_url": "--database-url",
+    "ingest_group": "--group",
+    "ingest_batch_size": "--batch-size",
+    "ingest_batch_timeout_ms": "--batch-timeout-ms",
+    "ingest_metrics_port": "--metrics-port",
+    "ingest_topic_exchanges": "--exchanges-topic",
+    "ingest_topic_health": "--health-topic",
+    "ingest_topic_dlq": "--dlq-topic",
+}
+
+
+def _where(field: str) -> str:
+    """How a user sets a settings field: its flag (if any) and its environment variable."""
+    env = f"SHADOW_AB_{field.upper()}"
+    flag = _FLAGS.get(field)
+    return f"{flag} / {env}" if flag else env
 
 
 def _redact(url: str) -> str:

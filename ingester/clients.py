@@ -30,6 +30,8 @@ def make_consumer(settings: IngestSettings, *, client_id: str = "shadow-ab-inges
             enable_auto_commit=False,
             auto_offset_reset=settings.ingest_auto_offset_reset,
             max_poll_records=settings.ingest_batch_size,
+            session_timeout_ms=settings.ingest_session_timeout_ms,
+            heartbeat_interval_ms=min(3000, settings.ingest_session_timeout_ms // 3),
             # Larger fetches: records are 1-4 KB, the default 1 MiB per partition is ~300 of them.
             max_partition_fetch_bytes=8 * 1024 * 1024,
             fetch_max_bytes=64 * 1024 * 1024,

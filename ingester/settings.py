@@ -40,6 +40,12 @@ class IngestSettings(CommonSettings):
     ingest_shutdown_timeout_s: float = Field(
         default=30.0, ge=0, description="on SIGTERM, how long to keep trying to write the batch"
     )
+    ingest_session_timeout_ms: int = Field(
+        default=45_000,
+        ge=6_000,
+        le=300_000,
+        description="consumer group session timeout: how soon a dead ingester's partitions move",
+    )
     ingest_poll_timeout_ms: int = Field(default=100, ge=1, le=10_000)
     ingest_create_topics: bool = Field(
         default=True, description="create the topics at start if they are missing"

@@ -170,6 +170,8 @@ class IngestProcess:
         env = {k: v for k, v in os.environ.items() if not k.startswith("SHADOW_AB_")}
         env["SHADOW_AB_HOME"] = str(log_path.parent)  # no env file there: flags only
         env["SHADOW_AB_INGEST_RETRY_MAX_MS"] = "1000"
+        # A killed ingester's partitions move to its successor after this long.
+        env["SHADOW_AB_INGEST_SESSION_TIMEOUT_MS"] = "6000"
         self.log_path = log_path
         self._log = log_path.open("ab")
         self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, env=env)
