@@ -28,6 +28,7 @@ ENV_VAR = "SHADOW_AB_SIM_CHILD"
 CRASH_EXIT_CODE = 86
 BIND_EXIT_CODE = 87
 CRASH_FILE = "crash.json"
+EPOCH_FILE = "epoch.json"
 
 
 def _crash(state_dir: Path, ledger: Ledger) -> Any:
@@ -45,7 +46,12 @@ def _crash(state_dir: Path, ledger: Ledger) -> Any:
 
 async def serve(settings: dict[str, Any]) -> int:
     scenario = Scenario.model_validate(settings["scenario"])
-    clock = SimClock(settings["epoch"], scenario.time_scale)
+    state_dir = Path(settings["state_dir"])
+    epoch = settings.get("epoch")
+    if epoch is None:  # the first process: the timeline starts now
+        epoch = time.time()
+        (state_dir / EPOCH_FILE).write_text(json.dumps({"epoch": epoch}))
+    clock = SimClock(float(epoch), scenario.time_scale)
     ledger_path = settings.get("ledger")
     ledger = Ledger(
         Path(ledger_path) if ledger_path else None,
@@ -53,7 +59,6 @@ async def serve(settings: dict[str, Any]) -> int:
         flavor=scenario.flavor,
         engine=settings.get("engine") or f"{scenario.flavor}@{settings['port']}",
     )
-    state_dir = Path(settings["state_dir"])
     start_wall, start_elapsed = time.time(), clock.elapsed()
     server = SimServer(
         scenario,

@@ -1,8 +1,9 @@
 """Simulated time: real wall time, optionally accelerated, continuous across restarts.
 
-The supervisor fixes the *epoch* (its own start, wall clock) and every serving process it
-starts computes simulated time from it, so the fault timeline does not restart with the
-process. With ``scale`` 60, one real second is one simulated minute.
+The first serving process fixes the *epoch* (the wall-clock moment it starts serving, so slow
+imports on a loaded machine do not eat into the fault schedule); the supervisor hands it to
+every later process, so the fault timeline does not restart with the process.
+With ``scale`` 60, one real second is one simulated minute.
 """
 
 from __future__ import annotations

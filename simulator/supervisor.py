@@ -16,11 +16,10 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from pathlib import Path
 from types import FrameType
 
-from simulator.child import CRASH_EXIT_CODE, CRASH_FILE, ENV_VAR
+from simulator.child import CRASH_EXIT_CODE, CRASH_FILE, ENV_VAR, EPOCH_FILE
 from simulator.clock import SimClock
 from simulator.ledger import Ledger
 from simulator.scenario import Scenario
@@ -41,8 +40,7 @@ class Supervisor:
         self.port = port
         self.ledger_path = ledger
         self.engine = engine or f"{scenario.flavor}@{host}:{port}"
-        self.epoch = time.time()
-        self.clock = SimClock(self.epoch, scenario.time_scale)
+        self.epoch: float | None = None  # set by the first serving process
         self._stop = threading.Event()
         self._child: subprocess.Popen[bytes] | None = None
 
@@ -80,7 +78,7 @@ class Supervisor:
             file=sys.stderr,
             flush=True,
         )
-        ledger = Ledger(self.ledger_path, self.clock, flavor=sc.flavor, engine=self.engine)
+        ledger: Ledger | None = None
         resume_after: float | None = None
         restarts = 0
         with tempfile.TemporaryDirectory(prefix="shadow-ab-sim-") as state_dir:
@@ -93,19 +91,25 @@ class Supervisor:
                     if rc != CRASH_EXIT_CODE:
                         print(f"shadow-ab sim: serving process exited with {rc}", file=sys.stderr)
                         return rc if rc > 0 else 1
+                    if ledger is None:
+                        self.epoch = json.loads((Path(state_dir) / EPOCH_FILE).read_text())["epoch"]
+                        clock = SimClock(float(self.epoch), sc.time_scale)
+                        ledger = Ledger(
+                            self.ledger_path, clock, flavor=sc.flavor, engine=self.engine
+                        )
                     crash_file = Path(state_dir) / CRASH_FILE
                     crash = json.loads(crash_file.read_text())
                     crash_file.unlink()
                     delay = float(crash["restart_delay_s"])
                     resume_after = float(crash["at_elapsed"])
-                    if self._stop.wait(self.clock.real_seconds(delay)):
+                    if self._stop.wait(clock.real_seconds(delay)):
                         return 0
                     restarts += 1
                     ledger.write(
                         "restart",
                         restarts=restarts,
                         crashed_pid=self._child.pid,
-                        down_from=self.clock.at(float(crash["at_elapsed"])),
+                        down_from=clock.at(float(crash["at_elapsed"])),
                         restart_delay_s=delay,
                     )
                 return 0
@@ -118,4 +122,5 @@ class Supervisor:
                     except subprocess.TimeoutExpired:
                         child.kill()
                         child.wait()
-                ledger.close()
+                if ledger is not None:
+                    ledger.close()
