@@ -130,11 +130,16 @@ class PartitionCache:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def ensure(self, engine: Engine, table: str, days: Iterable[date]) -> None:
-        missing = set(days) - self.known.get(table, set())
+        days = set(days)
+        if days:
+            # Also the day after the newest: creating a partition locks the parent table
+            # exclusively, better done before midnight than while traffic waits for it.
+            days.add(max(days) + timedelta(days=1))
+        missing = days - self.known.get(table, set())
         if not missing:
             return
         with self.lock:
-            missing = set(days) - self.known.get(table, set())
+            missing = days - self.known.get(table, set())
             if not missing:
                 return
             create_partitions(engine, {table: missing})

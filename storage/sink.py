@@ -135,13 +135,15 @@ class DirectSink:
         with self._cond:
             self._flush_requested = True
             self._cond.notify_all()
-            while self._queue or self._inflight:
-                remaining = end - time.monotonic()
-                if remaining <= 0 or not self._thread.is_alive():
-                    return False
-                self._cond.wait(min(remaining, self._poll_s))
-            self._flush_requested = False
-            return True
+            try:
+                while self._queue or self._inflight:
+                    remaining = end - time.monotonic()
+                    if remaining <= 0 or not self._thread.is_alive():
+                        return False
+                    self._cond.wait(min(remaining, self._poll_s))
+                return True
+            finally:
+                self._flush_requested = False
 
     def close(self, timeout: float = 30.0) -> bool:
         """Stop accepting records, write everything queued (retrying up to ``timeout``
@@ -154,7 +156,10 @@ class DirectSink:
         self._thread.join(timeout + 5.0)
         with self._cond:
             unwritten = len(self._queue) + self._inflight
-            lost = sum(n for reason, n in self._stats.dropped.items() if reason != QUEUE_FULL)
+            # Records refused by submit() (queue full, closed) were never accepted.
+            lost = sum(
+                n for reason, n in self._stats.dropped.items() if reason not in (QUEUE_FULL, CLOSED)
+            )
         return not self._thread.is_alive() and unwritten == 0 and lost == 0
 
     def pending(self) -> tuple[int, int]:

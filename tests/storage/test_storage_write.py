@@ -206,3 +206,35 @@ def test_write_after_the_server_dropped_our_connections(pg_engine: Engine, pg_ur
     # the pool notices the dead connection and opens a new one: no error, no lost batch
     assert write_exchanges(pg_engine, exchanges(4)) == 2
     assert _count(pg_engine, "SELECT count(*) FROM exchanges") == 4
+
+
+def test_concurrent_writers_of_overlapping_batches(pg_engine: Engine) -> None:
+    import threading
+
+    from storage.errors import StoreUnavailable
+
+    records = exchanges(400)
+    batches = [records[0:300], records[100:400], records[50:350], records[::-1]]
+    inserted: list[int] = []
+    failures: list[BaseException] = []
+
+    def writer(batch: list[ExchangeRecord]) -> None:
+        for _attempt in range(20):  # a deadlock is transient: retry the same batch
+            try:
+                inserted.append(write_exchanges(pg_engine, batch))
+                return
+            except StoreUnavailable:
+                continue
+            except BaseException as exc:
+                failures.append(exc)
+                return
+
+    threads = [threading.Thread(target=writer, args=(b,)) for b in batches]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert failures == []
+    assert len(inserted) == 4
+    assert sum(inserted) == 400
+    assert _count(pg_engine, "SELECT count(*) FROM exchanges") == 400
