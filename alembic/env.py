@@ -8,6 +8,8 @@ on the alembic command line, ``sqlalchemy.url`` in alembic.ini if set, else
 
 from __future__ import annotations
 
+from logging.config import fileConfig
+
 from sqlalchemy import Connection
 
 from alembic import context
@@ -17,6 +19,8 @@ from storage.migrate import include_name
 from storage.models import Base
 
 config = context.config
+if config.config_file_name is not None:  # the alembic command line: log as alembic.ini says
+    fileConfig(config.config_file_name, disable_existing_loggers=False)
 target_metadata = Base.metadata
 
 
