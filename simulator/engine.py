@@ -232,6 +232,8 @@ class Engine:
         queue_ms = (
             sum(started - j.arrival for j in admitted) / len(admitted) * 1000.0 if admitted else 0.0
         )
+        if self.scenario.flavor != "trtllm":
+            return
         stats.iterations.append(
             trt_iteration_stat(
                 stats,

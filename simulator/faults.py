@@ -181,7 +181,7 @@ class FaultRuntime:
                 self._on_crash(t, spec.restart_delay_s)
         else:
             end = t + spec.duration_s
-            params = spec.model_dump(include={"duration_s", "status", "share"})
+            params = spec.model_dump(include={"duration_s", "status", "share", "health_fails"})
             line = self.ledger.write(
                 "fault",
                 kind=spec.kind,
@@ -198,6 +198,11 @@ class FaultRuntime:
                 self.windows.append(window)
 
     # -- questions from the hot path ------------------------------------------------------
+
+    def health_failing(self) -> bool:
+        return any(
+            isinstance(w.spec, ErrorBurstFault) and w.spec.health_fails for w in self.windows
+        )
 
     def hang_active(self) -> bool:
         return any(w.kind == "hang" for w in self.windows)

@@ -176,6 +176,8 @@ class ErrorBurstFault(_Schedule):
     status: Annotated[int, Field(ge=500, le=599)] = 500
     share: Annotated[float, Field(gt=0, le=1)] = 1.0
     """Share of the requests in the window that fail."""
+    health_fails: bool = False
+    """``/health`` answers 503 during the window too (an engine dead behind a live server)."""
 
 
 class VersionChangeFault(_Schedule):

@@ -116,6 +116,11 @@ class SimServer:
     # -- plain endpoints -----------------------------------------------------------------
 
     async def health(self, request: web.Request) -> web.Response:
+        if self.faults.health_failing():
+            if self.flavor == "trtllm":
+                msg = "LLM is unavailable. Please check the server logs for more details."
+                return web.Response(status=503, text=msg)
+            return web.Response(status=503)
         return web.Response(status=200)
 
     async def version(self, request: web.Request) -> web.Response:

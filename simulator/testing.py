@@ -25,10 +25,10 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
@@ -81,23 +81,30 @@ class RunningSim:
     def healthy(self) -> bool:
         return http_get(self.base_url + "/health", timeout=1.0)[0] == 200
 
+    def listening(self) -> bool:
+        """Whether anything answers HTTP on the port (healthy or not)."""
+        return http_get(self.base_url + "/health", timeout=1.0)[0] != 0
+
     def wait_healthy(self, timeout: float = 30.0) -> None:
-        self._wait(True, timeout)
+        self._wait(self.healthy, "healthy", timeout)
+
+    def wait_listening(self, timeout: float = 30.0) -> None:
+        self._wait(self.listening, "listening", timeout)
 
     def wait_down(self, timeout: float = 30.0) -> None:
-        self._wait(False, timeout)
+        """Wait until nothing answers on the port (the serving process is gone)."""
+        self._wait(lambda: not self.listening(), "down", timeout)
 
-    def _wait(self, up: bool, timeout: float) -> None:
+    def _wait(self, done: Callable[[], bool], state: str, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise SimulatorError(
                     f"simulator exited with {self.process.returncode}:\n{self.stderr()}"
                 )
-            if self.healthy() == up:
+            if done():
                 return
             time.sleep(0.02)
-        state = "healthy" if up else "down"
         raise SimulatorError(f"simulator not {state} within {timeout}s:\n{self.stderr()}")
 
     def stderr(self) -> str:
@@ -155,12 +162,14 @@ def running_sim(
     host: str = "127.0.0.1",
     port: int | None = None,
     startup_timeout: float = 30.0,
+    wait_for: Literal["healthy", "listening"] = "healthy",
 ) -> Iterator[RunningSim]:
     """Run one simulator subprocess for the duration of the ``with`` block.
 
     ``scenario`` is a shipped name, a YAML path, or a mapping; ``overrides`` are deep-merged on
     top (e.g. ``{"latency": {"decode_ms": 0.5}}``). ``ledger=True`` writes one in a temporary
     directory (``sim.ledger_path``), a path writes there, ``False``/``None`` writes none.
+    ``wait_for="listening"`` returns once anything answers (for scenarios unhealthy at start).
     """
     with tempfile.TemporaryDirectory(prefix="shadow-ab-sim-test-") as tmp:
         workdir = Path(tmp)
@@ -189,7 +198,10 @@ def running_sim(
                 )
             sim = RunningSim(flavor, host, chosen, ledger_path, proc, stderr_path)
             try:
-                sim.wait_healthy(startup_timeout)
+                if wait_for == "healthy":
+                    sim.wait_healthy(startup_timeout)
+                else:
+                    sim.wait_listening(startup_timeout)
             except SimulatorError as exc:
                 last_error = str(exc)
                 sim.stop()

@@ -85,9 +85,19 @@ def test_crash_restarts_with_new_pid_and_start_time() -> None:
 
 
 def test_error_burst_fails_requests_and_is_counted() -> None:
-    faults = with_faults({"kind": "error_burst", "at_s": [0.0], "duration_s": 6.0, "status": 503})
-    with running_sim("trtllm", "clean", overrides=faults) as sim:
+    faults = with_faults(
+        {
+            "kind": "error_burst",
+            "at_s": [0.0],
+            "duration_s": 6.0,
+            "status": 503,
+            "health_fails": True,
+        }
+    )
+    with running_sim("trtllm", "clean", overrides=faults, wait_for="listening") as sim:
         wait_for(lambda: events(sim, "fault", "error_burst"), 10, "the burst to start")
+        status, body = http_get(sim.base_url + "/health")
+        assert status == 503 and b"LLM is unavailable" in body
         c = openai.OpenAI(base_url=sim.v1, api_key="x", max_retries=0)
         failed = 0
         for _ in range(4):
@@ -99,8 +109,9 @@ def test_error_burst_fails_requests_and_is_counted() -> None:
         end = wait_for(lambda: events(sim, "fault_end", "error_burst"), 15, "the burst to end")
         ok = c.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=3)
         assert ok.choices[0].finish_reason == "length"
+        assert sim.healthy()
         fault = events(sim, "fault", "error_burst")[0]
-    assert fault["params"] == {"duration_s": 6.0, "status": 503, "share": 1.0}
+    assert fault["params"] == {"duration_s": 6.0, "status": 503, "share": 1.0, "health_fails": True}
     assert fault["end"] - fault["start"] == pytest.approx(6.0)
     assert end[0]["requests_failed"] == failed
     assert len(end[0]["requests_hit"]) == failed
