@@ -7,7 +7,7 @@ Starts one simulator (no noise, decode 8 ms/iteration, batch slowdown 0.4%/seque
 SSE reader (lighter than the openai client, so the client steals less of the 2 cores), and
 prints per level: the modelled inter-token latency, the measured ITL p50/p99 and their ratio to
 the model, TTFT p50, tokens/s delivered, and the simulator's CPU seconds per 1000 tokens (from
-its own process_cpu_seconds_total). A ratio near 1.0 means the simulator keeps the pace its
+/proc/<pid>/stat). A ratio near 1.0 means the simulator keeps the pace its
 model sets; above 1.0 the simulator (or the client sharing its CPU) is the bottleneck.
 """
 
@@ -16,12 +16,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
+import os
 import statistics
 import time
 
 import aiohttp
 
-from simulator.testing import RunningSim, http_get, running_sim
+from simulator.testing import RunningSim, running_sim
 
 MODEL = "sim-llama-3-8b-instruct"
 DECODE_MS = 8.0
@@ -29,11 +30,11 @@ SLOWDOWN = 0.004
 
 
 def cpu_seconds(sim: RunningSim) -> float:
-    text = http_get(sim.base_url + "/metrics")[1].decode()
-    for line in text.splitlines():
-        if line.startswith("process_cpu_seconds_total"):
-            return float(line.rsplit(" ", 1)[1])
-    return float("nan")
+    """CPU seconds (user + system) of the serving process so far, from /proc."""
+    pid = [e for e in sim.ledger() if e["event"] == "start"][-1]["pid"]
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def one_stream(
@@ -101,8 +102,7 @@ def main() -> None:
         "latency": {"decode_ms": DECODE_MS, "batch_slowdown": SLOWDOWN, "noise": 0.0},
         "answers": {"min_tokens": args.tokens, "max_tokens": args.tokens},
     }
-    # CPU is read from the vLLM flavor's process metrics; the wire cost of both is alike.
-    with running_sim("vllm", "clean", overrides=overrides) as sim:
+    with running_sim(args.flavor, "clean", overrides=overrides) as sim:
         rows = [asyncio.run(level(sim, int(n), args.tokens)) for n in args.levels.split(",")]
     cols = [
         "n",
@@ -114,6 +114,7 @@ def main() -> None:
         "tok_s",
         "cpu_s_per_1k_tok",
     ]
+    print(f"flavor {args.flavor}, {args.tokens} tokens per stream, decode {DECODE_MS} ms")
     print("| " + " | ".join(cols) + " |")
     print("|" + "---|" * len(cols))
     for r in rows:

@@ -114,15 +114,7 @@ class FaultRuntime:
         now = self.clock.elapsed()
         for w in [w for w in self.windows if w.end <= now]:
             self.windows.remove(w)
-            self.ledger.write(
-                "fault_end",
-                kind=w.kind,
-                fault_id=w.fault_id,
-                start=self.clock.at(w.start),
-                end=self.clock.at(w.end),
-                requests_failed=w.failed,
-                requests_hit=w.hit_requests,
-            )
+            self._close(w)
         for i, spec in enumerate(self.scenario.faults):
             due = isinstance(spec, LeakFault | DriftFault) and spec.start_s <= now
             if due and i not in self._continuous_logged:
@@ -131,12 +123,27 @@ class FaultRuntime:
                 # A restarted process does not repeat what an earlier one already logged.
                 if self.resume_after is None or spec.start_s > self.resume_after:
                     self._log_continuous(i, spec)
-        for track in self._tracks:
-            while track.next_t is not None and track.next_t <= now:
-                t = track.next_t
-                fault_id = f"{track.spec.kind}#{track.index}.{track.count}"
-                track.advance()
-                self._fire(track.spec, fault_id, t, now)
+        while True:  # due occurrences of all faults, in time order
+            ready = [k for k in self._tracks if k.next_t is not None and k.next_t <= now]
+            if not ready:
+                break
+            track = min(ready, key=lambda k: (k.next_t or 0.0, k.index))
+            t = track.next_t
+            assert t is not None
+            fault_id = f"{track.spec.kind}#{track.index}.{track.count}"
+            track.advance()
+            self._fire(track.spec, fault_id, t, now)
+
+    def _close(self, w: Window) -> None:
+        self.ledger.write(
+            "fault_end",
+            kind=w.kind,
+            fault_id=w.fault_id,
+            start=self.clock.at(w.start),
+            end=self.clock.at(w.end),
+            requests_failed=w.failed,
+            requests_hit=w.hit_requests,
+        )
 
     def _log_continuous(self, index: int, spec: LeakFault | DriftFault) -> None:
         params = spec.model_dump(exclude={"kind", "start_s"})
@@ -192,10 +199,12 @@ class FaultRuntime:
                 while_down=while_down and end <= self.process_start,
                 inflight_requests=self._inflight() if spec.kind == "hang" else [],
             )
+            window = Window(fault_id, spec.kind, t, end, spec)
+            window.hit_requests = list(line["inflight_requests"])
             if end > now:
-                window = Window(fault_id, spec.kind, t, end, spec)
-                window.hit_requests = list(line["inflight_requests"])
                 self.windows.append(window)
+            else:  # over before a tick saw it (while down, or shorter than a tick): no effect
+                self._close(window)
 
     # -- questions from the hot path ------------------------------------------------------
 

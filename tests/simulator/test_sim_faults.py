@@ -278,3 +278,70 @@ def test_stop_is_clean_and_logged(tmp_path: Path) -> None:
         pid = sim.ledger()[0]["pid"]
     assert sim.process.returncode == 0
     assert [(e["event"], e["pid"]) for e in sim.ledger()] == [("start", pid), ("stop", pid)]
+
+
+def test_fault_runtime_timeline_without_a_server(tmp_path: Path) -> None:
+    """The timeline with a fake clock: windows open and close, crashes call back once."""
+    from simulator.clock import SimClock
+    from simulator.faults import FaultRuntime
+    from simulator.ledger import Ledger, read_ledger
+    from simulator.scenario import load_scenario
+
+    now = [1000.0]
+    clock = SimClock(1000.0, 1.0, wall=lambda: now[0])
+    sc = load_scenario(
+        None,
+        "trtllm",
+        faults=[
+            {"kind": "hang", "at_s": [10], "duration_s": 5},
+            {"kind": "error_burst", "at_s": [20], "duration_s": 0.001},
+            {"kind": "crash", "at_s": [30], "restart_delay_s": 7},
+            {"kind": "version_change", "at_s": [25], "to_version": "2.0"},
+            {"kind": "drift", "start_s": 0, "growth_per_hour": 3600},
+            {"kind": "leak", "start_s": 5, "mb_per_hour": 3600},
+        ],
+    )
+    path = tmp_path / "l.jsonl"
+    crashes: list[tuple[float, float]] = []
+    rt = FaultRuntime(
+        sc,
+        clock,
+        Ledger(path, clock, flavor="trtllm", engine="e"),
+        process_start=0.0,
+        resume_after=None,
+        on_crash=lambda at, delay: crashes.append((at, delay)),
+    )
+    gpu0 = sc.memory.gpu_mb
+    for t, hung in [(0, False), (11, True), (16, False), (22, False), (31, False)]:
+        now[0] = 1000.0 + t
+        rt.tick()
+        assert rt.hang_active() is hung, t
+    assert rt.version == "2.0"
+    assert crashes == [(30.0, 7.0)]
+    assert rt.decode_multiplier() == pytest.approx(1 + 31)  # +100% per simulated second here
+    assert rt.memory_mb() == (sc.memory.cpu_mb, pytest.approx(gpu0 + 26))
+    lines = [(e["event"], e.get("kind")) for e in read_ledger(path)]
+    assert lines == [
+        ("fault", "drift"),
+        ("fault", "leak"),
+        ("fault", "hang"),
+        ("fault_end", "hang"),
+        ("fault", "error_burst"),
+        ("fault_end", "error_burst"),  # shorter than a tick: logged, closed, no effect
+        ("fault", "version_change"),
+        ("fault", "crash"),
+    ]
+    # The process after the crash resumes the timeline: nothing fires twice.
+    rt2 = FaultRuntime(
+        sc,
+        clock,
+        Ledger(path, clock, flavor="trtllm", engine="e"),
+        process_start=37.0,
+        resume_after=30.0,
+        on_crash=lambda at, delay: crashes.append((at, delay)),
+    )
+    now[0] = 1000.0 + 40
+    rt2.tick()
+    assert crashes == [(30.0, 7.0)] and rt2.version == "2.0"
+    assert rt2.memory_mb()[1] == pytest.approx(gpu0 + 3)  # the leak restarted with the process
+    assert len(read_ledger(path)) == len(lines)
