@@ -50,6 +50,8 @@ class StreamProcessor:
         self.uncommitted_from: dict[Partition, int] = {}
         """Per partition, the first offset taken from Kafka and not committed yet."""
         self.last_taken: dict[Partition, int] = {}
+        self.committed_offsets: dict[Partition, int] = {}
+        """Per partition, the last offset this processor committed."""
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -163,6 +165,7 @@ class StreamProcessor:
 
     def committed(self, offsets: dict[Partition, int]) -> None:
         """Called by the commit step after Kafka accepted ``offsets``."""
+        self.committed_offsets.update(offsets)
         for tp, offset in offsets.items():
             if self.last_taken.get(tp, -1) >= offset:
                 self.uncommitted_from[tp] = offset

@@ -1,4 +1,4 @@
-"""The ingester's settings: flags, then ``SHADOW_AB_*`` environment, then var/services.env."""
+"""The ingester's settings: flags, then ``SHADOW_AB_*`` environment variables, then defaults."""
 
 from __future__ import annotations
 
@@ -55,8 +55,9 @@ class IngestSettings(CommonSettings):
     def _usable(self) -> IngestSettings:
         if not self.kafka_bootstrap:
             raise ValueError(
-                "no Kafka configured: pass --kafka HOST:PORT or set SHADOW_AB_KAFKA_BOOTSTRAP,"
-                " or run `shadow-ab services up`"
+                "no Kafka configured: pass --kafka HOST:PORT or set SHADOW_AB_KAFKA_BOOTSTRAP"
+                " (for the local one: `shadow-ab services up`, then"
+                ' `eval "$(shadow-ab services env)"`)'
             )
         if self.ingest_retry_max_ms < self.ingest_retry_initial_ms:
             raise ValueError(

@@ -1,0 +1,335 @@
+"""Sustained Kafka -> PostgreSQL throughput of the ingester, for batch sizes 100 / 1,000 / 5,000.
+
+    eval "$(shadow-ab services env)"
+    python bench/ingest.py [--records N] [--batch-sizes 100,1000,5000] [--profile]
+
+Needs `shadow-ab services up` and its SHADOW_AB_* variables in the environment.
+Produces N realistic exchange records (1-4 KB of output text, a chat request with a 1-4 KB
+prompt, per-token inter-token latencies, logprobs-free) to a fresh topic, then for each batch
+size runs the real ingester (kafka-python consumer, decode + pydantic validation, COPY into
+PostgreSQL, offset commit) in this process with a fresh consumer group and a fresh database,
+until every offset is committed. Prints a table of records/s and the ratio to the 10,000/s goal.
+
+"seconds" runs from the first message received to the last offset committed (group join and
+partition assignment excluded; they are printed apart as "startup").
+
+Then it splits the time per record into its parts, each measured alone on the same records:
+fetching from Kafka (consumer poll only), JSON decode (orjson), pydantic validation, and the
+store write (storage.write.write_exchanges: row conversion + COPY + INSERT .. ON CONFLICT).
+``--profile`` also prints the top functions of a cProfile run of the 1,000 batch size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import random
+import time
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import orjson
+from sqlalchemy import text
+from sqlalchemy.engine import make_url
+
+from ingester.app import build_processor
+from ingester.clients import make_consumer, make_producer
+from ingester.decode import decode
+from ingester.settings import IngestSettings
+from shadow_ab.records import ExchangeRecord, parse_record
+from shadow_ab.settings import CommonSettings
+from shadow_ab.topics import TopicSpec, delete_topics, ensure_topics
+from storage.db import make_engine, normalize_url
+from storage.migrate import upgrade
+from storage.write import write_exchanges
+
+GOAL = 10_000
+WORDS = (
+    "the of and to in is that for it as with was on be by this are or at from an which have"
+    " latency token model engine batch request response stream cache memory decode prefill"
+    " kernel throughput attention tensor shadow candidate incumbent replay sample policy"
+).split()
+
+
+# -- realistic records ------------------------------------------------------------------------
+
+
+def _text(rng: random.Random, size: int) -> str:
+    out: list[str] = []
+    n = 0
+    while n < size:
+        w = rng.choice(WORDS)
+        out.append(w)
+        n += len(w) + 1
+    return " ".join(out)[:size]
+
+
+def make_values(n: int, deployment: str, seed: int = 1) -> list[tuple[bytes, bytes]]:
+    """(key, value) pairs of exchange records as the mirror would send them."""
+    rng = random.Random(seed)
+    t0 = datetime(2026, 11, 30, 3, 0, tzinfo=UTC)
+    out = []
+    for i in range(n):
+        pair = uuid.UUID(int=rng.getrandbits(128), version=4)
+        role = ("incumbent", "candidate", "replay")[i % 3]
+        prompt = _text(rng, rng.randint(1024, 4096))
+        output = _text(rng, rng.randint(1024, 4096))
+        tokens = max(2, len(output) // 4)
+        events = max(1, tokens // 4)  # engines send a few tokens per SSE event
+        ttft = rng.uniform(0.03, 0.4)
+        itl = [round(rng.uniform(0.006, 0.05), 6) for _ in range(events - 1)]
+        e2e = ttft + sum(itl)
+        obj: dict[str, Any] = {
+            "schema_version": 1,
+            "kind": "exchange",
+            "deployment": deployment,
+            "pair_id": str(pair),
+            "role": role,
+            "engine": "vllm@incumbent" if role != "candidate" else "trtllm@candidate",
+            "endpoint": "chat",
+            "stream": True,
+            "model": "meta-llama/Llama-3.1-8B-Instruct",
+            "sent_at": (t0 + timedelta(milliseconds=i)).isoformat(),
+            "status": "ok",
+            "http_status": 200,
+            "ttft_s": round(ttft, 6),
+            "e2e_s": round(e2e, 6),
+            "tpot_s": round((e2e - ttft) / (tokens - 1), 6),
+            "itl_s": itl,
+            "prompt_tokens": len(prompt) // 4,
+            "completion_tokens": tokens,
+            "finish_reason": "stop",
+            "request": {
+                "model": "meta-llama/Llama-3.1-8B-Instruct",
+                "messages": [
+                    {"role": "system", "content": "You are a helpful assistant."},
+                    {"role": "user", "content": prompt},
+                ],
+                "max_tokens": 1024,
+                "temperature": 0.0,
+                "seed": 1234,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            },
+            "rewrites": [],
+            "output_text": output,
+            "inflight_incumbent": rng.randint(0, 64),
+            "inflight_candidate": rng.randint(0, 16),
+            "guard": {"state": "open"},
+        }
+        out.append((str(pair).encode(), orjson.dumps(obj)))
+    parse_record(out[0][1])  # the generator keeps to the record contract
+    return out
+
+
+# -- services ----------------------------------------------------------------------------------
+
+
+class FreshDatabases:
+    def __init__(self, server_url: str) -> None:
+        self.server_url = normalize_url(server_url)
+        self.admin = make_engine(self.server_url, isolation_level="AUTOCOMMIT")
+        self.tag = uuid.uuid4().hex[:8]
+        self.names: list[str] = []
+
+    def create(self) -> str:
+        name = f"bench_ingest_{self.tag}_{len(self.names)}"
+        with self.admin.connect() as conn:
+            conn.execute(text(f'CREATE DATABASE "{name}"'))
+        self.names.append(name)
+        url = make_url(self.server_url).set(database=name).render_as_string(hide_password=False)
+        upgrade(url)
+        return url
+
+    def drop_all(self) -> None:
+        with self.admin.connect() as conn:
+            for name in self.names:
+                conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        self.admin.dispose()
+
+
+def produce(bootstrap: str, topic: str, values: list[tuple[bytes, bytes]]) -> float:
+    from kafka import KafkaProducer
+
+    producer = KafkaProducer(
+        bootstrap_servers=bootstrap,
+        acks="all",
+        linger_ms=20,
+        batch_size=1024 * 1024,
+        max_request_size=16 * 1024 * 1024,
+    )
+    start = time.perf_counter()
+    futures = [producer.send(topic, key=k, value=v) for k, v in values]
+    producer.flush(timeout=600)
+    for f in futures[-10:]:
+        f.get(timeout=0)
+    elapsed = time.perf_counter() - start
+    producer.close(timeout=30)
+    return elapsed
+
+
+def ingest_once(settings: IngestSettings, n: int, profile: bool = False) -> tuple[float, float]:
+    """(startup seconds, seconds from first message to last commit) of one ingester run."""
+    engine = make_engine(settings.database_url)
+    consumer = make_consumer(settings)
+    producer = make_producer(settings)
+    processor = build_processor(settings, consumer, producer, engine)
+    profiler = cProfile.Profile() if profile else None
+    try:
+        t0 = time.perf_counter()
+        processor.subscribe()
+        first: float | None = None
+        if profiler:
+            profiler.enable()
+        while sum(processor.committed_offsets.values()) < n:
+            processor.step()
+            if first is None and processor.last_taken:
+                first = time.perf_counter()
+            if time.perf_counter() - t0 > 900:
+                raise SystemExit(f"gave up: {sum(processor.committed_offsets.values())} of {n}")
+        end = time.perf_counter()
+        if profiler:
+            profiler.disable()
+        assert processor.shutdown(30)
+    finally:
+        consumer.close(autocommit=False)
+        producer.close(timeout=10)
+        with engine.connect() as conn:
+            rows = conn.execute(text("SELECT count(*) FROM exchanges")).scalar_one()
+        engine.dispose()
+    if rows != n:
+        raise SystemExit(f"expected {n} rows, found {rows}")
+    if profiler:
+        out = io.StringIO()
+        pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(30)
+        print(out.getvalue())
+    assert first is not None
+    return first - t0, end - first
+
+
+# -- parts, each alone -------------------------------------------------------------------------
+
+
+def time_consume_only(bootstrap: str, topic: str, n: int) -> float:
+    from kafka import KafkaConsumer
+
+    consumer = KafkaConsumer(
+        topic,
+        bootstrap_servers=bootstrap,
+        group_id=None,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        max_poll_records=5000,
+        max_partition_fetch_bytes=8 * 1024 * 1024,
+        fetch_max_bytes=64 * 1024 * 1024,
+    )
+    got = 0
+    first = None
+    while got < n:
+        records = consumer.poll(timeout_ms=200)
+        if records and first is None:
+            first = time.perf_counter()
+        got += sum(len(v) for v in records.values())
+    elapsed = time.perf_counter() - (first or 0)
+    consumer.close()
+    return elapsed
+
+
+def _write_all(engine: Any, chunks: list[list[ExchangeRecord]]) -> None:
+    for chunk in chunks:
+        write_exchanges(engine, chunk)
+
+
+def per_record(fn: Callable[[], None], n: int) -> float:
+    start = time.perf_counter()
+    fn()
+    return (time.perf_counter() - start) / n
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    parser.add_argument("--records", type=int, default=30_000)
+    parser.add_argument("--batch-sizes", default="100,1000,5000")
+    parser.add_argument("--profile", action="store_true")
+    args = parser.parse_args()
+    n = args.records
+    sizes = [int(s) for s in args.batch_sizes.split(",")]
+
+    common = CommonSettings()
+    bootstrap = common.kafka_bootstrap
+    if not bootstrap or not common.database_url.startswith("postgresql"):
+        raise SystemExit(
+            "no Kafka/PostgreSQL configured: run `shadow-ab services up` and"
+            ' `eval "$(shadow-ab services env)"` first'
+        )
+
+    tag = uuid.uuid4().hex[:8]
+    topic, health, dlq = f"bench-{tag}.exchanges", f"bench-{tag}.health", f"bench-{tag}.dlq"
+    ensure_topics(bootstrap, [TopicSpec(topic, 6), TopicSpec(health, 3), TopicSpec(dlq, 1)])
+    dbs = FreshDatabases(common.database_url)
+    try:
+        t = time.perf_counter()
+        values = make_values(n, deployment=f"bench-{tag}")
+        gen_s = time.perf_counter() - t
+        mean_kb = sum(len(v) for _, v in values) / n / 1024
+        produce_s = produce(bootstrap, topic, values)
+        print(
+            f"{n} records, mean {mean_kb:.1f} KB of JSON each; generated in {gen_s:.1f}s,"
+            f" produced in {produce_s:.1f}s ({n / produce_s:,.0f}/s, kafka-python acks=all)"
+        )
+        print()
+        print("| batch size | records | startup s | seconds | records/s | ratio to 10,000/s |")
+        print("|---:|---:|---:|---:|---:|---:|")
+        for size in sizes:
+            settings = IngestSettings(
+                kafka_bootstrap=bootstrap,
+                database_url=dbs.create(),
+                ingest_group=f"bench-{tag}-{size}",
+                ingest_batch_size=size,
+                ingest_batch_timeout_ms=1000,
+                ingest_topic_exchanges=topic,
+                ingest_topic_health=health,
+                ingest_topic_dlq=dlq,
+                ingest_create_topics=False,
+            )
+            startup, seconds = ingest_once(settings, n, profile=args.profile and size == 1000)
+            rate = n / seconds
+            print(
+                f"| {size:,} | {n:,} | {startup:.2f} | {seconds:.2f} | {rate:,.0f} |"
+                f" {rate / GOAL:.2f} |"
+            )
+
+        # Where the time goes: each part alone, on the same records, microseconds per record.
+        print()
+        consume_s = time_consume_only(bootstrap, topic, n)
+        decoded: list[Any] = []
+        decode_us = per_record(lambda: decoded.extend(decode(v, "exchange") for _, v in values), n)
+        records = [r for r in decoded if isinstance(r, ExchangeRecord)]
+        assert len(records) == n
+        url = dbs.create()
+        engine = make_engine(url)
+        chunks = [records[i : i + 1000] for i in range(0, n, 1000)]
+        write_us = per_record(lambda: _write_all(engine, chunks), n)
+        engine.dispose()
+        parts = [
+            ("Kafka fetch (consumer poll only)", consume_s / n),
+            ("decode + validate (ingester.decode, pydantic from JSON)", decode_us),
+            ("store write, batches of 1,000 (COPY + INSERT)", write_us),
+        ]
+        total = sum(p for _, p in parts)
+        print("| part (alone, same records) | us/record | share | alone: records/s |")
+        print("|---|---:|---:|---:|")
+        for name, sec in parts:
+            print(f"| {name} | {sec * 1e6:,.0f} | {sec / total:.0%} | {1 / sec:,.0f} |")
+        print(f"| sum (one core, no overlap) | {total * 1e6:,.0f} | 100% | {1 / total:,.0f} |")
+    finally:
+        dbs.drop_all()
+        delete_topics(bootstrap, [topic, health, dlq])
+
+
+if __name__ == "__main__":
+    main()
