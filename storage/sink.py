@@ -10,7 +10,9 @@ them with :func:`storage.write.write_exchanges` / :func:`storage.write.write_hea
   record has waited ``flush_interval_s`` (measured on the injectable ``clock``);
 - while the store is unavailable (:class:`~storage.errors.StoreUnavailable`) the same batch is
   retried with exponential backoff; the queue meanwhile fills and then drops, counted;
-- a permanent :class:`~storage.errors.StoreError` drops the batch, counted and logged;
+- a permanent :class:`~storage.errors.StoreError` is narrowed down by halving the batch: only
+  the records the store refuses are dropped, counted and logged (a missing schema drops the
+  batch: run ``shadow-ab db upgrade`` before starting the mirror);
 - :meth:`DirectSink.close` flushes everything, retrying until its timeout; records it could not
   write are counted as dropped (reason ``store_unavailable``) and logged.
 
@@ -31,7 +33,7 @@ from types import TracebackType
 from sqlalchemy import Engine
 
 from shadow_ab.records import ExchangeRecord, HealthSample, Record
-from storage.errors import StoreError, StoreUnavailable
+from storage.errors import BadConfiguration, SchemaMissing, StoreError, StoreUnavailable
 from storage.metrics import SINK_DROPPED, SINK_QUEUE, SINK_RETRIES, SINK_SUBMITTED, SINK_WRITTEN
 from storage.write import write_drops, write_exchanges, write_health
 
@@ -236,6 +238,26 @@ class DirectSink:
         return self._closing and self._deadline is not None and time.monotonic() >= self._deadline
 
     def _write_batch(self, batch: list[Record]) -> None:
+        """Write one batch; a permanent error is narrowed down by halving the batch, so one
+        record the store refuses does not take the others with it."""
+        try:
+            self._write_retrying(batch)
+        except (SchemaMissing, BadConfiguration) as exc:
+            log.error("store cannot take records, dropping %d: %s", len(batch), exc)
+            self._count_drop(STORE_ERROR, len(batch))
+        except StoreError as exc:
+            if len(batch) == 1:
+                log.error("store refused a record, dropping it: %s", exc)
+                self._count_drop(STORE_ERROR, 1)
+                return
+            mid = len(batch) // 2
+            self._write_batch(batch[:mid])
+            self._write_batch(batch[mid:])
+        except Exception:
+            log.exception("direct sink failed to write a batch, dropping %d records", len(batch))
+            self._count_drop(WRITER_ERROR, len(batch))
+
+    def _write_retrying(self, batch: list[Record]) -> None:
         exchanges = [r for r in batch if isinstance(r, ExchangeRecord)]
         health = [r for r in batch if isinstance(r, HealthSample)]
         delay = self._backoff_initial_s
@@ -243,10 +265,13 @@ class DirectSink:
             try:
                 new_x = write_exchanges(self.engine, exchanges) if exchanges else 0
                 new_h = write_health(self.engine, health) if health else 0
+                break
             except StoreUnavailable as exc:
                 if self._give_up():
                     log.error(
-                        "store still unavailable at close, dropping %d records: %s", len(batch), exc
+                        "store still unavailable at close, dropping %d records: %s",
+                        len(batch),
+                        exc,
                     )
                     self._count_drop(STORE_UNAVAILABLE, len(batch))
                     return
@@ -258,18 +283,6 @@ class DirectSink:
                 )
                 self._sleep(delay)
                 delay = min(delay * 2, self._backoff_max_s)
-                continue
-            except StoreError as exc:
-                log.error("store refused a batch, dropping %d records: %s", len(batch), exc)
-                self._count_drop(STORE_ERROR, len(batch))
-                return
-            except Exception:
-                log.exception(
-                    "direct sink failed to write a batch, dropping %d records", len(batch)
-                )
-                self._count_drop(WRITER_ERROR, len(batch))
-                return
-            break
         with self._cond:
             self._stats.batches += 1
             self._stats.written += new_x + new_h

@@ -230,6 +230,19 @@ def dedupe(records: Sequence[R], key: Callable[[R], Hashable]) -> list[R]:
     return list(seen.values())
 
 
+def scrub_nul(value: Any) -> Any:
+    """``value`` with every NUL character in its strings (nested too) replaced by U+FFFD."""
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd") if "\x00" in value else value
+    if isinstance(value, tuple):
+        return tuple(scrub_nul(v) for v in value)
+    if isinstance(value, list):
+        return [scrub_nul(v) for v in value]
+    if isinstance(value, dict):
+        return {scrub_nul(k): scrub_nul(v) for k, v in value.items()}
+    return value
+
+
 def _check_types(records: Sequence[Any], kind: type) -> None:
     for rec in records:
         if not isinstance(rec, kind):
@@ -300,6 +313,28 @@ class _TableSpec:
     pg_types: tuple[str, ...]
 
 
+_INT_BOUNDS = {"int2": 2**15, "int4": 2**31, "int8": 2**63}
+
+
+def check_int_ranges(spec: _TableSpec, rows: Sequence[tuple[Any, ...]]) -> None:
+    """Refuse integers the columns cannot hold. Binary COPY would silently wrap them around
+    (2**40 in an int4 column is stored as 0), so check before sending."""
+    checks = [
+        (i, name, _INT_BOUNDS[t])
+        for i, (name, t) in enumerate(zip(spec.columns, spec.pg_types, strict=True))
+        if t in _INT_BOUNDS
+    ]
+    for row in rows:
+        for i, name, bound in checks:
+            value = row[i]
+            if value is not None and not -bound <= value < bound:
+                key = ", ".join(str(v) for v in row[: len(spec.key)])
+                raise StoreError(
+                    f"{spec.table.name} record ({key}): {name}={value} does not fit the column"
+                    f" (PostgreSQL {dict(zip(spec.columns, spec.pg_types, strict=True))[name]})"
+                )
+
+
 _EXCHANGE_SPEC = _TableSpec(EXCHANGES, EXCHANGE_COLUMNS, EXCHANGE_KEY, EXCHANGE_PG_TYPES)
 _HEALTH_SPEC = _TableSpec(HEALTH, HEALTH_COLUMNS, HEALTH_KEY, HEALTH_PG_TYPES)
 
@@ -324,6 +359,10 @@ def _write(
             cache.forget()
             cache.ensure(engine, spec.table.name, days)
             return _write_postgres(engine, spec, rows, deployments)
+        except (psycopg.errors.CharacterNotInRepertoire, psycopg.errors.UntranslatableCharacter):
+            # PostgreSQL text and jsonb cannot hold NUL characters (SQLite can): store the
+            # records with U+FFFD in their place rather than lose them.
+            return _write_postgres(engine, spec, [scrub_nul(row) for row in rows], deployments)
 
 
 def _ensure_deployments(conn: Connection, names: set[str]) -> None:
@@ -369,6 +408,7 @@ def _write_postgres(
     ``INSERT ... SELECT ... ON CONFLICT DO NOTHING``. Fresh batches, the common case, are
     written once; replays cost the failed attempt."""
     name = spec.table.name
+    check_int_ranges(spec, rows)
     # Key order (the key columns come first in every row): concurrent writers of overlapping
     # batches then take their locks in the same order.
     rows = sorted(rows, key=_sort_key)

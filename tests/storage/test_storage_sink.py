@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 import pytest
 from prometheus_client import REGISTRY
 from sqlalchemy import Engine, text
-from store_factories import exchanges, health_series
+from store_factories import exchange, exchanges, health_series
 from test_storage_errors import closed_port
 
 from storage.db import make_engine
@@ -188,3 +188,19 @@ def test_bad_arguments(sqlite_engine: Engine) -> None:
             sink.submit({"kind": "exchange"})  # type: ignore[arg-type]  # the point of the test
     finally:
         assert sink.close()
+
+
+def test_a_refused_record_does_not_take_its_batch_with_it(
+    pg_engine: Engine, sink_factory: Callable[..., DirectSink]
+) -> None:
+    records = exchanges(8)
+    poison = exchange(http_status=2**40)  # valid record, but out of range for the column
+    sink = sink_factory(pg_engine, batch_size=100, flush_interval_s=3600)
+    for rec in [*records[:3], poison, *records[3:]]:
+        assert sink.submit(rec)
+    assert sink.close(timeout=20) is False  # one record was lost, and said so
+    assert count(pg_engine) == 8
+    assert sink.stats().dropped == {"store_error": 1}
+    with pg_engine.connect() as conn:
+        rows = conn.execute(text("SELECT source, reason, count FROM drops")).all()
+    assert [tuple(r) for r in rows] == [("direct_sink", "store_error", 1)]

@@ -238,3 +238,28 @@ def test_concurrent_writers_of_overlapping_batches(pg_engine: Engine) -> None:
     assert len(inserted) == 4
     assert sum(inserted) == 400
     assert _count(pg_engine, "SELECT count(*) FROM exchanges") == 400
+
+
+def test_nul_characters(engine: Engine) -> None:
+    rec = exchange(
+        output_text="a\x00b",
+        request={"messages": [{"role": "user", "content": "nul\x00here"}], "k\x00": 1},
+    )
+    assert write_exchanges(engine, [rec, exchange(seed=5)]) == 2
+    with engine.connect() as conn:
+        texts = set(conn.execute(text("SELECT output_text FROM exchanges")).scalars())
+    # SQLite keeps the NUL; PostgreSQL cannot store it and gets U+FFFD instead
+    assert ("a\x00b" if engine.dialect.name == "sqlite" else "a\ufffdb") in texts
+    assert write_exchanges(engine, [rec]) == 0
+
+
+def test_integers_too_big_for_their_column_are_refused_not_wrapped(pg_engine: Engine) -> None:
+    from storage.errors import StoreError
+
+    big = exchange(http_status=2**40)
+    with pytest.raises(StoreError, match="http_status=1099511627776 does not fit"):
+        write_exchanges(pg_engine, [*exchanges(4), big])
+    assert _count(pg_engine, "SELECT count(*) FROM exchanges") == 0  # all or nothing
+    with pytest.raises(StoreError, match="num_running"):
+        write_health(pg_engine, [health(num_running=2**31)])
+    assert write_health(pg_engine, [health(num_running=2**31 - 1)]) == 1
