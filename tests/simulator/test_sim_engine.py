@@ -17,14 +17,14 @@ from simulator.faults import FaultRuntime
 from simulator.generate import Completion, Token
 from simulator.ledger import Ledger
 from simulator.metrics import EngineStats
-from simulator.scenario import load_scenario
+from simulator.scenario import Flavor, load_scenario
 from simulator.testing import http_get, running_sim
 
 MODEL = "sim-llama-3-8b-instruct"
 
 
-def _engine(**latency: float) -> Engine:
-    sc = load_scenario(None, "vllm", latency={"noise": 0.0, **latency})
+def _engine(flavor: Flavor = "vllm", **latency: float) -> Engine:
+    sc = load_scenario(None, flavor, latency={"noise": 0.0, **latency})
     clock = SimClock(time.time())
     faults = FaultRuntime(
         sc, clock, Ledger(None, clock, flavor="vllm", engine="t"),
@@ -81,7 +81,7 @@ def test_kv_capacity_and_batch_limits_queue_requests() -> None:
 
 def test_engine_steps_to_completion() -> None:
     async def run() -> Engine:
-        e = _engine(decode_ms=0.1, prefill_base_ms=0.1)
+        e = _engine("trtllm", decode_ms=0.1, prefill_base_ms=0.1)
         job = _job(10, 5, n=2)
         e.submit(job)
         task = asyncio.create_task(e.run())
@@ -95,7 +95,8 @@ def test_engine_steps_to_completion() -> None:
     assert e.stats.generation_tokens_total == 10
     assert e.stats.success == {"stop": 1, "length": 0, "abort": 0}
     assert e.kv_reserved == 0 and not e.running
-    assert len(e.stats.iterations) == 5
+    assert [s["iter"] for s in e.stats.iterations] == [1, 2, 3, 4, 5]  # TRT-LLM stats
+    assert [s["numCompletedRequests"] for s in e.stats.iterations] == [0, 0, 0, 0, 1]
 
 
 def test_queueing_visible_in_trtllm_stats() -> None:
