@@ -196,9 +196,11 @@ class SimServer:
         pair_id = request.headers.get("x-shadow-pair-id")
         completions: list[Completion] = []
         for text, n_prompt in prompts:
-            for i in range(req.n):
+            for _ in range(req.n):
+                # The choice's index in the response (prompt_index * n + i for batches).
+                index = len(completions)
                 completions.append(
-                    self._answer(req, endpoint, text, n_prompt, i, logprobs, framer.id, pair_id)
+                    self._answer(req, endpoint, text, n_prompt, index, logprobs, framer.id, pair_id)
                 )
         prompt_tokens = sum(n for _, n in prompts)
         job = Job(
