@@ -3,21 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
+from sim_helpers import FAST
 
 from simulator.testing import RunningSim, running_sim
-
-FAST: dict[str, Any] = {
-    "latency": {
-        "decode_ms": 0.3,
-        "prefill_base_ms": 0.5,
-        "prefill_per_token_ms": 0.0,
-        "noise": 0.0,
-    },
-    "answers": {"min_tokens": 24, "max_tokens": 60},
-}
 
 
 @pytest.fixture(scope="module", params=["vllm", "trtllm"])

@@ -8,7 +8,7 @@ from typing import Any
 
 import openai
 import pytest
-from conftest import FAST
+from sim_helpers import FAST
 
 from simulator.testing import http_get, running_sim
 

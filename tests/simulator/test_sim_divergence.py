@@ -11,7 +11,7 @@ from typing import Any
 
 import openai
 import pytest
-from conftest import FAST
+from sim_helpers import FAST
 
 from simulator.generate import choose_departure
 from simulator.testing import RunningSim, running_sim

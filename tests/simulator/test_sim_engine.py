@@ -9,7 +9,7 @@ import urllib.request
 
 import openai
 import pytest
-from conftest import FAST
+from sim_helpers import FAST
 
 from simulator.clock import SimClock
 from simulator.engine import Engine, Job, Sequence

@@ -15,7 +15,7 @@ from typing import Any
 
 import openai
 import pytest
-from conftest import FAST
+from sim_helpers import FAST
 
 from simulator.scenario import ScenarioError
 from simulator.testing import RunningSim, SimulatorError, http_get, running_sim
