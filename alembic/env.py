@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from logging.config import fileConfig
 
-from sqlalchemy import Connection
+from sqlalchemy import Connection, text
 
 from alembic import context
 from shadow_ab.settings import CommonSettings
@@ -18,6 +18,7 @@ from storage.db import make_engine
 from storage.migrate import include_name
 from storage.models import Base
 
+MIGRATION_LOCK = 0x5AB_0002
 config = context.config
 if config.config_file_name is not None:  # the alembic command line: log as alembic.ini says
     fileConfig(config.config_file_name, disable_existing_loggers=False)
@@ -59,19 +60,25 @@ def run_migrations_offline() -> None:
         context.run_migrations()
 
 
+def _run(connection: Connection) -> None:
+    _configure(connection)
+    with context.begin_transaction():
+        if connection.dialect.name == "postgresql":
+            # Processes starting together (ingester, mirror) may all migrate: one at a time.
+            # Taken before Alembic reads the current revision, released at commit.
+            connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK})
+        context.run_migrations()
+
+
 def run_migrations_online() -> None:
     connection = config.attributes.get("connection")
     if isinstance(connection, Connection):
-        _configure(connection)
-        with context.begin_transaction():
-            context.run_migrations()
+        _run(connection)
         return
     engine = make_engine(database_url())
     try:
         with engine.connect() as conn:
-            _configure(conn)
-            with context.begin_transaction():
-                context.run_migrations()
+            _run(conn)
     finally:
         engine.dispose()
 

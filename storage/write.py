@@ -15,7 +15,7 @@ PostgreSQL: binary ``COPY`` straight into the table inside a savepoint; when a r
 there (a replayed batch), roll back to the savepoint and ``COPY`` into a temporary table, then
 ``INSERT ... SELECT ... ON CONFLICT DO NOTHING``. Rows go in key order, so concurrent writers of
 overlapping batches take their locks in the same order (a deadlock would be retried anyway).
-SQLite: ``executemany`` of ``INSERT OR IGNORE``.
+SQLite: ``executemany`` of ``INSERT ... ON CONFLICT DO NOTHING``.
 """
 
 from __future__ import annotations
@@ -379,7 +379,8 @@ def _write_sqlite(
     params = [dict(zip(spec.columns, row, strict=True)) for row in rows]
     with engine.begin() as conn:
         _ensure_deployments(conn, deployments)
-        result = conn.execute(insert(spec.table).prefix_with("OR IGNORE"), params)
+        # ON CONFLICT (not OR IGNORE, which would also swallow NOT NULL violations)
+        result = conn.execute(sqlite.insert(spec.table).on_conflict_do_nothing(), params)
         return max(result.rowcount, 0)
 
 

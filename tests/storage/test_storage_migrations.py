@@ -158,3 +158,23 @@ def test_pairs_view_one_row_per_pair(engine: Engine) -> None:
         )
     }
     assert set(full) == expected
+
+
+def test_concurrent_upgrades_postgres(empty_pg_url: str) -> None:
+    """Processes starting together may all run `upgrade`: they take turns (Alembic itself is not
+    thread-safe, hence separate processes)."""
+    import subprocess
+    import sys
+
+    code = "import sys; from storage.migrate import upgrade; upgrade(sys.argv[1])"
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, empty_pg_url],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        for _ in range(3)
+    ]
+    outputs = [p.communicate(timeout=120)[0].decode() for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], outputs
+    assert current(empty_pg_url) == "0002"
