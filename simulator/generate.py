@@ -57,34 +57,47 @@ def next_state(state: int, token_index: int) -> int:
 
 
 def ranked(state: int, k: int = TOP_K_MAX, salt: int = 0) -> list[int]:
-    """``k`` distinct vocabulary indexes, most probable first."""
+    """``k`` distinct vocabulary indexes, most probable first (a prefix of the top 20)."""
     out: list[int] = []
+    seen: set[int] = set()
     x = state ^ salt
-    while len(out) < k:
+    while True:
         x = _mix(x)
-        idx = x % VOCAB_SIZE
-        if idx not in out:
-            out.append(idx)
-    return out
+        for shift in (0, 16, 32, 48):  # four draws per hash
+            idx = ((x >> shift) & 0xFFFF) % VOCAB_SIZE
+            if idx not in seen:
+                if len(out) == k:
+                    return out
+                seen.add(idx)
+                out.append(idx)
 
 
 def top_choice(state: int) -> int:
     """``ranked(state)[0]`` without ranking the rest (the greedy fast path)."""
-    return _mix(state) % VOCAB_SIZE
+    return (_mix(state) & 0xFFFF) % VOCAB_SIZE
 
 
 def logprobs_profile(state: int, k: int = TOP_K_MAX) -> list[float]:
-    """Descending log-probabilities of the ``k`` ranked candidates (they sum to less than 1)."""
+    """Descending log-probabilities of the first ``k`` of the 20 ranked candidates.
+
+    They are normalised over all 20 (plus the rest of the vocabulary), so a token's logprob is
+    the same whatever ``k`` a request asks for.
+    """
     x = state ^ 0x10C9
     scores = [0.0]
-    for _ in range(k - 1):
+    s = 0.0
+    while len(scores) < TOP_K_MAX:
         x = _mix(x)
-        # Gaps between neighbours: mostly clear, sometimes a near tie.
-        gap = 0.02 + 2.5 * ((x >> 11) / float(1 << 53)) ** 2
-        scores.append(scores[-1] - gap)
-    total = sum(math.exp(s) for s in scores) + _TAIL_WEIGHT * math.exp(scores[-1])
+        for shift in (0, 16, 32, 48):
+            if len(scores) == TOP_K_MAX:
+                break
+            # Gaps between neighbours: mostly clear, sometimes a near tie.
+            u = ((x >> shift) & 0xFFFF) / 65536.0
+            s -= 0.02 + 2.5 * u * u
+            scores.append(s)
+    total = sum(math.exp(v) for v in scores) + _TAIL_WEIGHT * math.exp(scores[-1])
     norm = math.log(total)
-    return [s - norm for s in scores]
+    return [v - norm for v in scores[:k]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,39 +176,41 @@ def decode(
     start: int,
     length: int,
     *,
-    want_top: bool,
+    top_k: int | None,
     temperature: float = 0.0,
     rng: random.Random | None = None,
     departure: Departure | None = None,
 ) -> tuple[list[Token], DepartureInfo | None]:
     """Decode ``length`` tokens from ``start``: greedy unless ``rng`` and ``temperature > 0``.
 
-    ``want_top`` computes each token's logprob and top alternatives; without it the greedy
-    fast path leaves ``logprob`` at 0.0 and ``top`` empty.
+    ``top_k`` (0..20) computes each token's logprob and its ``top_k`` best alternatives;
+    ``None`` (no logprobs asked) takes the greedy fast path, leaving ``logprob`` at 0.0.
     """
     tokens: list[Token] = []
     info: DepartureInfo | None = None
     state = start
     sampling = rng is not None and temperature > 0.0
+    k = top_k or 0
     for pos in range(length):
         if departure is not None and pos == departure.position:
             tok, info = _depart(state, departure.near_tie, pos)
             idx = tok.id - ID_OFFSET
-            tokens.append(tok if want_top else Token(tok.id, tok.text, tok.logprob))
-        elif sampling or want_top:
+            tokens.append(Token(tok.id, tok.text, tok.logprob, tok.top[:k]))
+        elif sampling:
+            assert rng is not None
             cands = ranked(state)
             lps = logprobs_profile(state)
-            if sampling:
-                assert rng is not None
-                weights = [math.exp((lp - lps[0]) / temperature) for lp in lps]
-                rank = rng.choices(range(len(cands)), weights=weights)[0]
-            else:
-                rank = 0
+            weights = [math.exp((lp - lps[0]) / temperature) for lp in lps]
+            rank = rng.choices(range(len(cands)), weights=weights)[0]
             idx = cands[rank]
-            top = (
-                tuple((PIECES[c], lp) for c, lp in zip(cands, lps, strict=True)) if want_top else ()
-            )
+            top = tuple((PIECES[c], lp) for c, lp in zip(cands[:k], lps, strict=False))
             tokens.append(_token(idx, lps[rank], top))
+        elif top_k is not None:
+            cands = ranked(state, max(1, k))
+            lps = logprobs_profile(state, max(1, k))
+            idx = cands[0]
+            top = tuple((PIECES[c], lp) for c, lp in zip(cands[:k], lps, strict=False))
+            tokens.append(_token(idx, lps[0], top))
         else:
             idx = top_choice(state)
             tokens.append(_token(idx, 0.0, ()))  # logprob not asked for: not computed
@@ -298,7 +313,7 @@ def complete(
     max_model_tokens: int = 4096,
     stops: list[str] | None = None,
     include_stop: bool = False,
-    want_top: bool = False,
+    top_k: int | None = None,
     temperature: float = 0.0,
     rng: random.Random | None = None,
     departure: Departure | None = None,
@@ -310,7 +325,7 @@ def complete(
     tokens, info = decode(
         start,
         length,
-        want_top=want_top,
+        top_k=top_k,
         temperature=temperature,
         rng=rng,
         departure=departure,

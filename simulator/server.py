@@ -287,7 +287,7 @@ class SimServer:
             max_model_tokens=max_model_tokens,
             stops=req.stops,
             include_stop=req.include_stop_str_in_output,
-            want_top=logprobs is not None,
+            top_k=logprobs,
             temperature=temperature,
             rng=rng,
             departure=departure,

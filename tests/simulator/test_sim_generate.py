@@ -26,21 +26,21 @@ START = prompt_state("m", "Tell me about rivers.", 7)
 
 
 def test_reference_is_a_function_of_model_prompt_and_seed() -> None:
-    a, _ = decode(START, 40, want_top=False)
-    b, _ = decode(prompt_state("m", "Tell me about rivers.", 7), 40, want_top=False)
+    a, _ = decode(START, 40, top_k=None)
+    b, _ = decode(prompt_state("m", "Tell me about rivers.", 7), 40, top_k=None)
     assert [t.id for t in a] == [t.id for t in b]
     for other in (
         prompt_state("m2", "Tell me about rivers.", 7),
         prompt_state("m", "Tell me about lakes.", 7),
         prompt_state("m", "Tell me about rivers.", 8),
     ):
-        c, _ = decode(other, 40, want_top=False)
+        c, _ = decode(other, 40, top_k=None)
         assert [t.id for t in c] != [t.id for t in a]
 
 
 def test_fast_path_equals_full_path_and_greedy_takes_the_top_candidate() -> None:
-    fast, _ = decode(START, 60, want_top=False)
-    full, _ = decode(START, 60, want_top=True)
+    fast, _ = decode(START, 60, top_k=None)
+    full, _ = decode(START, 60, top_k=TOP_K_MAX)
     assert [t.id for t in fast] == [t.id for t in full]
     for t in full:
         assert len(t.top) == TOP_K_MAX
@@ -54,7 +54,19 @@ def test_fast_path_equals_full_path_and_greedy_takes_the_top_candidate() -> None
 def test_ranked_and_top_choice_agree() -> None:
     for s in range(200):
         assert ranked(s)[0] == top_choice(s)
+        assert ranked(s, 5) == ranked(s)[:5]
+        assert logprobs_profile(s, 3) == logprobs_profile(s)[:3]
         assert len(logprobs_profile(s)) == TOP_K_MAX
+
+
+def test_logprobs_do_not_depend_on_how_many_alternatives_are_asked() -> None:
+    few, _ = decode(START, 30, top_k=2)
+    none, _ = decode(START, 30, top_k=0)
+    many, _ = decode(START, 30, top_k=TOP_K_MAX)
+    for a, b, c in zip(few, none, many, strict=True):
+        assert a.id == b.id == c.id
+        assert a.logprob == b.logprob == c.logprob
+        assert a.top == c.top[:2] and b.top == ()
 
 
 def test_vocabulary_pieces_are_distinct() -> None:
@@ -63,8 +75,8 @@ def test_vocabulary_pieces_are_distinct() -> None:
 
 @pytest.mark.parametrize("pos", [0, 5, 29])
 def test_near_tie_departure_swaps_the_top_two(pos: int) -> None:
-    ref, _ = decode(START, 30, want_top=True)
-    cand, info = decode(START, 30, want_top=True, departure=Departure(pos, near_tie=True))
+    ref, _ = decode(START, 30, top_k=TOP_K_MAX)
+    cand, info = decode(START, 30, top_k=TOP_K_MAX, departure=Departure(pos, near_tie=True))
     assert info is not None and info.position == pos and info.near_tie
     assert [t.id for t in cand[:pos]] == [t.id for t in ref[:pos]]
     r, c = ref[pos], cand[pos]
@@ -77,8 +89,8 @@ def test_near_tie_departure_swaps_the_top_two(pos: int) -> None:
 
 @pytest.mark.parametrize("pos", [0, 11])
 def test_clear_departure_is_outside_both_top_k(pos: int) -> None:
-    ref, _ = decode(START, 30, want_top=True)
-    cand, info = decode(START, 30, want_top=True, departure=Departure(pos, near_tie=False))
+    ref, _ = decode(START, 30, top_k=TOP_K_MAX)
+    cand, info = decode(START, 30, top_k=TOP_K_MAX, departure=Departure(pos, near_tie=False))
     assert info is not None and not info.near_tie
     ref_top = {s for s, _ in ref[pos].top}
     cand_top = {s for s, _ in cand[pos].top}
@@ -88,20 +100,20 @@ def test_clear_departure_is_outside_both_top_k(pos: int) -> None:
 
 
 def test_sampling_is_seeded_and_stays_within_the_candidates() -> None:
-    a, _ = decode(START, 50, want_top=True, temperature=0.8, rng=random.Random("s:1"))
-    b, _ = decode(START, 50, want_top=True, temperature=0.8, rng=random.Random("s:1"))
-    c, _ = decode(START, 50, want_top=True, temperature=0.8, rng=random.Random("s:2"))
+    a, _ = decode(START, 50, top_k=TOP_K_MAX, temperature=0.8, rng=random.Random("s:1"))
+    b, _ = decode(START, 50, top_k=TOP_K_MAX, temperature=0.8, rng=random.Random("s:1"))
+    c, _ = decode(START, 50, top_k=TOP_K_MAX, temperature=0.8, rng=random.Random("s:2"))
     assert [t.id for t in a] == [t.id for t in b]
     assert [t.id for t in a] != [t.id for t in c]
     for t in a:
         assert t.text in {s for s, _ in t.top}
         assert (t.text, t.logprob) in t.top
-    greedy, _ = decode(START, 50, want_top=False)
+    greedy, _ = decode(START, 50, top_k=None)
     assert [t.id for t in a] != [t.id for t in greedy]
 
 
 def test_stops_cut_the_text_and_the_pieces_together() -> None:
-    toks, _ = decode(START, 40, want_top=False)
+    toks, _ = decode(START, 40, top_k=None)
     text = "".join(t.text for t in toks)
     stop = toks[10].text.strip()[:3] or toks[10].text
     at = text.find(stop)
@@ -116,7 +128,7 @@ def test_stops_cut_the_text_and_the_pieces_together() -> None:
 
 
 def test_stop_spanning_two_pieces_trims_the_earlier_piece() -> None:
-    toks, _ = decode(START, 40, want_top=False)
+    toks, _ = decode(START, 40, top_k=None)
     text = "".join(t.text for t in toks)
     boundary = len(toks[3].text) + sum(len(t.text) for t in toks[:3])
     stop = text[boundary - 2 : boundary + 2]
