@@ -396,7 +396,7 @@ class Framer:
         chunk: dict[str, Any] = {**self.base, "choices": [choice]}
         if usage is not None:
             chunk["usage"] = usage
-        elif self.endpoint == "completions" and not vllm:
+        elif self.endpoint == "completions":  # both dump completion chunks with usage: null
             chunk["usage"] = None
         return self.event(chunk)
 
