@@ -18,7 +18,6 @@ from __future__ import annotations
 import bisect
 import os
 import resource
-import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -257,7 +256,3 @@ def drain_trt(stats: EngineStats) -> list[dict[str, Any]]:
     out = list(stats.iterations)
     stats.iterations.clear()
     return out
-
-
-def now_wall() -> float:
-    return time.time()

@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import hashlib
 import random
-import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -386,8 +385,3 @@ class SimServer:
         except (ConnectionResetError, ConnectionError):
             pass  # the client went away; the finally in _generate aborts the job
         return resp
-
-
-def process_start_times(clock: SimClock) -> tuple[float, float]:
-    """(wall, simulated elapsed) start of this process."""
-    return time.time(), clock.elapsed()
