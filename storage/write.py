@@ -20,6 +20,7 @@ SQLite: ``executemany`` of ``INSERT ... ON CONFLICT DO NOTHING``.
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ from typing import Any, TypeVar
 
 import orjson
 import psycopg
-from psycopg.types.json import set_json_dumps
+from pydantic import BaseModel
 from sqlalchemy import Connection, Engine, Table, insert
 from sqlalchemy.dialects import postgresql, sqlite
 
@@ -151,14 +152,34 @@ _NO_PARTITION = "23514"
 R = TypeVar("R", ExchangeRecord, HealthSample)
 
 
-def exchange_values(rec: ExchangeRecord) -> tuple[Any, ...]:
-    """The row of one exchange record, in :data:`EXCHANGE_COLUMNS` order (JSON columns as
-    Python objects: the driver serializes them)."""
-    logprobs = (
-        None
-        if rec.logprobs is None
-        else [{"token": lp.token, "logprob": lp.logprob, "top": lp.top} for lp in rec.logprobs]
-    )
+def plain_json(value: Any) -> Any:
+    """JSON column values as plain Python objects (SQLAlchemy's JSON type serializes them)."""
+    if isinstance(value, list) and value and isinstance(value[0], BaseModel):
+        return [item.model_dump() for item in value]
+    return value
+
+
+def _model_fields(obj: Any) -> Any:
+    if isinstance(obj, BaseModel):
+        return obj.__dict__  # pydantic v2 keeps the field values there
+    raise TypeError(f"cannot store {type(obj).__name__} as JSON")
+
+
+def jsonb_wire(value: Any) -> bytes | None:
+    """A value in PostgreSQL's binary ``jsonb`` format (version byte 1, then the JSON text).
+    Sent as if it were ``bytea``: binary COPY carries no per-field type, the column's own
+    receive function reads it, and psycopg's JSON adapter (several Python calls a value) is
+    skipped."""
+    if value is None:
+        return None
+    return b"\x01" + orjson.dumps(value, default=_model_fields)
+
+
+def exchange_values(
+    rec: ExchangeRecord, json: Callable[[Any], Any] = plain_json
+) -> tuple[Any, ...]:
+    """The row of one exchange record, in :data:`EXCHANGE_COLUMNS` order; ``json`` converts
+    the JSON columns (:func:`plain_json` for SQLAlchemy, :func:`jsonb_wire` for COPY)."""
     return (
         rec.pair_id,
         rec.role.value,
@@ -175,21 +196,21 @@ def exchange_values(rec: ExchangeRecord) -> tuple[Any, ...]:
         rec.ttft_s,
         rec.e2e_s,
         rec.tpot_s,
-        rec.itl_s,
+        json(rec.itl_s),
         rec.prompt_tokens,
         rec.completion_tokens,
         rec.finish_reason,
-        rec.request,
-        rec.rewrites,
+        json(rec.request),
+        json(rec.rewrites),
         rec.output_text,
-        logprobs,
+        json(rec.logprobs),
         rec.inflight_incumbent,
         rec.inflight_candidate,
-        rec.guard,
+        json(rec.guard),
     )
 
 
-def health_values(rec: HealthSample) -> tuple[Any, ...]:
+def health_values(rec: HealthSample, json: Callable[[Any], Any] = plain_json) -> tuple[Any, ...]:
     """The row of one health sample, in :data:`HEALTH_COLUMNS` order."""
     return (
         rec.engine,
@@ -209,7 +230,7 @@ def health_values(rec: HealthSample) -> tuple[Any, ...]:
         rec.kv_cache_usage,
         rec.gpu_mem_bytes,
         rec.cpu_mem_bytes,
-        rec.metrics,
+        json(rec.metrics),
     )
 
 
@@ -230,10 +251,16 @@ def dedupe(records: Sequence[R], key: Callable[[R], Hashable]) -> list[R]:
     return list(seen.values())
 
 
+# \u0000 not preceded by an odd number of backslashes (which would make it literal text)
+_JSON_NUL = re.compile(rb"(?<!\\)((?:\\\\)*)\\u0000")
+
+
 def scrub_nul(value: Any) -> Any:
     """``value`` with every NUL character in its strings (nested too) replaced by U+FFFD."""
     if isinstance(value, str):
         return value.replace("\x00", "\ufffd") if "\x00" in value else value
+    if isinstance(value, bytes):  # JSON text, where NUL is the escape \u0000
+        return _JSON_NUL.sub(rb"\1\\ufffd", value)
     if isinstance(value, tuple):
         return tuple(scrub_nul(v) for v in value)
     if isinstance(value, list):
@@ -261,7 +288,7 @@ def write_exchanges(engine: Engine, records: Sequence[ExchangeRecord]) -> int:
     return _write(
         engine,
         _EXCHANGE_SPEC,
-        [exchange_values(r) for r in unique],
+        [exchange_values(r, _json_for(engine)) for r in unique],
         {r.deployment for r in unique},
         {day_of(r.sent_at) for r in unique},
     )
@@ -276,7 +303,7 @@ def write_health(engine: Engine, samples: Sequence[HealthSample]) -> int:
     return _write(
         engine,
         _HEALTH_SPEC,
-        [health_values(r) for r in unique],
+        [health_values(r, _json_for(engine)) for r in unique],
         {r.deployment for r in unique},
         {day_of(r.ts) for r in unique},
     )
@@ -311,6 +338,11 @@ class _TableSpec:
     columns: tuple[str, ...]
     key: tuple[str, ...]
     pg_types: tuple[str, ...]
+
+    @property
+    def copy_types(self) -> list[str]:
+        """Types announced to COPY: jsonb values are already in wire format (jsonb_wire)."""
+        return ["bytea" if t == "jsonb" else t for t in self.pg_types]
 
 
 _INT_BOUNDS = {"int2": 2**15, "int4": 2**31, "int8": 2**63}
@@ -390,13 +422,13 @@ def _sort_key(row: tuple[Any, ...]) -> tuple[Any, ...]:
     return (first.int if isinstance(first, uuid.UUID) else first, row[1], row[2])
 
 
-def _json_bytes(value: Any) -> bytes:
-    return orjson.dumps(value)
+def _json_for(engine: Engine) -> Callable[[Any], Any]:
+    return jsonb_wire if is_postgres(engine) else plain_json
 
 
 def _copy_rows(cur: psycopg.Cursor[Any], target: str, spec: _TableSpec, rows: list[Any]) -> None:
     with cur.copy(f"COPY {target} ({', '.join(spec.columns)}) FROM STDIN (FORMAT BINARY)") as copy:
-        copy.set_types(list(spec.pg_types))
+        copy.set_types(spec.copy_types)
         for row in rows:
             copy.write_row(row)
 
@@ -419,7 +451,6 @@ def _write_postgres(
         if not isinstance(raw, psycopg.Connection):
             raise StoreError(f"expected a psycopg 3 connection, got {type(raw).__name__}")
         with raw.cursor() as cur:
-            set_json_dumps(_json_bytes, cur)
             cur.execute("SAVEPOINT shadow_ab_copy")
             try:
                 _copy_rows(cur, name, spec, rows)
