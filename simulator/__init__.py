@@ -19,11 +19,13 @@ Errors::
     SimulatorError      a simulator subprocess that did not start or stop as asked
 """
 
-from simulator.ledger import read_ledger
+from simulator.ledger import Incident, Injected, read_ledger, summarize
 from simulator.scenario import Scenario, ScenarioError, load_scenario, shipped
-from simulator.testing import RunningSim, SimulatorError, free_port, running_sim
+from simulator.testing import RunningSim, SimulatorError, free_port, running_pair, running_sim
 
 __all__ = [
+    "Incident",
+    "Injected",
     "RunningSim",
     "Scenario",
     "ScenarioError",
@@ -31,6 +33,8 @@ __all__ = [
     "free_port",
     "load_scenario",
     "read_ledger",
+    "running_pair",
     "running_sim",
     "shipped",
+    "summarize",
 ]

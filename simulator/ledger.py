@@ -15,11 +15,15 @@ Fault lines add ``kind``, ``fault_id`` (stable across restarts), ``start``/``end
 Unix seconds; ``end`` null when open-ended) and ``params``. Divergence lines add
 ``request_id``, ``pair_id`` (the ``x-shadow-pair-id`` request header, if sent), ``choice``,
 ``position``, ``near_tie``, ``reference_token``, ``token``, ``visible`` and the prompt's hash.
+
+:func:`summarize` groups a ledger's lines into incidents, divergences and restarts for tests
+that check an evaluator found exactly what was injected.
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -75,4 +79,63 @@ def read_ledger(path: Path | str) -> list[dict[str, Any]]:
             out.append(orjson.loads(raw))
         except orjson.JSONDecodeError as exc:
             raise ValueError(f"{p}:{n}: not a JSON line ({exc}); the ledger is corrupt") from exc
+    return out
+
+
+@dataclass(frozen=True)
+class Incident:
+    """One injected fault occurrence, in simulated Unix seconds."""
+
+    kind: str
+    fault_id: str
+    start: float
+    end: float | None
+    params: dict[str, Any]
+    effective: bool = True
+    """False for a window that fell entirely while the engine was down."""
+
+
+@dataclass
+class Injected:
+    """Everything one ledger says was injected, ready for an evaluator's test to compare."""
+
+    incidents: list[Incident] = field(default_factory=list)
+    divergences: list[dict[str, Any]] = field(default_factory=list)
+    restarts: list[dict[str, Any]] = field(default_factory=list)
+    starts: list[dict[str, Any]] = field(default_factory=list)
+
+    def of_kind(self, kind: str) -> list[Incident]:
+        return [i for i in self.incidents if i.kind == kind]
+
+    def diverged_pairs(self, visible_only: bool = True) -> dict[str, dict[str, Any]]:
+        """Divergence lines by ``pair_id`` (requests sent with ``x-shadow-pair-id``)."""
+        return {
+            d["pair_id"]: d
+            for d in self.divergences
+            if d.get("pair_id") and (d.get("visible", True) or not visible_only)
+        }
+
+
+def summarize(lines: list[dict[str, Any]]) -> Injected:
+    """Group ledger lines (from :func:`read_ledger`) by what was injected."""
+    out = Injected()
+    for line in lines:
+        event = line.get("event")
+        if event == "fault":
+            out.incidents.append(
+                Incident(
+                    kind=line["kind"],
+                    fault_id=line["fault_id"],
+                    start=line["start"],
+                    end=line.get("end"),
+                    params=dict(line.get("params") or {}),
+                    effective=not line.get("while_down", False),
+                )
+            )
+        elif event == "divergence":
+            out.divergences.append(line)
+        elif event == "restart":
+            out.restarts.append(line)
+        elif event == "start":
+            out.starts.append(line)
     return out

@@ -214,3 +214,18 @@ def running_sim(
                 sim.stop()
             return
         raise SimulatorError(f"could not start a simulator: {last_error}")
+
+
+@contextlib.contextmanager
+def running_pair(
+    incumbent: tuple[Flavor, str | Path | dict[str, Any] | None] = ("vllm", "clean"),
+    candidate: tuple[Flavor, str | Path | dict[str, Any] | None] = ("trtllm", "clean"),
+    **common: Any,
+) -> Iterator[tuple[RunningSim, RunningSim]]:
+    """An incumbent and a candidate simulator, each ``(flavor, scenario)``; ``common`` keyword
+    arguments (``overrides``, ``time_scale`` ...) go to both :func:`running_sim` calls."""
+    with (
+        running_sim(incumbent[0], incumbent[1], **common) as inc,
+        running_sim(candidate[0], candidate[1], **common) as cand,
+    ):
+        yield inc, cand

@@ -14,7 +14,8 @@ import pytest
 from sim_helpers import FAST
 
 from simulator.generate import choose_departure
-from simulator.testing import RunningSim, running_sim
+from simulator.ledger import summarize
+from simulator.testing import RunningSim, running_pair, running_sim
 
 MODEL = "sim-llama-3-8b-instruct"
 N = 300
@@ -114,7 +115,7 @@ def test_divergence_rates_and_ledger_match(vllm_sim: RunningSim, candidate: Runn
             assert tb[k].token not in a_top and ta[k].token not in b_top
         found[pair] = (k, near_tie)
 
-    ledger = {e["pair_id"]: e for e in candidate.ledger() if e["event"] == "divergence"}
+    ledger = summarize(candidate.ledger()).diverged_pairs()
     assert set(ledger) == set(found)  # exactly the diverged requests, no more, no less
     for pair, (k, near_tie) in found.items():
         entry = ledger[pair]
@@ -127,6 +128,14 @@ def test_divergence_rates_and_ledger_match(vllm_sim: RunningSim, candidate: Runn
     assert abs(near_share - NEAR) <= 4.5 * (0.25 / len(found)) ** 0.5, near_share
     positions = {k for k, _ in found.values()}
     assert len(positions) >= 12  # spread over the 24 positions
+
+
+def test_running_pair_starts_both() -> None:
+    with running_pair(("vllm", "noisy"), ("trtllm", "drifty"), overrides=FAST) as (inc, cand):
+        assert inc.flavor == "vllm" and cand.flavor == "trtllm"
+        assert inc.healthy() and cand.healthy() and inc.port != cand.port
+        starts = summarize(inc.ledger()).starts + summarize(cand.ledger()).starts
+        assert [s["scenario"] for s in starts] == ["noisy", "drifty"]
 
 
 def test_divergence_applies_to_greedy_only(candidate: RunningSim) -> None:

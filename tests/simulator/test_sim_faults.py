@@ -284,7 +284,7 @@ def test_fault_runtime_timeline_without_a_server(tmp_path: Path) -> None:
     """The timeline with a fake clock: windows open and close, crashes call back once."""
     from simulator.clock import SimClock
     from simulator.faults import FaultRuntime
-    from simulator.ledger import Ledger, read_ledger
+    from simulator.ledger import Ledger, read_ledger, summarize
     from simulator.scenario import load_scenario
 
     now = [1000.0]
@@ -331,6 +331,14 @@ def test_fault_runtime_timeline_without_a_server(tmp_path: Path) -> None:
         ("fault", "version_change"),
         ("fault", "crash"),
     ]
+    injected = summarize(read_ledger(path))
+    assert [i.kind for i in injected.incidents] == [
+        "drift", "leak", "hang", "error_burst", "version_change", "crash"
+    ]  # fmt: skip
+    (crash,) = injected.of_kind("crash")
+    assert (crash.start, crash.end, crash.params) == (1030.0, 1037.0, {"restart_delay_s": 7.0})
+    (hang,) = injected.of_kind("hang")
+    assert (hang.start, hang.end, hang.effective) == (1010.0, 1015.0, True)
     # The process after the crash resumes the timeline: nothing fires twice.
     rt2 = FaultRuntime(
         sc,
