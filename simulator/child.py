@@ -32,9 +32,11 @@ EPOCH_FILE = "epoch.json"
 
 
 def _crash(state_dir: Path, ledger: Ledger) -> Any:
-    def handler(at_elapsed: float, restart_delay_s: float) -> None:
+    def handler(at_elapsed: float, restart_delay_s: float, streak: int) -> None:
         (state_dir / CRASH_FILE).write_text(
-            json.dumps({"at_elapsed": at_elapsed, "restart_delay_s": restart_delay_s})
+            json.dumps(
+                {"at_elapsed": at_elapsed, "restart_delay_s": restart_delay_s, "streak": streak}
+            )
         )
         ledger.close()
         sys.stdout.flush()
@@ -68,6 +70,7 @@ async def serve(settings: dict[str, Any]) -> int:
         process_start_elapsed=start_elapsed,
         resume_after=settings.get("resume_after"),
         restarts=int(settings.get("restarts", 0)),
+        crash_streak=int(settings.get("crash_streak", 0)),
         on_crash=_crash(state_dir, ledger),
     )
     runner = web.AppRunner(server.app, access_log=None, handle_signals=False)

@@ -20,6 +20,7 @@ from typing import Any
 from simulator.clock import SimClock
 from simulator.ledger import Ledger
 from simulator.scenario import (
+    BACKOFF_RESET_S,
     CrashFault,
     DriftFault,
     ErrorBurstFault,
@@ -29,8 +30,9 @@ from simulator.scenario import (
     VersionChangeFault,
 )
 
-CrashHandler = Callable[[float, float], None]
-"""Called with (simulated elapsed time of the crash, restart delay in simulated seconds)."""
+CrashHandler = Callable[[float, float, int], None]
+"""Called with (simulated elapsed time of the crash, restart delay in simulated seconds,
+consecutive crashes so far counting this one)."""
 
 
 @dataclass
@@ -69,6 +71,7 @@ class FaultRuntime:
         on_crash: CrashHandler,
         inflight: Callable[[], list[str]] = list,
         rng: random.Random | None = None,
+        crash_streak: int = 0,
     ) -> None:
         """``process_start``/``resume_after`` are simulated elapsed seconds: this process's
         start, and the crash it follows (None for the first process)."""
@@ -78,6 +81,8 @@ class FaultRuntime:
         self.process_start = process_start
         self.resume_after = resume_after
         self._on_crash = on_crash
+        self.crash_streak = crash_streak
+        """Consecutive crashes before this process (for the backoff)."""
         self._inflight = inflight
         self._rng = rng or random.Random(scenario.seed)
         self.windows: list[Window] = []
@@ -163,16 +168,23 @@ class FaultRuntime:
         if isinstance(spec, CrashFault):
             if while_down:
                 return  # nothing was running to crash
+            delay, streak = spec.restart_delay_s, 1
+            params: dict[str, Any] = {"restart_delay_s": delay}
+            if spec.backoff:
+                quick = t - self.process_start < BACKOFF_RESET_S
+                streak = self.crash_streak + 1 if quick else 1
+                delay = min(spec.backoff_max_s, spec.restart_delay_s * 2 ** (streak - 1))
+                params = {"restart_delay_s": delay, "crash_streak": streak}
             self.ledger.write(
                 "fault",
                 kind="crash",
                 fault_id=fault_id,
                 start=self.clock.at(t),
-                end=self.clock.at(t + spec.restart_delay_s),
-                params={"restart_delay_s": spec.restart_delay_s},
+                end=self.clock.at(t + delay),
+                params=params,
                 inflight_requests=self._inflight(),
             )
-            self._on_crash(t, spec.restart_delay_s)
+            self._on_crash(t, delay, streak)
         elif isinstance(spec, VersionChangeFault):
             old, self.version = self.version, spec.to_version
             restart = spec.restart and not while_down
@@ -185,7 +197,7 @@ class FaultRuntime:
                 params={"from_version": old, "to_version": spec.to_version, "restart": restart},
             )
             if restart:
-                self._on_crash(t, spec.restart_delay_s)
+                self._on_crash(t, spec.restart_delay_s, 0)  # a deliberate restart: no backoff
         else:
             end = t + spec.duration_s
             params = spec.model_dump(include={"duration_s", "status", "share", "health_fails"})

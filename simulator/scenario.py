@@ -159,6 +159,14 @@ class CrashFault(_Schedule):
 
     kind: Literal["crash"]
     restart_delay_s: Annotated[float, Field(ge=0)] = 30.0
+    backoff: bool = False
+    """Kubernetes' CrashLoopBackOff: the delay doubles with each crash that comes within
+    :data:`BACKOFF_RESET_S` of the process start, up to ``backoff_max_s``."""
+    backoff_max_s: Annotated[float, Field(ge=0)] = 300.0
+
+
+BACKOFF_RESET_S = 600.0
+"""A process that ran this long (simulated seconds) before crashing resets the backoff."""
 
 
 class HangFault(_Schedule):

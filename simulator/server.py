@@ -62,7 +62,8 @@ class SimServer:
         process_start_elapsed: float,
         resume_after: float | None = None,
         restarts: int = 0,
-        on_crash: Callable[[float, float], None],
+        crash_streak: int = 0,
+        on_crash: Callable[[float, float, int], None],
     ) -> None:
         self.scenario = scenario
         self.flavor = scenario.flavor
@@ -80,6 +81,7 @@ class SimServer:
             on_crash=on_crash,
             inflight=lambda: self.engine.inflight_ids(),
             rng=random.Random(scenario.seed * 104729 + restarts),
+            crash_streak=crash_streak,
         )
         self.engine = Engine(scenario, self.faults, self.stats, rng=self.rng)
         self._seq_no = 0

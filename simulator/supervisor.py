@@ -51,7 +51,7 @@ class Supervisor:
             child.send_signal(signal.SIGTERM)
 
     def _spawn(
-        self, state_dir: str, resume_after: float | None, restarts: int
+        self, state_dir: str, resume_after: float | None, restarts: int, streak: int
     ) -> subprocess.Popen[bytes]:
         settings = {
             "scenario": self.scenario.model_dump(mode="json"),
@@ -63,6 +63,7 @@ class Supervisor:
             "state_dir": state_dir,
             "resume_after": resume_after,
             "restarts": restarts,
+            "crash_streak": streak,
         }
         env = {**os.environ, ENV_VAR: json.dumps(settings)}
         return subprocess.Popen([sys.executable, "-m", "simulator.child"], env=env)
@@ -80,11 +81,11 @@ class Supervisor:
         )
         ledger: Ledger | None = None
         resume_after: float | None = None
-        restarts = 0
+        restarts = streak = 0
         with tempfile.TemporaryDirectory(prefix="shadow-ab-sim-") as state_dir:
             try:
                 while not self._stop.is_set():
-                    self._child = self._spawn(state_dir, resume_after, restarts)
+                    self._child = self._spawn(state_dir, resume_after, restarts, streak)
                     rc = self._child.wait()
                     if self._stop.is_set():
                         return 0
@@ -102,6 +103,7 @@ class Supervisor:
                     crash_file.unlink()
                     delay = float(crash["restart_delay_s"])
                     resume_after = float(crash["at_elapsed"])
+                    streak = int(crash.get("streak", 0))
                     if self._stop.wait(clock.real_seconds(delay)):
                         return 0
                     restarts += 1

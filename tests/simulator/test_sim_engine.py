@@ -28,7 +28,7 @@ def _engine(flavor: Flavor = "vllm", **latency: float) -> Engine:
     clock = SimClock(time.time())
     faults = FaultRuntime(
         sc, clock, Ledger(None, clock, flavor="vllm", engine="t"),
-        process_start=0.0, resume_after=None, on_crash=lambda a, b: None,
+        process_start=0.0, resume_after=None, on_crash=lambda a, b, c: None,
     )  # fmt: skip
     return Engine(sc, faults, EngineStats())
 

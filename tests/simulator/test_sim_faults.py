@@ -309,7 +309,7 @@ def test_fault_runtime_timeline_without_a_server(tmp_path: Path) -> None:
         Ledger(path, clock, flavor="trtllm", engine="e"),
         process_start=0.0,
         resume_after=None,
-        on_crash=lambda at, delay: crashes.append((at, delay)),
+        on_crash=lambda at, delay, streak: crashes.append((at, delay)),
     )
     gpu0 = sc.memory.gpu_mb
     for t, hung in [(0, False), (11, True), (16, False), (22, False), (31, False)]:
@@ -346,10 +346,48 @@ def test_fault_runtime_timeline_without_a_server(tmp_path: Path) -> None:
         Ledger(path, clock, flavor="trtllm", engine="e"),
         process_start=37.0,
         resume_after=30.0,
-        on_crash=lambda at, delay: crashes.append((at, delay)),
+        on_crash=lambda at, delay, streak: crashes.append((at, delay)),
     )
     now[0] = 1000.0 + 40
     rt2.tick()
     assert crashes == [(30.0, 7.0)] and rt2.version == "2.0"
     assert rt2.memory_mb()[1] == pytest.approx(gpu0 + 3)  # the leak restarted with the process
     assert len(read_ledger(path)) == len(lines)
+
+
+def test_crash_loop_backoff_doubles_and_resets(tmp_path: Path) -> None:
+    from simulator.clock import SimClock
+    from simulator.faults import FaultRuntime
+    from simulator.ledger import Ledger
+    from simulator.scenario import load_scenario
+
+    now = [0.0]
+    clock = SimClock(0.0, 1.0, wall=lambda: now[0])
+    sc = load_scenario(
+        None,
+        "vllm",
+        faults=[
+            {"kind": "crash", "at_s": [10, 20, 40, 80, 130, 2000], "restart_delay_s": 5,
+             "backoff": True, "backoff_max_s": 30},
+        ],
+    )  # fmt: skip
+    seen: list[tuple[float, float, int]] = []
+    resume, streak, start = None, 0, 0.0
+    for t in (10, 20, 40, 80, 130, 2000):
+        rt = FaultRuntime(
+            sc,
+            clock,
+            Ledger(None, clock, flavor="vllm", engine="e"),
+            process_start=start,
+            resume_after=resume,
+            crash_streak=streak,
+            on_crash=lambda at, delay, k: seen.append((at, delay, k)),
+        )
+        now[0] = float(t)
+        rt.tick()
+        at, delay, streak = seen[-1]
+        resume, start = at, at + delay
+    assert [(d, k) for _, d, k in seen] == [
+        (5, 1), (10, 2), (20, 3), (30, 4), (30, 5),  # doubling, capped at 30
+        (5, 1),  # ran for over 10 minutes before this crash: the backoff starts again
+    ]  # fmt: skip
