@@ -23,7 +23,7 @@ that check an evaluator found exactly what was injected.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +93,9 @@ class Incident:
     params: dict[str, Any]
     effective: bool = True
     """False for a window that fell entirely while the engine was down."""
+    recovered_at: float | None = None
+    """Crashes and restarting version changes: when the next serving process started (the
+    planned ``end`` plus the process's own start-up time); None if it never did."""
 
 
 @dataclass
@@ -138,4 +141,9 @@ def summarize(lines: list[dict[str, Any]]) -> Injected:
             out.restarts.append(line)
         elif event == "start":
             out.starts.append(line)
+    for i, incident in enumerate(out.incidents):
+        restarting = incident.kind == "crash" or incident.params.get("restart") is True
+        if restarting:
+            later = [s["ts"] for s in out.starts if s["ts"] > incident.start]
+            out.incidents[i] = replace(incident, recovered_at=min(later) if later else None)
     return out

@@ -17,6 +17,7 @@ import openai
 import pytest
 from sim_helpers import FAST
 
+from simulator.ledger import summarize
 from simulator.scenario import ScenarioError
 from simulator.testing import RunningSim, SimulatorError, http_get, running_sim
 
@@ -82,6 +83,8 @@ def test_crash_restarts_with_new_pid_and_start_time() -> None:
     assert start2["process_start_time"] == pytest.approx(restarted, abs=0.01)
     assert start2["restarts"] == 1
     assert restart["wall"] - crash["wall"] >= 1.5
+    (incident,) = summarize(ledger).of_kind("crash")
+    assert incident.recovered_at == start2["ts"] >= incident.end
 
 
 def test_error_burst_fails_requests_and_is_counted() -> None:
@@ -284,7 +287,7 @@ def test_fault_runtime_timeline_without_a_server(tmp_path: Path) -> None:
     """The timeline with a fake clock: windows open and close, crashes call back once."""
     from simulator.clock import SimClock
     from simulator.faults import FaultRuntime
-    from simulator.ledger import Ledger, read_ledger, summarize
+    from simulator.ledger import Ledger, read_ledger
     from simulator.scenario import load_scenario
 
     now = [1000.0]
