@@ -20,7 +20,6 @@ SQLite: ``executemany`` of ``INSERT ... ON CONFLICT DO NOTHING``.
 
 from __future__ import annotations
 
-import re
 import uuid
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
@@ -251,22 +250,28 @@ def dedupe(records: Sequence[R], key: Callable[[R], Hashable]) -> list[R]:
     return list(seen.values())
 
 
-# \u0000 not preceded by an odd number of backslashes (which would make it literal text)
-_JSON_NUL = re.compile(rb"(?<!\\)((?:\\\\)*)\\u0000")
+def _clean_str(value: str) -> str:
+    if "\x00" in value:
+        value = value.replace("\x00", "\ufffd")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:  # lone surrogates: not encodable, so not storable
+        value = value.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+    return value
 
 
-def scrub_nul(value: Any) -> Any:
-    """``value`` with every NUL character in its strings (nested too) replaced by U+FFFD."""
+def scrub_text(value: Any) -> Any:
+    """``value`` with NUL characters and lone surrogates in its strings (nested in lists,
+    tuples and dicts too) replaced by U+FFFD: PostgreSQL cannot store either, SQLite and JSON
+    encoders refuse surrogates."""
     if isinstance(value, str):
-        return value.replace("\x00", "\ufffd") if "\x00" in value else value
-    if isinstance(value, bytes):  # JSON text, where NUL is the escape \u0000
-        return _JSON_NUL.sub(rb"\1\\ufffd", value)
+        return _clean_str(value)
     if isinstance(value, tuple):
-        return tuple(scrub_nul(v) for v in value)
+        return tuple(scrub_text(v) for v in value)
     if isinstance(value, list):
-        return [scrub_nul(v) for v in value]
+        return [scrub_text(v) for v in value]
     if isinstance(value, dict):
-        return {scrub_nul(k): scrub_nul(v) for k, v in value.items()}
+        return {scrub_text(k): scrub_text(v) for k, v in value.items()}
     return value
 
 
@@ -288,7 +293,7 @@ def write_exchanges(engine: Engine, records: Sequence[ExchangeRecord]) -> int:
     return _write(
         engine,
         _EXCHANGE_SPEC,
-        [exchange_values(r, _json_for(engine)) for r in unique],
+        lambda json: [exchange_values(r, json) for r in unique],
         {r.deployment for r in unique},
         {day_of(r.sent_at) for r in unique},
     )
@@ -303,7 +308,7 @@ def write_health(engine: Engine, samples: Sequence[HealthSample]) -> int:
     return _write(
         engine,
         _HEALTH_SPEC,
-        [health_values(r, _json_for(engine)) for r in unique],
+        lambda json: [health_values(r, json) for r in unique],
         {r.deployment for r in unique},
         {day_of(r.ts) for r in unique},
     )
@@ -371,30 +376,60 @@ _EXCHANGE_SPEC = _TableSpec(EXCHANGES, EXCHANGE_COLUMNS, EXCHANGE_KEY, EXCHANGE_
 _HEALTH_SPEC = _TableSpec(HEALTH, HEALTH_COLUMNS, HEALTH_KEY, HEALTH_PG_TYPES)
 
 
+RowBuilder = Callable[[Callable[[Any], Any]], list[tuple[Any, ...]]]
+"""Builds a batch's rows, given how to convert the JSON columns."""
+
+# Text the store cannot take as is (NUL, lone surrogates): write it with U+FFFD instead.
+_BAD_TEXT = (
+    psycopg.errors.CharacterNotInRepertoire,
+    psycopg.errors.UntranslatableCharacter,
+    UnicodeEncodeError,
+    orjson.JSONEncodeError,
+)
+
+
+def _scrubbed_rows(spec: _TableSpec, build: RowBuilder, json: Callable[[Any], Any]) -> list[Any]:
+    rows = [scrub_text(row) for row in build(plain_json)]
+    if json is plain_json:
+        return rows
+    wire = [i for i, t in enumerate(spec.pg_types) if t == "jsonb"]
+    out = []
+    for row in rows:
+        cells = list(row)
+        for i in wire:
+            cells[i] = json(cells[i])
+        out.append(tuple(cells))
+    return out
+
+
 def _write(
     engine: Engine,
     spec: _TableSpec,
-    rows: list[tuple[Any, ...]],
+    build: RowBuilder,
     deployments: set[str],
     days: set[Any],
 ) -> int:
+    postgres = is_postgres(engine)
+    json = jsonb_wire if postgres else plain_json
+    write = _write_postgres if postgres else _write_sqlite
     with translate():
-        if not is_postgres(engine):
-            return _write_sqlite(engine, spec, rows, deployments)
-        cache = cache_for(engine)
-        cache.ensure(engine, spec.table.name, days)
+        if postgres:
+            cache_for(engine).ensure(engine, spec.table.name, days)
         try:
-            return _write_postgres(engine, spec, rows, deployments)
+            try:
+                return write(engine, spec, build(json), deployments)
+            except _BAD_TEXT:
+                # PostgreSQL text and jsonb cannot hold NUL characters, and nothing encodes
+                # lone surrogates: store the records with U+FFFD there rather than lose them.
+                return write(engine, spec, _scrubbed_rows(spec, build, json), deployments)
         except psycopg.errors.CheckViolation as exc:
             if exc.sqlstate != _NO_PARTITION or "no partition" not in str(exc):
                 raise
+            # A partition we believed existed was dropped (retention in another process).
+            cache = cache_for(engine)
             cache.forget()
             cache.ensure(engine, spec.table.name, days)
-            return _write_postgres(engine, spec, rows, deployments)
-        except (psycopg.errors.CharacterNotInRepertoire, psycopg.errors.UntranslatableCharacter):
-            # PostgreSQL text and jsonb cannot hold NUL characters (SQLite can): store the
-            # records with U+FFFD in their place rather than lose them.
-            return _write_postgres(engine, spec, [scrub_nul(row) for row in rows], deployments)
+            return write(engine, spec, _scrubbed_rows(spec, build, json), deployments)
 
 
 def _ensure_deployments(conn: Connection, names: set[str]) -> None:
@@ -420,10 +455,6 @@ def _sort_key(row: tuple[Any, ...]) -> tuple[Any, ...]:
     # PostgreSQL orders uuids by their bytes, i.e. like uuid.int (compared in C, not Python).
     first = row[0]
     return (first.int if isinstance(first, uuid.UUID) else first, row[1], row[2])
-
-
-def _json_for(engine: Engine) -> Callable[[Any], Any]:
-    return jsonb_wire if is_postgres(engine) else plain_json
 
 
 def _copy_rows(cur: psycopg.Cursor[Any], target: str, spec: _TableSpec, rows: list[Any]) -> None:

@@ -263,3 +263,17 @@ def test_integers_too_big_for_their_column_are_refused_not_wrapped(pg_engine: En
     with pytest.raises(StoreError, match="num_running"):
         write_health(pg_engine, [health(num_running=2**31)])
     assert write_health(pg_engine, [health(num_running=2**31 - 1)]) == 1
+
+
+def test_lone_surrogates_are_replaced(engine: Engine) -> None:
+    rec = exchange(
+        output_text="half a pair: \ud800!",
+        request={"messages": [{"role": "user", "content": "x\udfffy"}]},
+        error="e\x00\ud800",
+    )
+    assert write_exchanges(engine, [rec]) == 1
+    with engine.connect() as conn:
+        out, err = conn.execute(text("SELECT output_text, error FROM exchanges")).one()
+    assert out == "half a pair: \ufffd\ufffd\ufffd!"  # one U+FFFD per byte of the surrogate
+    assert err.startswith("e") and "\ud800" not in err
+    assert write_exchanges(engine, [rec]) == 0
