@@ -60,6 +60,10 @@ class Job:
     seqs: list[Sequence]
     prompt_tokens: int
     reserve_tokens: int
+    n: int = 1
+    """The request's ``n`` (vLLM's ``vllm:request_params_n``)."""
+    max_tokens: int | None = None
+    """The request's effective ``max_tokens`` (vLLM's ``vllm:request_params_max_tokens``)."""
     arrival: float = field(default_factory=time.monotonic)
     scheduled_at: float | None = None
     first_token_at: float | None = None
@@ -213,6 +217,8 @@ class Engine:
         took = now - started
         stats = self.stats
         produced = 0
+        prefilled = sum(j.prompt_tokens for j in admitted)
+        stats.prefix_cache_queries += prefilled
         for job in list(self.running):
             if job.aborted:
                 continue
@@ -223,12 +229,16 @@ class Engine:
             if job.first_token_at is None:
                 job.first_token_at = now
                 stats.ttft.observe(now - job.arrival)
+                # vLLM counts prompt tokens and n when the prefill's output arrives
+                stats.prompt_tokens_total += job.prompt_tokens
+                stats.n_param.observe(job.n)
             else:
                 stats.itl.observe(took)
             if all(s.done for s in job.seqs):
                 self._finish(job, now)
             job.event.set()
         stats.generation_tokens_total += produced
+        stats.iteration_tokens.observe(prefilled + produced)
         queue_ms = (
             sum(started - j.arrival for j in admitted) / len(admitted) * 1000.0 if admitted else 0.0
         )
@@ -256,14 +266,31 @@ class Engine:
         self.kv_reserved -= job.reserve_tokens
         s = self.stats
         s.completed_since_iter += 1
-        s.prompt_tokens_total += job.prompt_tokens
         s.prompt_tokens.observe(job.prompt_tokens)
         s.generation_tokens.observe(job.generated)
-        s.e2e.observe(now - job.arrival)
+        longest = max((seq.produced for seq in job.seqs), default=0)
+        s.max_generation_tokens.observe(longest)
+        if job.max_tokens:
+            s.max_tokens_param.observe(job.max_tokens)
+        e2e = now - job.arrival
+        s.e2e.observe(e2e)
         if job.scheduled_at is not None:
             s.queue.observe(job.scheduled_at - job.arrival)
+            s.inference.observe(now - job.scheduled_at)
             if job.first_token_at is not None:
                 s.prefill.observe(job.first_token_at - job.scheduled_at)
                 s.decode.observe(now - job.first_token_at)
         reasons = {seq.completion.finish_reason for seq in job.seqs}
-        s.success["length" if "length" in reasons else "stop"] += 1
+        reason = "length" if "length" in reasons else "stop"
+        s.success[reason] += 1
+        # TensorRT-LLM's MetricsCollector.log_request_metrics_dict: zero values are skipped
+        s.trt_success[reason] = s.trt_success.get(reason, 0) + 1
+        if e2e > 0:
+            s.trt_e2e.observe(e2e)
+        if job.first_token_at is not None:
+            if job.first_token_at > job.arrival:
+                s.trt_ttft.observe(job.first_token_at - job.arrival)
+            if longest > 1 and now > job.first_token_at:
+                s.trt_tpot.observe((now - job.first_token_at) / (longest - 1))
+        if job.scheduled_at is not None and job.scheduled_at > job.arrival:
+            s.trt_queue.observe(job.scheduled_at - job.arrival)

@@ -247,6 +247,9 @@ class Scenario(_Strict):
     """Simulated seconds per real second (1 = real time). Reported wherever time is."""
     multiprocess: bool = False
     """vLLM only: Prometheus multiprocess mode, in which the ``process_*`` metrics vanish."""
+    return_perf_metrics: bool = False
+    """TensorRT-LLM only: the LLM arg of that name, which mounts ``/prometheus/metrics``
+    (``trtllm_*`` metrics); without it that path is a 404, as on the real server."""
     latency: Latency = Latency()
     answers: Answers = Answers()
     memory: Memory = Memory()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import os
 import random
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -29,7 +30,7 @@ from simulator.generate import (
     prompt_state,
 )
 from simulator.ledger import Ledger
-from simulator.metrics import EngineStats, drain_trt, render_vllm
+from simulator.metrics import EngineStats, drain_trt, render_trt_prometheus, render_vllm
 from simulator.scenario import Scenario
 from simulator.wire import (
     Framer,
@@ -39,6 +40,7 @@ from simulator.wire import (
     chat_prompt,
     completion_prompts,
     error_body,
+    logprobs_asked,
     models_body,
     parse_request,
 )
@@ -71,7 +73,7 @@ class SimServer:
         self.ledger = ledger
         self.process_start_wall = process_start_wall
         self.rng = random.Random(scenario.seed * 7919 + restarts)
-        self.stats = EngineStats()
+        self.stats = EngineStats(scenario.latency.max_model_len)
         self.faults = FaultRuntime(
             scenario,
             clock,
@@ -92,6 +94,9 @@ class SimServer:
         self.app.router.add_get("/health", self.health)
         self.app.router.add_get("/version", self.version)
         self.app.router.add_get("/metrics", self.metrics)
+        if scenario.flavor == "trtllm" and scenario.return_perf_metrics:
+            # openai_server.py mounts this only when the LLM args say return_perf_metrics
+            self.app.router.add_get("/prometheus/metrics", self.prometheus_metrics)
         self.app.cleanup_ctx.append(self._background)
         if scenario.accelerated:
             self.app.on_response_prepare.append(self._mark_accelerated)
@@ -154,6 +159,10 @@ class SimServer:
         )
         return web.Response(body=text.encode(), headers={"Content-Type": PROM_CONTENT_TYPE})
 
+    async def prometheus_metrics(self, request: web.Request) -> web.Response:
+        text = render_trt_prometheus(self.stats, pid=os.getpid())
+        return web.Response(body=text.encode(), headers={"Content-Type": PROM_CONTENT_TYPE})
+
     # -- generation ----------------------------------------------------------------------
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
@@ -176,13 +185,12 @@ class SimServer:
         if status is not None:
             msg = "Internal server error (injected by the simulator's error_burst fault)"
             return _json(error_body(self.flavor, status, msg, "InternalServerError"), status)
+        logprobs = logprobs_asked(req)
         if isinstance(req, _Chat):
             prompts = [chat_prompt(req.messages)]
-            logprobs = (req.top_logprobs or 0) if req.logprobs else None
         else:
             assert isinstance(req, _Completion)
             prompts = completion_prompts(req.prompt)
-            logprobs = req.logprobs
         max_len = self.scenario.latency.max_model_len
         budget = req.output_budget
         for _, n_prompt in prompts:
@@ -209,13 +217,18 @@ class SimServer:
             seqs=[Sequence(c) for c in completions],
             prompt_tokens=prompt_tokens,
             reserve_tokens=self._kv_reserve(prompts, req.n, budget, completions),
+            n=req.n,
+            max_tokens=budget if budget is not None else max_len - max(n for _, n in prompts),
         )
         if self.faults.hang_active():
             self.faults.note_hung_request(job.id)
         self.engine.submit(job)
         try:
             if req.stream:
-                return await self._stream(request, req, framer, job, prompt_tokens, logprobs)
+                choice_prompts = [n for _, n in prompts for _ in range(req.n)]
+                return await self._stream(
+                    request, req, framer, job, prompt_tokens, choice_prompts, logprobs
+                )
             while not job.finished:
                 await job.event.wait()
                 job.event.clear()
@@ -322,6 +335,7 @@ class SimServer:
         framer: Framer,
         job: Job,
         prompt_tokens: int,
+        choice_prompts: list[int],
         logprobs: int | None,
     ) -> web.StreamResponse:
         resp = web.StreamResponse(
@@ -335,7 +349,9 @@ class SimServer:
         continuous = include_usage and bool(so is not None and so.continuous_usage_stats)
         chat = framer.endpoint == "chat"
         sent_total = 0
+        sent = [0] * len(job.seqs)
         offsets = [0] * len(job.seqs)
+        vllm = framer.flavor == "vllm"
         try:
             # Like both engines, nothing (not even the headers or the role delta) goes out
             # before the first engine output: the role chunk travels with the first token.
@@ -349,7 +365,7 @@ class SimServer:
                     first = False
                     await resp.prepare(request)
                     if chat:
-                        usage0 = framer.usage(prompt_tokens, 0) if continuous else None
+                        usage0 = framer.stream_usage(prompt_tokens, 0) if continuous else None
                         out.extend(framer.role_chunk(i, usage0) for i in range(len(job.seqs)))
                 for i, seq in enumerate(job.seqs):
                     if seq.finish_sent:
@@ -361,7 +377,16 @@ class SimServer:
                         continue
                     seq.sent = upto
                     sent_total += len(tokens)
+                    sent[i] += len(tokens)
                     c = seq.completion
+                    usage = None
+                    if continuous:
+                        # vLLM: this choice's tokens (previous_num_tokens[i]) and prompt
+                        usage = (
+                            framer.stream_usage(choice_prompts[i], sent[i])
+                            if vllm
+                            else framer.stream_usage(prompt_tokens, sent_total)
+                        )
                     out.append(
                         framer.token_chunk(
                             i,
@@ -370,7 +395,7 @@ class SimServer:
                             stop_reason=c.stop_reason if last else None,
                             logprobs=logprobs,
                             text_offset=offsets[i],
-                            usage=framer.usage(prompt_tokens, sent_total) if continuous else None,
+                            usage=usage,
                         )
                     )
                     offsets[i] += sum(len(t.text) for t in tokens)

@@ -20,6 +20,21 @@ stream chunks          ``logprobs``/``finish_reason`` null keys,     ``None`` fi
 Both: ``data: [DONE]`` last, usage chunk (empty ``choices``) with
 ``stream_options.include_usage``, ``continuous_usage_stats`` on every chunk, ``stream_options``
 without ``stream`` is a 400.
+
+vLLM details checked against vLLM 0.11's ``entrypoints/openai/serving_chat.py``,
+``serving_completion.py``, ``protocol.py`` and ``v1/engine/logprobs.py``:
+
+- chat chunks are dumped with ``exclude_unset=True`` (so ``stop_reason`` only on the last
+  chunk of a choice, usage objects without ``prompt_tokens_details``); completion chunks with
+  ``exclude_unset=False`` (every field, ``null`` included); the final usage chunk of either with
+  ``exclude_none=True``.
+- ``continuous_usage_stats`` counts per choice (``previous_num_tokens[i]``) and, for a batch of
+  completion prompts, that choice's prompt; the final usage chunk sums all choices.
+- the engine's logprobs dict for a position holds the sampled token first, then the top-N; chat
+  ``top_logprobs`` takes the first ``top_logprobs`` entries of it, completions take up to N+1
+  (so ``logprobs: 0`` still gives ``{sampled: lp}``).
+- ``logprobs``/``top_logprobs`` above ``max_logprobs`` (20) is refused by the engine's
+  processor: 400 ``Requested sample logprobs of N, which is greater than max allowed: 20``.
 """
 
 from __future__ import annotations
@@ -33,6 +48,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from simulator.generate import TOP_K_MAX, Completion, Token
+from simulator.vocab import VOCAB_SIZE
 
 Flavor = Literal["vllm", "trtllm"]
 
@@ -161,10 +177,44 @@ class _Completion(_Sampling):
 
 class VllmChatRequest(_Chat):
     model_config = ConfigDict(extra="allow", title="ChatCompletionRequest")
+    # vLLM's default is 0; the bound is the engine's max_logprobs (checked in parse_request)
+    top_logprobs: int | None = 0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _vllm_logprobs(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            top = data.get("top_logprobs")
+            if isinstance(top, int) and top < 0 and top != -1:
+                raise ValueError("`top_logprobs` must be a positive value or -1.")
+        return data
+
+    @property
+    def logprobs_asked(self) -> int | None:
+        # serving_chat.py: logprobs only `if request.logprobs and request.top_logprobs is not None`
+        return self.top_logprobs if self.logprobs and self.top_logprobs is not None else None
 
 
 class VllmCompletionRequest(_Completion):
     model_config = ConfigDict(extra="allow", title="CompletionRequest")
+    logprobs: int | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _vllm_logprobs(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            lp = data.get("logprobs")
+            if isinstance(lp, int) and lp < 0 and lp != -1:
+                raise ValueError("`logprobs` must be a positive value.")
+        return data
+
+    @property
+    def logprobs_asked(self) -> int | None:
+        return self.logprobs
+
+
+VLLM_MAX_LOGPROBS = 20
+"""vLLM's default ``--max-logprobs``."""
 
 
 class TrtChatRequest(_Chat):
@@ -229,7 +279,25 @@ def parse_request(
     if flavor == "vllm" and req.model is not None and req.model != served_model:
         msg = f"The model `{req.model}` does not exist."
         raise WireError(404, error_body(flavor, 404, msg, "NotFoundError", "model"))
+    if isinstance(req, VllmChatRequest | VllmCompletionRequest):
+        asked = req.logprobs_asked
+        if asked is not None and (asked == -1 or asked > VLLM_MAX_LOGPROBS):
+            n = VOCAB_SIZE if asked == -1 else asked
+            msg = (
+                f"Requested sample logprobs of {n}, which is greater than max allowed:"
+                f" {VLLM_MAX_LOGPROBS}"
+            )
+            raise WireError(400, error_body(flavor, 400, msg, "BadRequestError"))
     return req
+
+
+def logprobs_asked(req: _Chat | _Completion) -> int | None:
+    """How many alternatives per token the request asked for (None: no logprobs at all)."""
+    if isinstance(req, VllmChatRequest | VllmCompletionRequest):
+        return req.logprobs_asked
+    if isinstance(req, _Chat):
+        return (req.top_logprobs or 0) if req.logprobs else None
+    return req.logprobs
 
 
 def chat_prompt(messages: list[dict[str, Any]]) -> tuple[str, int]:
@@ -287,8 +355,19 @@ class Framer:
 
     # logprobs ------------------------------------------------------------------------
 
-    @staticmethod
-    def chat_logprobs(tokens: list[Token], top: int) -> dict[str, Any]:
+    def _alternatives(self, t: Token, top: int, *, completions: bool) -> list[tuple[str, float]]:
+        """The alternatives one token's logprobs list. vLLM's engine dict holds the sampled
+        token first, then the top-N (``v1/engine/logprobs.py``); chat takes its first ``top``
+        entries, completions all of them (``num_output_top_logprobs >= i``: up to N+1)."""
+        if self.flavor != "vllm":
+            return list(t.top[:top])
+        ordered = {t.text: t.logprob}
+        for s, lp in t.top[:top]:
+            ordered.setdefault(s, lp)
+        items = list(ordered.items())
+        return items if completions else (items[:top] if top else [])
+
+    def chat_logprobs(self, tokens: list[Token], top: int) -> dict[str, Any]:
         content = []
         for t in tokens:
             content.append(
@@ -298,22 +377,28 @@ class Framer:
                     "bytes": list(t.text.encode()),
                     "top_logprobs": [
                         {"token": s, "logprob": lp, "bytes": list(s.encode())}
-                        for s, lp in t.top[:top]
+                        for s, lp in self._alternatives(t, top, completions=False)
                     ],
                 }
             )
         return {"content": content}
 
-    @staticmethod
-    def completion_logprobs(tokens: list[Token], top: int, offset: int) -> dict[str, Any]:
-        offsets, lps, texts, tops = [], [], [], []
+    def completion_logprobs(self, tokens: list[Token], top: int, offset: int) -> dict[str, Any]:
+        offsets: list[int] = []
+        lps: list[float] = []
+        texts: list[str] = []
+        tops: list[dict[str, float] | None] = []
         pos = offset
+        vllm = self.flavor == "vllm"
         for t in tokens:
             offsets.append(pos)
             pos += len(t.text)
             lps.append(t.logprob)
             texts.append(t.text)
-            tops.append({s: lp for s, lp in t.top[:top]} if top else None)
+            if vllm:
+                tops.append(dict(self._alternatives(t, top, completions=True)))
+            else:
+                tops.append({s: lp for s, lp in t.top[:top]} if top else None)
         return {
             "text_offset": offsets,
             "token_logprobs": lps,
@@ -390,7 +475,10 @@ class Framer:
                 "finish_reason": finish_reason,
                 "stop_reason": stop_reason,
             }
-            if not vllm:
+            if vllm:  # CompletionResponseStreamChoice, dumped with exclude_unset=False
+                choice["prompt_token_ids"] = None
+                choice["token_ids"] = None
+            else:
                 choice["token_ids"] = None
                 choice["avg_decoded_tokens_per_iter"] = None
         chunk: dict[str, Any] = {**self.base, "choices": [choice]}
@@ -401,6 +489,8 @@ class Framer:
         return self.event(chunk)
 
     def usage_chunk(self, usage: dict[str, Any]) -> bytes:
+        if self.flavor == "vllm":  # dumped with exclude_none=True
+            usage = {k: v for k, v in usage.items() if v is not None}
         return self.event({**self.base, "choices": [], "usage": usage})
 
     def usage(self, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
@@ -410,6 +500,13 @@ class Framer:
             "completion_tokens": completion_tokens,
         }
         u["prompt_tokens_details"] = {"cached_tokens": 0} if self.flavor == "trtllm" else None
+        return u
+
+    def stream_usage(self, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+        """A ``continuous_usage_stats`` usage object inside a stream chunk."""
+        u = self.usage(prompt_tokens, completion_tokens)
+        if self.flavor == "vllm" and self.endpoint == "chat":  # exclude_unset=True
+            del u["prompt_tokens_details"]
         return u
 
     # whole responses -----------------------------------------------------------------
@@ -449,6 +546,8 @@ class Framer:
                 }
                 if self.flavor == "trtllm":
                     choice["token_ids"] = None
+                else:  # CompletionResponseChoice
+                    choice.update(token_ids=None, prompt_logprobs=None, prompt_token_ids=None)
             choices.append(choice)
         body: dict[str, Any] = {
             **self.base,
@@ -456,7 +555,10 @@ class Framer:
             "usage": self.usage(prompt_tokens, sum(len(c.tokens) for c in completions)),
         }
         if self.flavor == "vllm":
-            body["prompt_logprobs"] = None
+            if self.endpoint == "chat":
+                body["prompt_logprobs"] = None
+            else:  # CompletionResponse
+                body.update(service_tier=None, system_fingerprint=None, kv_transfer_params=None)
         return body
 
 

@@ -155,7 +155,7 @@ def test_client_disconnect_aborts_the_request() -> None:
         deadline = time.monotonic() + 10
         while (
             metric(
-                'vllm:request_success_total{engine="0",model_name="sim-llama-3-8b-instruct",finished_reason="abort"}'
+                'vllm:request_success_total{model_name="sim-llama-3-8b-instruct",engine="0",finished_reason="abort"}'
             )
             < 1
         ):
