@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from logging.config import fileConfig
 
+from alembic import context
 from sqlalchemy import Connection, text
 
-from alembic import context
 from shadow_ab.settings import CommonSettings
 from storage.db import make_engine
 from storage.migrate import include_name

@@ -58,8 +58,11 @@ class Endpoint(StrEnum):
     COMPLETIONS = "completions"
 
 
+INT32_MAX = 2**31 - 1
 NonNegFloat = Annotated[float, Field(ge=0.0)]
-NonNegInt = Annotated[int, Field(ge=0)]
+Count = Annotated[int, Field(ge=0, le=INT32_MAX)]
+"""Token and request counts: stored as 32-bit integers, so larger values are malformed."""
+Bytes = Annotated[int, Field(ge=0)]
 
 
 class TokenLogprob(BaseModel):
@@ -106,7 +109,7 @@ class ExchangeRecord(_Record):
     sent_at: datetime
     """Wall-clock UTC time the request left the mirror."""
     status: Status
-    http_status: int | None = None
+    http_status: Annotated[int, Field(ge=100, le=599)] | None = None
     error: str | None = None
 
     # Timings (seconds, monotonic clock, relative to sending). DESIGN.md "Timing definitions".
@@ -115,8 +118,8 @@ class ExchangeRecord(_Record):
     tpot_s: NonNegFloat | None = None
     itl_s: list[NonNegFloat] = Field(default_factory=list)
 
-    prompt_tokens: NonNegInt | None = None
-    completion_tokens: NonNegInt | None = None
+    prompt_tokens: Count | None = None
+    completion_tokens: Count | None = None
     finish_reason: str | None = None
 
     # What was sent and what came back (credentials are never part of the request body kept).
@@ -126,8 +129,8 @@ class ExchangeRecord(_Record):
     logprobs: list[TokenLogprob] | None = None
 
     # Conditions at dispatch.
-    inflight_incumbent: NonNegInt | None = None
-    inflight_candidate: NonNegInt | None = None
+    inflight_incumbent: Count | None = None
+    inflight_candidate: Count | None = None
     guard: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("sent_at")
@@ -150,17 +153,17 @@ class HealthSample(_Record):
     flavor: Literal["vllm", "trtllm", "unknown"] = "unknown"
     ts: datetime
     up: bool
-    http_status: int | None = None
+    http_status: Annotated[int, Field(ge=100, le=599)] | None = None
     latency_s: NonNegFloat | None = None
     error: str | None = None
     version: str | None = None
     process_start_time: float | None = None
     """Unix seconds the engine process started; a change means a restart."""
-    num_running: NonNegInt | None = None
-    num_waiting: NonNegInt | None = None
+    num_running: Count | None = None
+    num_waiting: Count | None = None
     kv_cache_usage: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
-    gpu_mem_bytes: NonNegInt | None = None
-    cpu_mem_bytes: NonNegInt | None = None
+    gpu_mem_bytes: Bytes | None = None
+    cpu_mem_bytes: Bytes | None = None
     metrics: dict[str, float] = Field(default_factory=dict)
     """Other numeric metrics, by their engine-native names."""
 

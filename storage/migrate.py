@@ -9,11 +9,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 
-from alembic import command
 from storage.db import make_engine, normalize_url
 from storage.errors import BadConfiguration, translate
 from storage.partitions import parse_partition_name

@@ -113,3 +113,12 @@ def test_kind_mismatch_is_an_error() -> None:
                 up=False,
             ).to_json()
         )
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("completion_tokens", 2**31), ("inflight_candidate", 2**40), ("http_status", 42)],
+)
+def test_counts_beyond_what_the_store_holds_are_malformed(field: str, value: int) -> None:
+    with pytest.raises(RecordError, match=field):
+        parse_record(exchange(**{field: value}))
