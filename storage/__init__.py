@@ -1,5 +1,6 @@
 """The store: schema, migrations, daily partitions and retention, bulk idempotent writers, and
-the direct sink. ``storage/SCHEMA.md`` documents the tables for people who query them with SQL.
+the direct sink. The README's section "The store" documents the tables for people who query
+them with SQL.
 
 Public surface (the ingester and the mirror use exactly these)::
 

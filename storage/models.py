@@ -3,7 +3,8 @@
 The same models serve PostgreSQL (where ``exchanges`` and ``health_samples`` are partitioned by
 RANGE per UTC day, see :mod:`storage.partitions`) and SQLite (plain tables). The schema itself
 is created by the Alembic migrations in ``alembic/versions``; a test checks that these models
-and the migrated schema agree. ``storage/SCHEMA.md`` documents every column for SQL users.
+and the migrated schema agree. The README's section "The store" documents every column for
+SQL users.
 
 The natural keys double as the idempotency keys of the bulk writers:
 
