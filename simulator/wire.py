@@ -7,7 +7,7 @@ Checked against the engines' sources (vllm ``entrypoints/openai/protocol.py`` an
 =====================  ===========================================  ============================
                        vLLM                                         TensorRT-LLM
 =====================  ===========================================  ============================
-unknown fields         accepted (ignored)                           400 (``extra="forbid"``)
+unknown fields         accepted (logged, ignored)                   400 (``extra="forbid"``)
 completions max_tokens 16 by default                                none: up to end-of-sequence
 wrong ``model``        404 ``NotFoundError``                        accepted
 validation error body  ``{"error": {message, type, param, code}}``  ``{"error": "<pydantic>"}``
