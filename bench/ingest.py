@@ -40,6 +40,7 @@ from ingester.app import build_processor
 from ingester.clients import make_consumer, make_producer
 from ingester.decode import decode
 from ingester.settings import IngestSettings
+from ingester.steps import ThreadRunner
 from shadow_ab.records import ExchangeRecord, parse_record
 from shadow_ab.settings import CommonSettings
 from shadow_ab.topics import TopicSpec, delete_topics, ensure_topics
@@ -177,7 +178,8 @@ def ingest_once(settings: IngestSettings, n: int, profile: bool = False) -> tupl
     engine = make_engine(settings.database_url)
     consumer = make_consumer(settings)
     producer = make_producer(settings)
-    processor = build_processor(settings, consumer, producer, engine)
+    runner = ThreadRunner()
+    processor = build_processor(settings, consumer, producer, engine, runner=runner)
     profiler = cProfile.Profile() if profile else None
     try:
         t0 = time.perf_counter()
@@ -187,7 +189,7 @@ def ingest_once(settings: IngestSettings, n: int, profile: bool = False) -> tupl
             profiler.enable()
         while sum(processor.committed_offsets.values()) < n:
             processor.step()
-            if first is None and processor.last_taken:
+            if first is None and processor.taken:
                 first = time.perf_counter()
             if time.perf_counter() - t0 > 900:
                 raise SystemExit(f"gave up: {sum(processor.committed_offsets.values())} of {n}")
@@ -196,6 +198,7 @@ def ingest_once(settings: IngestSettings, n: int, profile: bool = False) -> tupl
             profiler.disable()
         assert processor.shutdown(30)
     finally:
+        runner.shutdown()
         consumer.close(autocommit=False)
         producer.close(timeout=10)
         with engine.connect() as conn:

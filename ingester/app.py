@@ -14,7 +14,15 @@ from ingester.deadletter import DeadLetters
 from ingester.processor import StreamProcessor
 from ingester.settings import IngestSettings
 from ingester.sink import StoreSink
-from ingester.steps import Accumulate, CommitOffsets, Decode, Step, WriteBatch
+from ingester.steps import (
+    Accumulate,
+    CommitOffsets,
+    Decode,
+    Runner,
+    Step,
+    ThreadRunner,
+    WriteBatch,
+)
 
 log = logging.getLogger(__name__)
 
@@ -26,8 +34,13 @@ def build_processor(
     engine: Any,
     clock: Clock | None = None,
     rng: random.Random | None = None,
+    runner: Runner | None = None,
 ) -> StreamProcessor:
-    """The processor with its steps, over an existing consumer, producer and store engine."""
+    """The processor with its steps, over an existing consumer, producer and store engine.
+
+    ``runner`` is where batch writes run; by default inline. Pass a :class:`ThreadRunner`
+    (and shut it down after the processor) to fetch and decode the next batch meanwhile.
+    """
     clock = clock or SystemClock()
     sink = StoreSink(engine)
     dead_letters = DeadLetters(producer, settings.ingest_topic_dlq)
@@ -43,7 +56,7 @@ def build_processor(
             rng=rng or random.Random(),
         )
         commit = CommitOffsets(consumer, on_committed=lambda offsets: processor.committed(offsets))
-        write = WriteBatch(sink, dead_letters, commit, clock, backoff)
+        write = WriteBatch(sink, dead_letters, commit, clock, backoff, runner)
         accumulate = Accumulate(
             write,
             clock,
@@ -88,13 +101,17 @@ def open_processor(settings: IngestSettings) -> tuple[StreamProcessor, list[Any]
     engine = make_engine(settings.database_url)
     producer = make_producer(settings)
     consumer = make_consumer(settings)
+    runner = ThreadRunner()
     metrics.serve(settings.ingest_metrics_port, settings.ingest_metrics_host)
-    return build_processor(settings, consumer, producer, engine), [consumer, producer, engine]
+    processor = build_processor(settings, consumer, producer, engine, runner=runner)
+    return processor, [runner, consumer, producer, engine]
 
 
 def close_all(resources: list[Any]) -> None:
-    consumer, producer, engine = resources
+    """Close what :func:`open_processor` opened: writer thread, consumer, producer, engine."""
+    runner, consumer, producer, engine = resources
     try:
+        runner.shutdown()
         consumer.close(autocommit=False)
     finally:
         try:

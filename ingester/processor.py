@@ -6,13 +6,14 @@ It polls the consumer (which also keeps the group membership: heartbeats and
 :class:`~ingester.steps.MessageRejected` keeps the rest of that poll's messages, pauses every
 assigned partition, and resumes once the steps take them again.
 
-On a rebalance the unwritten batch is dropped without committing its offsets, so the
-partitions' next owner reads it again (see :meth:`StreamProcessor._on_revoked`).
+A rebalance changes nothing in flight: what was taken is still written (writes are
+idempotent), and offsets are committed only for partitions still assigned when the write is
+done (see :class:`~ingester.steps.CommitOffsets`), so a partition that moved to another
+ingester is read again by it from its committed offset, and nothing is lost.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -34,11 +35,10 @@ class StreamProcessor:
         clock: Clock,
         *,
         max_records: int,
-        poll_timeout_ms: int = 100,
+        poll_timeout_ms: int = 500,
     ) -> None:
         self.consumer = consumer
         self.topics = topics
-        self.make_steps = make_steps
         self.clock = clock
         self.max_records = max_records
         self.poll_timeout_ms = poll_timeout_ms
@@ -47,9 +47,8 @@ class StreamProcessor:
         """Messages polled but not yet taken by the steps (at most one poll's worth)."""
         self.paused = False
         self._stopping = False
-        self.uncommitted_from: dict[Partition, int] = {}
-        """Per partition, the first offset taken from Kafka and not committed yet."""
-        self.last_taken: dict[Partition, int] = {}
+        self.taken = 0
+        """Messages taken from Kafka so far."""
         self.committed_offsets: dict[Partition, int] = {}
         """Per partition, the last offset this processor committed."""
 
@@ -67,14 +66,16 @@ class StreamProcessor:
                 " creates the default topics; `shadow-ab ingest` does unless"
                 " SHADOW_AB_INGEST_CREATE_TOPICS=false) or fix the topic names"
             )
-        processor = self
 
         class Listener(ConsumerRebalanceListener):
+            # kafka-python 3 calls these on its IO thread, possibly while the processor's
+            # thread is busy (a join can complete in the background after a poll timed out),
+            # and the blocking consumer API cannot be used there: log only.
             def on_partitions_revoked(self, revoked: Any) -> None:
-                processor._on_revoked([Partition(tp.topic, tp.partition) for tp in revoked])
+                log.info("partitions revoked: %s", _names(revoked))
 
             def on_partitions_assigned(self, assigned: Any) -> None:
-                processor._on_assigned(list(assigned))
+                log.info("partitions assigned: %s", _names(assigned))
 
         self.consumer.subscribe(self.topics, listener=Listener())
 
@@ -112,6 +113,10 @@ class StreamProcessor:
             )
         return done
 
+    def committed(self, offsets: dict[Partition, int]) -> None:
+        """Called by the commit step after Kafka accepted ``offsets``."""
+        self.committed_offsets.update(offsets)
+
     # -- one iteration ---------------------------------------------------------------------
 
     def step(self) -> None:
@@ -119,7 +124,9 @@ class StreamProcessor:
         if self.held:
             self._submit_held()
         if self.held:
-            # Paused: poll only to keep the group membership alive.
+            # Paused: poll only to keep the group membership alive. Pause again each time,
+            # so partitions newly assigned by a rebalance are paused too.
+            self.consumer.pause(*self.consumer.assignment())
             self._absorb(self.consumer.poll(timeout_ms=self.poll_timeout_ms))
             return
         if self.paused:
@@ -130,14 +137,8 @@ class StreamProcessor:
 
     def _absorb(self, records: dict[Any, list[Message]]) -> None:
         for messages in records.values():
-            if messages:
-                tp = Partition(messages[0].topic, messages[0].partition)
-                self.uncommitted_from.setdefault(tp, messages[0].offset)
-                self.last_taken[tp] = messages[-1].offset
+            self.taken += len(messages)
             self.held.extend(messages)
-        if self.held and self.paused:
-            # Possible right after a rebalance assigned new, unpaused partitions.
-            self._pause()
 
     def _submit_held(self) -> None:
         taken = 0
@@ -163,48 +164,6 @@ class StreamProcessor:
             self.consumer.resume(*paused)
         self.paused = False
 
-    def committed(self, offsets: dict[Partition, int]) -> None:
-        """Called by the commit step after Kafka accepted ``offsets``."""
-        self.committed_offsets.update(offsets)
-        for tp, offset in offsets.items():
-            if self.last_taken.get(tp, -1) >= offset:
-                self.uncommitted_from[tp] = offset
-            else:
-                self.uncommitted_from.pop(tp, None)
 
-    # -- rebalances ------------------------------------------------------------------------
-
-    def _on_revoked(self, revoked: list[Partition]) -> None:
-        # kafka-python 3 runs rebalance listeners on its IO thread, where the blocking consumer
-        # API (commit) cannot be used, so the pending batch cannot be flushed here. Drop it,
-        # and rewind each revoked partition to its first uncommitted offset: kafka-python keeps
-        # a partition's position when the same partition comes back to us in the new
-        # assignment, and otherwise its next owner starts from the committed offset. Either
-        # way the dropped records are read again, and the writes are idempotent.
-        if not revoked:
-            return
-        from kafka.structs import TopicPartition
-
-        lost = set(revoked)
-        dropped = sum(1 for m in self.held if Partition(m.topic, m.partition) in lost)
-        self.held = [m for m in self.held if Partition(m.topic, m.partition) not in lost]
-        for tp in revoked:
-            start = self.uncommitted_from.pop(tp, None)
-            self.last_taken.pop(tp, None)
-            if start is not None:
-                with contextlib.suppress(ValueError):  # already unassigned (consumer closing)
-                    self.consumer.seek(TopicPartition(tp.topic, tp.partition), start)
-        log.info(
-            "partitions revoked: %s; dropped %d held messages and any unwritten batch; they"
-            " are read again from the first uncommitted offset",
-            sorted(revoked),
-            dropped,
-        )
-        self.steps = self.make_steps()
-        if not self.held:
-            self.paused = False
-
-    def _on_assigned(self, assigned: list[Any]) -> None:
-        log.info("partitions assigned: %s", sorted((tp.topic, tp.partition) for tp in assigned))
-        if self.paused and assigned:
-            self.consumer.pause(*assigned)
+def _names(partitions: Any) -> list[tuple[str, int]]:
+    return sorted((tp.topic, tp.partition) for tp in partitions)

@@ -46,7 +46,7 @@ class IngestSettings(CommonSettings):
         le=300_000,
         description="consumer group session timeout: how soon a dead ingester's partitions move",
     )
-    ingest_poll_timeout_ms: int = Field(default=100, ge=1, le=10_000)
+    ingest_poll_timeout_ms: int = Field(default=500, ge=1, le=10_000)
     ingest_create_topics: bool = Field(
         default=True, description="create the topics at start if they are missing"
     )

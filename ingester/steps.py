@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any, Protocol, TypeVar
 
 from ingester import metrics
@@ -64,10 +65,18 @@ class CommitOffsets:
         self.committed: dict[Partition, int] = {}
 
     def submit(self, offsets: dict[Partition, int]) -> None:
-        if not offsets:
-            return
         from kafka.structs import OffsetAndMetadata, TopicPartition
 
+        # Only partitions still ours: one that moved to another ingester in a rebalance is
+        # read again by it from its committed offset (our rows are then skipped as duplicates).
+        assigned = self.consumer.assignment()
+        offsets = {
+            tp: off
+            for tp, off in offsets.items()
+            if TopicPartition(tp.topic, tp.partition) in assigned
+        }
+        if not offsets:
+            return
         try:
             self.consumer.commit(
                 {
@@ -106,12 +115,51 @@ class CommitOffsets:
         pass
 
 
+class Runner(Protocol):
+    """Where a batch write runs: inline (tests, exact) or on a writer thread (overlap)."""
+
+    def submit(self, fn: Callable[[], None]) -> Future[None]: ...
+
+
+class InlineRunner:
+    """Runs the write at once, in the caller's thread."""
+
+    def submit(self, fn: Callable[[], None]) -> Future[None]:
+        future: Future[None] = Future()
+        try:
+            fn()
+        except BaseException as exc:  # handed to the caller through the future
+            future.set_exception(exc)
+        else:
+            future.set_result(None)
+        return future
+
+
+class ThreadRunner:
+    """Runs writes on one writer thread, so the next batch is fetched and decoded meanwhile.
+
+    Only the store and the dead-letter producer (thread-safe) are used there; the consumer,
+    and so the offset commit, stay on the caller's thread.
+    """
+
+    def __init__(self) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ingest-writer")
+
+    def submit(self, fn: Callable[[], None]) -> Future[None]:
+        return self._pool.submit(fn)
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=True)
+
+
 class WriteBatch:
     """Send a batch's dead letters, write its records, then hand its offsets on.
 
-    While the store is away (:class:`~ingester.errors.TransientError`) the batch is kept and
-    retried with backoff on ``poll``; meanwhile ``submit`` raises :class:`MessageRejected`, so
-    the caller pauses consumption instead of piling up batches.
+    One batch at a time: while it is being written (possibly on a writer thread, see
+    :class:`ThreadRunner`) or waiting to be retried, ``submit`` raises
+    :class:`MessageRejected`, so the caller pauses consumption instead of piling up batches.
+    While the store is away (:class:`~ingester.errors.TransientError`) the batch is retried
+    with backoff on ``poll``. Offsets are handed on only after a successful write.
     """
 
     def __init__(
@@ -121,13 +169,16 @@ class WriteBatch:
         next_step: Step[dict[Partition, int]],
         clock: Clock,
         backoff: Backoff,
+        runner: Runner | None = None,
     ) -> None:
         self.sink = sink
         self.dead_letters = dead_letters
         self.next_step = next_step
         self.clock = clock
         self.backoff = backoff
+        self.runner: Runner = runner or InlineRunner()
         self.pending: Batch | None = None
+        self.inflight: Future[None] | None = None
         self.attempts = 0
         self.retry_at = 0.0
 
@@ -137,14 +188,21 @@ class WriteBatch:
 
     def submit(self, batch: Batch) -> None:
         if self.pending is not None:
-            raise MessageRejected()
+            self._check()
+            if self.pending is not None:
+                raise MessageRejected()
         self.pending = batch
         self.attempts = 0
-        self._attempt()
+        self._start()
 
     def poll(self) -> None:
-        if self.pending is not None and self.clock.monotonic() >= self.retry_at:
-            self._attempt()
+        self._check()
+        if (
+            self.pending is not None
+            and self.inflight is None
+            and self.clock.monotonic() >= self.retry_at
+        ):
+            self._start()
         self.next_step.poll()
 
     def join(self, timeout_s: float) -> bool:
@@ -153,23 +211,39 @@ class WriteBatch:
             now = self.clock.monotonic()
             if now >= deadline:
                 return False
+            if self.inflight is not None:
+                wait([self.inflight], timeout=deadline - now)
+                self._check()
+                continue
             if now < self.retry_at:
                 self.clock.sleep(min(self.retry_at, deadline) - now)
                 continue
-            self._attempt()
+            self._start()
         return self.next_step.join(max(0.0, deadline - self.clock.monotonic()))
 
     def close(self) -> None:
         self.next_step.close()
 
-    def _attempt(self) -> None:
+    def _start(self) -> None:
         batch = self.pending
-        if batch is None:
+        if batch is None or self.inflight is not None:
             return
+        self.inflight = self.runner.submit(lambda: self._timed_write(batch))
+        self._check()
+
+    def _timed_write(self, batch: Batch) -> None:
         started = self.clock.monotonic()
-        try:
-            self._write(batch)
-        except TransientError as exc:
+        self._write(batch)
+        metrics.BATCH_WRITE_SECONDS.observe(self.clock.monotonic() - started)
+
+    def _check(self) -> None:
+        """Act on a finished write: hand the offsets on, schedule a retry, or raise."""
+        future, batch = self.inflight, self.pending
+        if future is None or batch is None or not future.done():
+            return
+        self.inflight = None
+        exc = future.exception()
+        if isinstance(exc, TransientError):
             self.attempts += 1
             delay = self.backoff.delay(self.attempts)
             self.retry_at = self.clock.monotonic() + delay
@@ -185,7 +259,8 @@ class WriteBatch:
                 exc,
             )
             return
-        metrics.BATCH_WRITE_SECONDS.observe(self.clock.monotonic() - started)
+        if exc is not None:
+            raise exc
         metrics.BATCH_SIZE.observe(batch.size)
         metrics.PAUSED.set(0)
         if self.attempts:
@@ -241,13 +316,16 @@ class Accumulate:
         self.max_wait_s = max_wait_s
         self.current: Batch | None = None
         self.ready: Batch | None = None
-        """A complete batch the next step would not take yet."""
+        """A complete batch the next step would not take yet (while ``current`` fills up)."""
         metrics.PENDING_MESSAGES.set(0)
 
     def submit(self, item: Decoded) -> None:
         if self.ready is not None:
             self._hand_on()
-            if self.ready is not None:
+        if self.current is not None and self.current.size >= self.max_size:
+            # Full, and the batch before it is still waiting for the writer: push back.
+            self._seal()
+            if self.current is not None:
                 raise MessageRejected()
         if self.current is None:
             self.current = Batch(started_at=self.clock.monotonic())
@@ -261,23 +339,22 @@ class Accumulate:
         self.next_step.poll()
         if self.ready is not None:
             self._hand_on()
-        elif (
-            self.current is not None
-            and self.clock.monotonic() - self.current.started_at >= self.max_wait_s
+        if self.current is not None and (
+            self.current.size >= self.max_size
+            or self.clock.monotonic() - self.current.started_at >= self.max_wait_s
         ):
             self._seal()
         self._report()
 
     def join(self, timeout_s: float) -> bool:
         deadline = self.clock.monotonic() + timeout_s
-        if self.current is not None and self.ready is None:
-            self._seal()
-        while self.ready is not None:
+        self._seal()
+        while self.ready is not None or self.current is not None:
             remaining = deadline - self.clock.monotonic()
             if remaining <= 0 or not self.next_step.join(remaining):
                 self._report()
                 return False
-            self._hand_on()
+            self._seal()
         done = self.next_step.join(max(0.0, deadline - self.clock.monotonic()))
         self._report()
         return done
@@ -295,8 +372,11 @@ class Accumulate:
         metrics.PENDING_MESSAGES.set(self.pending_messages)
 
     def _seal(self) -> None:
-        self.ready, self.current = self.current, None
+        """Hand on the ready batch, then make the current one ready and try to hand it on."""
         self._hand_on()
+        if self.ready is None and self.current is not None:
+            self.ready, self.current = self.current, None
+            self._hand_on()
 
     def _hand_on(self) -> None:
         if self.ready is None:

@@ -8,8 +8,12 @@ consumer group and deployment name, so tests do not see each other's records.
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from ingest_harness import Topics
@@ -71,3 +75,14 @@ def topics(kafka_bootstrap: str) -> Iterator[Topics]:
     )
     yield t
     delete_topics(kafka_bootstrap, [t.exchanges, t.health, t.dlq])
+
+
+@pytest.fixture
+def private_pg_root() -> Iterator[Path]:
+    """A folder for a throwaway PostgreSQL cluster, outside pytest's tmp_path: PostgreSQL runs
+    as the `postgres` user, and any pytest run (other engineers run theirs on this machine)
+    sets /tmp/pytest-of-<user> back to mode 0700, locking that user out mid-test."""
+    root = Path(tempfile.mkdtemp(prefix="shadow-ab-ingest-pg-"))
+    os.chmod(root, 0o755)
+    yield root
+    shutil.rmtree(root, ignore_errors=True)

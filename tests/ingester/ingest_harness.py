@@ -21,6 +21,7 @@ from ingester.app import build_processor
 from ingester.clients import make_consumer, make_producer
 from ingester.processor import StreamProcessor
 from ingester.settings import IngestSettings
+from ingester.steps import ThreadRunner
 
 WAIT_S = 90.0
 """Upper bound for anything a test waits for; reaching it fails the test (never a speed check)."""
@@ -92,40 +93,54 @@ def committed_total(bootstrap: str, group: str) -> int:
     return sum(max(0, om.offset) for om in offsets.values())
 
 
-def wait_for(check: Callable[[], bool], what: str, timeout_s: float = WAIT_S) -> None:
+def wait_for(
+    check: Callable[[], bool],
+    what: str,
+    timeout_s: float = WAIT_S,
+    proc: IngestProcess | None = None,
+) -> None:
     deadline = time.monotonic() + timeout_s
     while not check():
         if time.monotonic() > deadline:
-            pytest.fail(f"gave up after {timeout_s:.0f}s waiting for {what}", pytrace=False)
+            tail = ""
+            if proc is not None:
+                lines = [ln for ln in proc.log().splitlines() if " kafka." not in ln]
+                tail = "\ningester log (kafka lines left out):\n" + "\n".join(lines[-40:])
+            pytest.fail(f"gave up after {timeout_s:.0f}s waiting for {what}{tail}", pytrace=False)
         time.sleep(0.2)
 
 
-def run_until(
-    settings: IngestSettings, done: Callable[[], bool], what: str, timeout_s: float = WAIT_S
+def run_until_committed(
+    settings: IngestSettings, total: int, what: str, timeout_s: float = WAIT_S
 ) -> None:
-    """Run an in-process ingester over real Kafka and PostgreSQL until ``done()``, then stop it
-    the way SIGTERM does (flush, commit, close)."""
+    """Run an in-process ingester over real Kafka and PostgreSQL until it has committed
+    ``total`` offsets (summed over partitions of fresh topics), then stop it the way SIGTERM
+    does (flush, commit, close).
+
+    Progress is read from the processor itself: no other Kafka client runs in this process
+    meanwhile (kafka-python 3 clients started and stopped next to a consumer in the same
+    process were seen to stall its group rebalance)."""
     from storage.db import make_engine
 
     engine = make_engine(settings.database_url)
     consumer = make_consumer(settings)
     producer = make_producer(settings)
-    processor: StreamProcessor = build_processor(settings, consumer, producer, engine)
+    runner = ThreadRunner()
+    processor: StreamProcessor = build_processor(
+        settings, consumer, producer, engine, runner=runner
+    )
     try:
         processor.subscribe()
         deadline = time.monotonic() + timeout_s
-        next_check = 0.0
         while True:
             processor.step()
-            now = time.monotonic()
-            if now >= next_check:
-                if done():
-                    break
-                next_check = now + 0.3
-            if now > deadline:
+            if sum(processor.committed_offsets.values()) >= total:
+                break
+            if time.monotonic() > deadline:
                 pytest.fail(f"gave up after {timeout_s:.0f}s waiting for {what}", pytrace=False)
         assert processor.shutdown(30), "shutdown did not flush"
     finally:
+        runner.shutdown()
         consumer.close(autocommit=False)
         producer.close(timeout=10)
         engine.dispose()

@@ -15,7 +15,7 @@ from ingest_harness import (
     count_rows,
     free_port,
     produce,
-    run_until,
+    run_until_committed,
     settings_for,
     wait_for,
 )
@@ -45,11 +45,8 @@ def test_n_records_make_n_rows_and_a_replay_adds_none(
         [(b"vllm@incumbent", health(topics.deployment, i).to_json()) for i in range(h)],
     )
     settings = settings_for(topics, kafka_bootstrap, ingest_db_url, ingest_batch_size=128)
-    run_until(
-        settings,
-        lambda: committed_total(kafka_bootstrap, topics.group) == n + h,
-        "the first group to commit every offset",
-    )
+    run_until_committed(settings, n + h, "the first group to commit every offset")
+    assert committed_total(kafka_bootstrap, topics.group) == n + h
     assert count_rows(ingest_engine, "exchanges", topics.deployment) == n
     assert count_rows(ingest_engine, "health_samples", topics.deployment) == h
 
@@ -57,11 +54,8 @@ def test_n_records_make_n_rows_and_a_replay_adds_none(
     replay = settings_for(
         topics, kafka_bootstrap, ingest_db_url, group=replay_group, ingest_batch_size=1000
     )
-    run_until(
-        replay,
-        lambda: committed_total(kafka_bootstrap, replay_group) == n + h,
-        "the replay group to commit every offset",
-    )
+    run_until_committed(replay, n + h, "the replay group to commit every offset")
+    assert committed_total(kafka_bootstrap, replay_group) == n + h
     assert count_rows(ingest_engine, "exchanges", topics.deployment) == n
     assert count_rows(ingest_engine, "health_samples", topics.deployment) == h
 
@@ -86,11 +80,12 @@ def test_poison_goes_to_the_dlq_with_its_reason_and_the_rest_is_stored(
     messages += [(b"same-key", v) for _, v in good[10:]]
     produce(kafka_bootstrap, topics.exchanges, messages)
 
-    run_until(
+    run_until_committed(
         settings_for(topics, kafka_bootstrap, ingest_db_url, ingest_batch_size=7),
-        lambda: committed_total(kafka_bootstrap, topics.group) == len(messages),
+        len(messages),
         "every offset, poison included, to be committed",
     )
+    assert committed_total(kafka_bootstrap, topics.group) == len(messages)
     assert count_rows(ingest_engine, "exchanges", topics.deployment) == len(good)
 
     letters = _read_all(kafka_bootstrap, topics.dlq, expected=3)
@@ -150,6 +145,7 @@ def test_sigterm_with_a_pending_batch_writes_it_commits_and_exits_0(
         wait_for(
             lambda: proc.metric("shadow_ab_ingest_pending_messages") == n,
             f"the ingester to take all {n} messages into its batch",
+            proc=proc,
         )
         assert count_rows(ingest_engine, "exchanges", topics.deployment) == 0  # still pending
         assert committed_total(kafka_bootstrap, topics.group) == 0
@@ -175,6 +171,7 @@ def test_kill_9_mid_stream_then_restart_gives_exactly_n_rows(
         wait_for(
             lambda: count_rows(ingest_engine, "exchanges", topics.deployment) >= 100,
             "the first ingester to write some rows",
+            proc=proc,
         )
         proc.kill9()
     finally:
@@ -188,6 +185,7 @@ def test_kill_9_mid_stream_then_restart_gives_exactly_n_rows(
         wait_for(
             lambda: committed_total(kafka_bootstrap, topics.group) == first + second,
             "the restarted ingester to commit every offset",
+            proc=proc,
         )
         proc.signal(signal.SIGTERM)
         assert proc.wait() == 0, proc.log()
@@ -197,7 +195,7 @@ def test_kill_9_mid_stream_then_restart_gives_exactly_n_rows(
 
 
 def test_postgres_stopped_while_records_flow_loses_nothing(
-    kafka_bootstrap: str, topics: Topics, tmp_path: Path
+    kafka_bootstrap: str, topics: Topics, tmp_path: Path, private_pg_root: Path
 ) -> None:
     """A private throwaway PostgreSQL cluster, so the shared server other tests use stays up."""
     from shadow_ab.services.base import ServicesSettings
@@ -205,7 +203,7 @@ def test_postgres_stopped_while_records_flow_loses_nothing(
     from storage.db import make_engine
     from storage.migrate import upgrade
 
-    pg = LocalPostgres(ServicesSettings(root=tmp_path / "pg", pg_port=free_port()))
+    pg = LocalPostgres(ServicesSettings(root=private_pg_root, pg_port=free_port()))
     pg.up()
     engine = None
     proc = None
@@ -221,6 +219,7 @@ def test_postgres_stopped_while_records_flow_loses_nothing(
         wait_for(
             lambda: count_rows(engine, "exchanges", topics.deployment) >= 100,
             "some rows before stopping PostgreSQL",
+            proc=proc,
         )
         pg.down()
         produce(
@@ -230,6 +229,7 @@ def test_postgres_stopped_while_records_flow_loses_nothing(
         wait_for(
             lambda: p.metric("shadow_ab_ingest_store_retries_total") >= 3,
             "the ingester to retry while PostgreSQL is away",
+            proc=p,
         )
         assert proc.metric("shadow_ab_ingest_paused") == 1
         assert proc.alive()
@@ -238,6 +238,7 @@ def test_postgres_stopped_while_records_flow_loses_nothing(
         wait_for(
             lambda: committed_total(kafka_bootstrap, topics.group) == first + second,
             "every offset committed after PostgreSQL came back",
+            proc=proc,
         )
         assert proc.metric("shadow_ab_ingest_paused") == 0
         proc.signal(signal.SIGTERM)

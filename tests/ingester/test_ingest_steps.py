@@ -150,11 +150,14 @@ def test_store_down_keeps_the_batch_pushes_back_and_retries_with_backoff() -> No
     first_retry = p.write.retry_at
     assert 100.5 <= first_retry <= 101.0  # attempt 1: jitter within [0.5, 1.0] s
     p.submit_exchange(2)
-    p.submit_exchange(3)  # second batch full, but the writer is busy: held in Accumulate
-    assert p.acc.ready is not None
-    assert p.acc.pending_messages == 4
+    p.submit_exchange(3)  # second batch full, but the writer is busy: waits in Accumulate
+    assert p.acc.ready is not None and p.acc.ready.size == 2
+    p.submit_exchange(4)
+    p.submit_exchange(5)  # a third batch fills up behind it
+    assert p.acc.current is not None and p.acc.current.size == 2
+    assert p.acc.pending_messages == 6
     with pytest.raises(MessageRejected):
-        p.submit_exchange(4)  # backpressure: the caller must pause
+        p.submit_exchange(6)  # backpressure: the caller must pause
     calls = p.store.calls
     p.clock.now = first_retry - 0.001
     p.decode.poll()
@@ -167,10 +170,15 @@ def test_store_down_keeps_the_batch_pushes_back_and_retries_with_backoff() -> No
     p.store.down = False
     p.clock.now = second_retry
     p.decode.poll()  # batch 1 written and committed, batch 2 handed on and written
-    p.decode.poll()
-    assert len(p.store.rows) == 4
-    assert p.commits.offsets == [{Partition(EX, 0): 2}, {Partition(EX, 0): 4}]
-    p.decode.submit(p.msg(EX, exchange("dep", 4).to_json()))  # accepted again
+    p.decode.poll()  # batch 3
+    assert len(p.store.rows) == 6
+    assert p.commits.offsets == [
+        {Partition(EX, 0): 2},
+        {Partition(EX, 0): 4},
+        {Partition(EX, 0): 6},
+    ]
+    assert p.acc.pending_messages == 0
+    p.decode.submit(p.msg(EX, exchange("dep", 6).to_json()))  # accepted again
 
 
 def test_dead_letter_failure_blocks_the_commit_and_is_retried_without_duplicates() -> None:
