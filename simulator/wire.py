@@ -213,6 +213,9 @@ class VllmCompletionRequest(_Completion):
         return self.logprobs
 
 
+VLLM_VALIDATION_TYPE = "Bad Request"
+"""vLLM's error ``type`` for a request that fails validation (``HTTPStatus.BAD_REQUEST.phrase``)."""
+
 VLLM_MAX_LOGPROBS = 20
 """vLLM's default ``--max-logprobs``."""
 
@@ -258,23 +261,31 @@ _MODELS: dict[tuple[str, str], type[_Chat] | type[_Completion]] = {
 def parse_request(
     flavor: Flavor, endpoint: str, raw: bytes, served_model: str
 ) -> _Chat | _Completion:
-    """Validate one request body the way the flavor does; raise :class:`WireError` if refused."""
+    """Validate one request body the way the flavor does; raise :class:`WireError` if refused.
+
+    vLLM answers request validation errors (FastAPI's RequestValidationError, pydantic model
+    validators included) from api_server.py's ``validation_exception_handler``: 400 with
+    ``type: "Bad Request"`` (``HTTPStatus.BAD_REQUEST.phrase``) and the message
+    ``f"{exc} {exc.errors()}"``; what the serving layer refuses later (context length,
+    ``max_logprobs``) is ``create_error_response``'s ``BadRequestError``."""
     try:
         data = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         msg = f"request body is not valid JSON: {exc}"
         if flavor == "vllm":
-            raise WireError(400, error_body(flavor, 400, msg, "BadRequestError")) from exc
+            raise WireError(400, error_body(flavor, 400, msg, VLLM_VALIDATION_TYPE)) from exc
         raise WireError(400, {"error": msg}) from exc
     if not isinstance(data, dict):
         msg = "request body must be a JSON object"
-        raise WireError(400, error_body(flavor, 400, msg, "BadRequestError"))
+        err_type = VLLM_VALIDATION_TYPE if flavor == "vllm" else "BadRequestError"
+        raise WireError(400, error_body(flavor, 400, msg, err_type))
     model_cls = _MODELS[(flavor, endpoint)]
     try:
         req = model_cls.model_validate(data)
     except ValidationError as exc:
         if flavor == "vllm":
-            raise WireError(400, error_body(flavor, 400, str(exc), "BadRequestError")) from exc
+            msg = f"{exc} {exc.errors(include_url=False)}"
+            raise WireError(400, error_body(flavor, 400, msg, VLLM_VALIDATION_TYPE)) from exc
         raise WireError(400, {"error": str(exc)}) from exc
     if flavor == "vllm" and req.model is not None and req.model != served_model:
         msg = f"The model `{req.model}` does not exist."

@@ -263,9 +263,17 @@ def test_error_bodies_and_plain_endpoints(vllm: RunningSim) -> None:
                         {"model": MODEL, "messages": MESSAGES, "max_tokens": 2,
                          "no_such_field": {"x": 1}})  # fmt: skip
     assert status == 200
+    # api_server.py validation_exception_handler: type is HTTPStatus.BAD_REQUEST.phrase
+    status, body = post(vllm, "/v1/chat/completions",
+                        {"model": MODEL, "messages": MESSAGES,
+                         "stream_options": {"include_usage": True}})  # fmt: skip
+    assert status == 400
+    err = json.loads(body)["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert err["type"] == "Bad Request" and err["code"] == 400 and err["param"] is None
+    assert "Stream options can only be defined when `stream=True`." in err["message"]
     status, body = post(vllm, "/v1/completions", {"model": MODEL, "prompt": "x", "n": 0})
-    assert status == 400 and set(json.loads(body)["error"]) == {"message", "type", "param",
-                                                                 "code"}  # fmt: skip
+    assert status == 400 and json.loads(body)["error"]["type"] == "Bad Request"
     assert http_get(vllm.base_url + "/health") == (200, b"")
     assert json.loads(http_get(vllm.base_url + "/version")[1]) == {"version": "0.11.0"}
 
