@@ -55,7 +55,7 @@ def build_processor(
             cap_s=settings.ingest_retry_max_ms / 1000,
             rng=rng or random.Random(),
         )
-        commit = CommitOffsets(consumer, on_committed=lambda offsets: processor.committed(offsets))
+        commit = CommitOffsets(consumer, lambda offsets: processor.committed(offsets), clock)
         write = WriteBatch(sink, dead_letters, commit, clock, backoff, runner)
         accumulate = Accumulate(
             write,

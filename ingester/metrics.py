@@ -62,8 +62,8 @@ PAUSED = Gauge(
 )
 OFFSET_COMMIT_FAILURES = Counter(
     "shadow_ab_ingest_offset_commit_failures_total",
-    "Counter. Kafka offset commits that failed after the store committed (the records will be"
-    " redelivered and skipped as duplicates).",
+    "Counter. Kafka offset commits that failed after the store committed; they are retried,"
+    " and meanwhile a restart would only re-read records that are skipped as duplicates.",
 )
 
 

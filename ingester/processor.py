@@ -57,16 +57,6 @@ class StreamProcessor:
     def subscribe(self) -> None:
         from kafka import ConsumerRebalanceListener
 
-        # Know the topics' partitions before joining the group: a consumer that joins with
-        # no metadata yet gets no partitions assigned, and may not notice for minutes.
-        missing = [t for t in self.topics if not self.consumer.partitions_for_topic(t)]
-        if missing:
-            raise SettingsError(
-                f"Kafka has no topic {', '.join(missing)}: create it (`shadow-ab services up`"
-                " creates the default topics; `shadow-ab ingest` does unless"
-                " SHADOW_AB_INGEST_CREATE_TOPICS=false) or fix the topic names"
-            )
-
         class Listener(ConsumerRebalanceListener):
             # kafka-python 3 calls these on its IO thread, possibly while the processor's
             # thread is busy (a join can complete in the background after a poll timed out),
@@ -78,6 +68,16 @@ class StreamProcessor:
                 log.info("partitions assigned: %s", _names(assigned))
 
         self.consumer.subscribe(self.topics, listener=Listener())
+        # Fetch the topics' metadata now, after subscribing and before the first poll joins
+        # the group: joined without it, a consumer gets no partitions (and may not notice for
+        # minutes); fetched after the join, it makes kafka-python rebalance a second time.
+        missing = [t for t in self.topics if not self.consumer.partitions_for_topic(t)]
+        if missing:
+            raise SettingsError(
+                f"Kafka has no topic {', '.join(missing)}: create it (`shadow-ab services up`"
+                " creates the default topics; `shadow-ab ingest` does unless"
+                " SHADOW_AB_INGEST_CREATE_TOPICS=false) or fix the topic names"
+            )
 
     def stop(self) -> None:
         """Ask :meth:`run` to return after the current step (safe from a signal handler)."""

@@ -55,27 +55,60 @@ class SendsDeadLetters(Protocol):
 
 
 class CommitOffsets:
-    """Last step: commit the offsets of a batch the store has committed."""
+    """Last step: commit the offsets of a batch the store has committed.
+
+    A commit Kafka refuses (e.g. during a rebalance) is kept, merged with later ones and tried
+    again on ``poll`` and ``join``; until then those records would merely be read again (and
+    skipped as duplicates) after a restart. Offsets of partitions no longer assigned are
+    dropped: their new owner reads from the committed offset.
+    """
 
     def __init__(
-        self, consumer: Any, on_committed: Callable[[dict[Partition, int]], None] | None = None
+        self,
+        consumer: Any,
+        on_committed: Callable[[dict[Partition, int]], None] | None = None,
+        clock: Clock | None = None,
+        retry_s: float = 1.0,
     ) -> None:
         self.consumer = consumer
         self.on_committed = on_committed
+        self.clock = clock
+        self.retry_s = retry_s
         self.committed: dict[Partition, int] = {}
+        self.uncommitted: dict[Partition, int] = {}
+        self._retry_at = 0.0
 
     def submit(self, offsets: dict[Partition, int]) -> None:
+        for tp, off in offsets.items():
+            self.uncommitted[tp] = max(off, self.uncommitted.get(tp, -1))
+        self._commit()
+
+    def poll(self) -> None:
+        if self.uncommitted and self._now() >= self._retry_at:
+            self._commit()
+
+    def join(self, timeout_s: float) -> bool:
+        if self.uncommitted:
+            self._commit()
+        return not self.uncommitted
+
+    def close(self) -> None:
+        pass
+
+    def _now(self) -> float:
+        return self.clock.monotonic() if self.clock is not None else 0.0
+
+    def _commit(self) -> None:
         from kafka.structs import OffsetAndMetadata, TopicPartition
 
-        # Only partitions still ours: one that moved to another ingester in a rebalance is
-        # read again by it from its committed offset (our rows are then skipped as duplicates).
         assigned = self.consumer.assignment()
         offsets = {
             tp: off
-            for tp, off in offsets.items()
+            for tp, off in self.uncommitted.items()
             if TopicPartition(tp.topic, tp.partition) in assigned
         }
         if not offsets:
+            self.uncommitted.clear()
             return
         try:
             self.consumer.commit(
@@ -85,10 +118,11 @@ class CommitOffsets:
                 }
             )
         except Exception as exc:  # kafka-python raises several unrelated types here
-            # The store has the rows; the records will be redelivered and skipped as duplicates.
             metrics.OFFSET_COMMIT_FAILURES.inc()
-            log.warning("offset commit failed after the store committed: %r", exc)
+            self._retry_at = self._now() + self.retry_s
+            log.warning("offset commit failed after the store committed (will retry): %r", exc)
             return
+        self.uncommitted.clear()
         self.committed.update(offsets)
         if self.on_committed is not None:
             self.on_committed(offsets)
@@ -104,15 +138,6 @@ class CommitOffsets:
             return
         if high is not None:
             metrics.CONSUMER_LAG.labels(tp.topic, str(tp.partition)).set(max(0, high - committed))
-
-    def poll(self) -> None:
-        pass
-
-    def join(self, timeout_s: float) -> bool:
-        return True
-
-    def close(self) -> None:
-        pass
 
 
 class Runner(Protocol):
