@@ -2,22 +2,12 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
+from sim_helpers import FAST
 
-# `pytest` (unlike `python -m pytest`) does not put the repository root on sys.path, while
-# pytest's rootdir conftest puts tests/ there, so tests/simulator/ would shadow the simulator
-# package as a namespace package (importlib.resources then looks for the shipped scenarios in
-# the wrong folder). The repository root goes first.
-_ROOT = str(Path(__file__).resolve().parents[2])
-if _ROOT not in sys.path:
-    sys.path.insert(0, _ROOT)
-from sim_helpers import FAST  # noqa: E402
-
-from simulator.testing import RunningSim, running_sim  # noqa: E402
+from simulator.testing import RunningSim, running_sim
 
 
 @pytest.fixture(scope="module", params=["vllm", "trtllm"])
