@@ -1,7 +1,8 @@
 """Sustained Kafka -> PostgreSQL throughput of the ingester, for batch sizes 100 / 1,000 / 5,000.
 
     eval "$(shadow-ab services env)"
-    python bench/ingest.py [--records N] [--batch-sizes 100,1000,5000] [--profile]
+    python bench/ingest.py [--records N] [--batch-sizes 100,1000,5000] [--writer thread|inline|both]
+                           [--profile]
 
 Needs `shadow-ab services up` and its SHADOW_AB_* variables in the environment.
 Produces N realistic exchange records (1-4 KB of output text, a chat request with a 1-4 KB
@@ -16,6 +17,8 @@ partition assignment excluded; they are printed apart as "startup").
 Then it splits the time per record into its parts, each measured alone on the same records:
 fetching from Kafka (consumer poll only), JSON decode (orjson), pydantic validation, and the
 store write (storage.write.write_exchanges: row conversion + COPY + INSERT .. ON CONFLICT).
+``--writer both`` runs each batch size twice: store writes inline (as ``shadow-ab ingest``
+does) and on a writer thread that overlaps the next batch's fetch and decode.
 ``--profile`` also prints the top functions of a cProfile run of the 1,000 batch size.
 """
 
@@ -29,6 +32,7 @@ import random
 import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -40,7 +44,7 @@ from ingester.app import build_processor
 from ingester.clients import make_consumer, make_producer
 from ingester.decode import decode
 from ingester.settings import IngestSettings
-from ingester.steps import ThreadRunner
+from ingester.steps import InlineRunner
 from shadow_ab.records import ExchangeRecord, parse_record
 from shadow_ab.settings import CommonSettings
 from shadow_ab.topics import TopicSpec, delete_topics, ensure_topics
@@ -54,6 +58,20 @@ WORDS = (
     " latency token model engine batch request response stream cache memory decode prefill"
     " kernel throughput attention tensor shadow candidate incumbent replay sample policy"
 ).split()
+
+
+class ThreadRunner:
+    """The alternative measured by ``--writer thread``: store writes on one writer thread, so
+    the next batch is fetched and decoded meanwhile (the consumer stays on the main thread)."""
+
+    def __init__(self) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ingest-writer")
+
+    def submit(self, fn: Callable[[], None]) -> Future[None]:
+        return self._pool.submit(fn)
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=True)
 
 
 # -- realistic records ------------------------------------------------------------------------
@@ -173,13 +191,17 @@ def produce(bootstrap: str, topic: str, values: list[tuple[bytes, bytes]]) -> fl
     return elapsed
 
 
-def ingest_once(settings: IngestSettings, n: int, profile: bool = False) -> tuple[float, float]:
+def ingest_once(
+    settings: IngestSettings, n: int, threaded: bool = True, profile: bool = False
+) -> tuple[float, float]:
     """(startup seconds, seconds from first message to last commit) of one ingester run."""
     engine = make_engine(settings.database_url)
     consumer = make_consumer(settings)
     producer = make_producer(settings)
     runner = ThreadRunner()
-    processor = build_processor(settings, consumer, producer, engine, runner=runner)
+    processor = build_processor(
+        settings, consumer, producer, engine, runner=runner if threaded else InlineRunner()
+    )
     profiler = cProfile.Profile() if profile else None
     try:
         t0 = time.perf_counter()
@@ -258,6 +280,11 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=30_000)
     parser.add_argument("--batch-sizes", default="100,1000,5000")
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument(
+        "--writer",
+        default="inline",
+        help="inline (as `shadow-ab ingest` runs), thread, or both (each batch size twice)",
+    )
     args = parser.parse_args()
     n = args.records
     sizes = [int(s) for s in args.batch_sizes.split(",")]
@@ -285,13 +312,17 @@ def main() -> None:
             f" produced in {produce_s:.1f}s ({n / produce_s:,.0f}/s, kafka-python acks=all)"
         )
         print()
-        print("| batch size | records | startup s | seconds | records/s | ratio to 10,000/s |")
-        print("|---:|---:|---:|---:|---:|---:|")
-        for size in sizes:
+        print(
+            "| batch size | writer | records | startup s | seconds | records/s"
+            " | ratio to 10,000/s |"
+        )
+        print("|---:|---|---:|---:|---:|---:|---:|")
+        writers = ["inline", "thread"] if args.writer == "both" else [args.writer]
+        for size, writer in [(size, w) for size in sizes for w in writers]:
             settings = IngestSettings(
                 kafka_bootstrap=bootstrap,
                 database_url=dbs.create(),
-                ingest_group=f"bench-{tag}-{size}",
+                ingest_group=f"bench-{tag}-{size}-{writer}",
                 ingest_batch_size=size,
                 ingest_batch_timeout_ms=1000,
                 ingest_topic_exchanges=topic,
@@ -299,10 +330,12 @@ def main() -> None:
                 ingest_topic_dlq=dlq,
                 ingest_create_topics=False,
             )
-            startup, seconds = ingest_once(settings, n, profile=args.profile and size == 1000)
+            startup, seconds = ingest_once(
+                settings, n, writer == "thread", profile=args.profile and size == 1000
+            )
             rate = n / seconds
             print(
-                f"| {size:,} | {n:,} | {startup:.2f} | {seconds:.2f} | {rate:,.0f} |"
+                f"| {size:,} | {writer} | {n:,} | {startup:.2f} | {seconds:.2f} | {rate:,.0f} |"
                 f" {rate / GOAL:.2f} |"
             )
 

@@ -20,7 +20,6 @@ from ingester.steps import (
     Decode,
     Runner,
     Step,
-    ThreadRunner,
     WriteBatch,
 )
 
@@ -38,8 +37,7 @@ def build_processor(
 ) -> StreamProcessor:
     """The processor with its steps, over an existing consumer, producer and store engine.
 
-    ``runner`` is where batch writes run; by default inline. Pass a :class:`ThreadRunner`
-    (and shut it down after the processor) to fetch and decode the next batch meanwhile.
+    ``runner`` is where batch writes run (default: inline, in the processor's thread).
     """
     clock = clock or SystemClock()
     sink = StoreSink(engine)
@@ -71,7 +69,8 @@ def build_processor(
         make_steps,
         clock,
         max_records=settings.ingest_batch_size,
-        poll_timeout_ms=settings.ingest_poll_timeout_ms,
+        # An idle poll must not outlast a batch's timeout.
+        poll_timeout_ms=min(settings.ingest_poll_timeout_ms, settings.ingest_batch_timeout_ms),
     )
     return processor
 
@@ -101,17 +100,15 @@ def open_processor(settings: IngestSettings) -> tuple[StreamProcessor, list[Any]
     engine = make_engine(settings.database_url)
     producer = make_producer(settings)
     consumer = make_consumer(settings)
-    runner = ThreadRunner()
     metrics.serve(settings.ingest_metrics_port, settings.ingest_metrics_host)
-    processor = build_processor(settings, consumer, producer, engine, runner=runner)
-    return processor, [runner, consumer, producer, engine]
+    processor = build_processor(settings, consumer, producer, engine)
+    return processor, [consumer, producer, engine]
 
 
 def close_all(resources: list[Any]) -> None:
-    """Close what :func:`open_processor` opened: writer thread, consumer, producer, engine."""
-    runner, consumer, producer, engine = resources
+    """Close what :func:`open_processor` opened: consumer, producer, engine."""
+    consumer, producer, engine = resources
     try:
-        runner.shutdown()
         consumer.close(autocommit=False)
     finally:
         try:

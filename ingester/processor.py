@@ -25,6 +25,9 @@ from ingester.steps import MessageRejected, Step
 
 log = logging.getLogger(__name__)
 
+PAUSED_POLL_MS = 10
+"""Poll timeout while paused: how often a finished write is noticed (sleeps, no busy loop)."""
+
 
 class StreamProcessor:
     def __init__(
@@ -124,10 +127,11 @@ class StreamProcessor:
         if self.held:
             self._submit_held()
         if self.held:
-            # Paused: poll only to keep the group membership alive. Pause again each time,
-            # so partitions newly assigned by a rebalance are paused too.
+            # Paused: poll only to keep the group membership alive, briefly, as the writer
+            # may finish any moment. Pause again each time, so partitions newly assigned by a
+            # rebalance are paused too.
             self.consumer.pause(*self.consumer.assignment())
-            self._absorb(self.consumer.poll(timeout_ms=self.poll_timeout_ms))
+            self._absorb(self.consumer.poll(timeout_ms=min(self.poll_timeout_ms, PAUSED_POLL_MS)))
             return
         if self.paused:
             self._resume()

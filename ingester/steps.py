@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, wait
 from typing import Any, Protocol, TypeVar
 
 from ingester import metrics
@@ -141,7 +141,9 @@ class CommitOffsets:
 
 
 class Runner(Protocol):
-    """Where a batch write runs: inline (tests, exact) or on a writer thread (overlap)."""
+    """Where a batch write runs. The ingester writes inline: a writer thread overlapping the
+    next batch's fetch and decode was measured slower on 2 cores (GIL contention with psycopg's
+    COPY row encoding; see ``bench/ingest.py --writer both``)."""
 
     def submit(self, fn: Callable[[], None]) -> Future[None]: ...
 
@@ -160,31 +162,14 @@ class InlineRunner:
         return future
 
 
-class ThreadRunner:
-    """Runs writes on one writer thread, so the next batch is fetched and decoded meanwhile.
-
-    Only the store and the dead-letter producer (thread-safe) are used there; the consumer,
-    and so the offset commit, stay on the caller's thread.
-    """
-
-    def __init__(self) -> None:
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ingest-writer")
-
-    def submit(self, fn: Callable[[], None]) -> Future[None]:
-        return self._pool.submit(fn)
-
-    def shutdown(self) -> None:
-        self._pool.shutdown(wait=True)
-
-
 class WriteBatch:
     """Send a batch's dead letters, write its records, then hand its offsets on.
 
-    One batch at a time: while it is being written (possibly on a writer thread, see
-    :class:`ThreadRunner`) or waiting to be retried, ``submit`` raises
-    :class:`MessageRejected`, so the caller pauses consumption instead of piling up batches.
-    While the store is away (:class:`~ingester.errors.TransientError`) the batch is retried
-    with backoff on ``poll``. Offsets are handed on only after a successful write.
+    One batch at a time: while it is being written (by ``runner``) or waiting to be
+    retried, ``submit`` raises :class:`MessageRejected`, so the caller pauses consumption
+    instead of piling up batches. While the store is away
+    (:class:`~ingester.errors.TransientError`) the batch is retried with backoff on ``poll``.
+    Offsets are handed on only after a successful write.
     """
 
     def __init__(

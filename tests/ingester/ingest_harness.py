@@ -21,7 +21,6 @@ from ingester.app import build_processor
 from ingester.clients import make_consumer, make_producer
 from ingester.processor import StreamProcessor
 from ingester.settings import IngestSettings
-from ingester.steps import ThreadRunner
 
 WAIT_S = 90.0
 """Upper bound for anything a test waits for; reaching it fails the test (never a speed check)."""
@@ -125,10 +124,7 @@ def run_until_committed(
     engine = make_engine(settings.database_url)
     consumer = make_consumer(settings)
     producer = make_producer(settings)
-    runner = ThreadRunner()
-    processor: StreamProcessor = build_processor(
-        settings, consumer, producer, engine, runner=runner
-    )
+    processor: StreamProcessor = build_processor(settings, consumer, producer, engine)
     try:
         processor.subscribe()
         deadline = time.monotonic() + timeout_s
@@ -140,7 +136,6 @@ def run_until_committed(
                 pytest.fail(f"gave up after {timeout_s:.0f}s waiting for {what}", pytrace=False)
         assert processor.shutdown(30), "shutdown did not flush"
     finally:
-        runner.shutdown()
         consumer.close(autocommit=False)
         producer.close(timeout=10)
         engine.dispose()
