@@ -159,36 +159,20 @@ class LocalPostgres:
         self._create_database(bins)
 
     def _create_database(self, bins: Path) -> None:
+        server = ["-h", LOOPBACK, "-p", str(self.port), "-U", USER]
         exists = run(
             [
                 str(bins / "psql"),
-                "-h",
-                LOOPBACK,
-                "-p",
-                str(self.port),
-                "-U",
-                USER,
+                *server,
                 "-d",
                 "postgres",
                 "-tAc",
                 f"SELECT 1 FROM pg_database WHERE datname = '{DATABASE}'",
             ],
-            "checking for the shadow_ab database",
+            f"checking for the {DATABASE} database",
         )
         if exists.strip() != "1":
-            run(
-                [
-                    str(bins / "createdb"),
-                    "-h",
-                    LOOPBACK,
-                    "-p",
-                    str(self.port),
-                    "-U",
-                    USER,
-                    DATABASE,
-                ],
-                "creating the shadow_ab database",
-            )
+            run([str(bins / "createdb"), *server, DATABASE], f"creating the {DATABASE} database")
 
     def down(self) -> None:
         bins = _bin_dir()
