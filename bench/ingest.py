@@ -27,12 +27,12 @@ from __future__ import annotations
 import argparse
 import cProfile
 import io
+import multiprocessing as mp
 import pstats
 import random
 import time
 import uuid
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -40,11 +40,10 @@ import orjson
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
-from ingester.app import build_processor
+from ingester.app import build_processor, tune_gc
 from ingester.clients import make_consumer, make_producer
 from ingester.decode import decode
 from ingester.settings import IngestSettings
-from ingester.steps import InlineRunner
 from shadow_ab.records import ExchangeRecord, parse_record
 from shadow_ab.settings import CommonSettings
 from shadow_ab.topics import TopicSpec, delete_topics, ensure_topics
@@ -53,25 +52,12 @@ from storage.migrate import upgrade
 from storage.write import write_exchanges
 
 GOAL = 10_000
+PARTITIONS = 6  # as shadow.exchanges
 WORDS = (
     "the of and to in is that for it as with was on be by this are or at from an which have"
     " latency token model engine batch request response stream cache memory decode prefill"
     " kernel throughput attention tensor shadow candidate incumbent replay sample policy"
 ).split()
-
-
-class ThreadRunner:
-    """The alternative measured by ``--writer thread``: store writes on one writer thread, so
-    the next batch is fetched and decoded meanwhile (the consumer stays on the main thread)."""
-
-    def __init__(self) -> None:
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ingest-writer")
-
-    def submit(self, fn: Callable[[], None]) -> Future[None]:
-        return self._pool.submit(fn)
-
-    def shutdown(self) -> None:
-        self._pool.shutdown(wait=True)
 
 
 # -- realistic records ------------------------------------------------------------------------
@@ -95,10 +81,13 @@ def make_values(n: int, deployment: str, seed: int = 1) -> list[tuple[bytes, byt
     for i in range(n):
         pair = uuid.UUID(int=rng.getrandbits(128), version=4)
         role = ("incumbent", "candidate", "replay")[i % 3]
-        prompt = _text(rng, rng.randint(1024, 4096))
-        output = _text(rng, rng.randint(1024, 4096))
+        # 1-4 KB of text per record in total, split between the prompt and the output.
+        text_bytes = rng.randint(1024, 4096)
+        prompt_bytes = int(text_bytes * rng.uniform(0.3, 0.7))
+        prompt = _text(rng, prompt_bytes)
+        output = _text(rng, text_bytes - prompt_bytes)
         tokens = max(2, len(output) // 4)
-        events = max(1, tokens // 4)  # engines send a few tokens per SSE event
+        events = max(2, tokens // 2)  # engines stream one or a few tokens per SSE event
         ttft = rng.uniform(0.03, 0.4)
         itl = [round(rng.uniform(0.006, 0.05), 6) for _ in range(events - 1)]
         e2e = ttft + sum(itl)
@@ -130,6 +119,7 @@ def make_values(n: int, deployment: str, seed: int = 1) -> list[tuple[bytes, byt
                 ],
                 "max_tokens": 1024,
                 "temperature": 0.0,
+                "top_p": 1.0,
                 "seed": 1234,
                 "stream": True,
                 "stream_options": {"include_usage": True},
@@ -145,6 +135,14 @@ def make_values(n: int, deployment: str, seed: int = 1) -> list[tuple[bytes, byt
     return out
 
 
+def _parsed(values: list[tuple[bytes, bytes]]) -> list[ExchangeRecord]:
+    return [ExchangeRecord.model_validate_json(v) for _, v in values]
+
+
+def _prompt(rec: ExchangeRecord) -> str:
+    return "".join(m["content"] for m in rec.request["messages"] if m["role"] == "user")
+
+
 # -- services ----------------------------------------------------------------------------------
 
 
@@ -154,9 +152,11 @@ class FreshDatabases:
         self.admin = make_engine(self.server_url, isolation_level="AUTOCOMMIT")
         self.tag = uuid.uuid4().hex[:8]
         self.names: list[str] = []
+        self.created = 0
 
     def create(self) -> str:
-        name = f"bench_ingest_{self.tag}_{len(self.names)}"
+        name = f"bench_ingest_{self.tag}_{self.created}"
+        self.created += 1
         with self.admin.connect() as conn:
             conn.execute(text(f'CREATE DATABASE "{name}"'))
         self.names.append(name)
@@ -168,6 +168,7 @@ class FreshDatabases:
         with self.admin.connect() as conn:
             for name in self.names:
                 conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        self.names.clear()
         self.admin.dispose()
 
 
@@ -191,49 +192,95 @@ def produce(bootstrap: str, topic: str, values: list[tuple[bytes, bytes]]) -> fl
     return elapsed
 
 
-def ingest_once(
-    settings: IngestSettings, n: int, threaded: bool = True, profile: bool = False
-) -> tuple[float, float]:
-    """(startup seconds, seconds from first message to last commit) of one ingester run."""
+def _worker(
+    settings: IngestSettings,
+    partitions: int,
+    committed: Any,
+    first: Any,
+    stop: Any,
+    gc_tuning: bool,
+    profile: bool,
+) -> None:
+    """One ingester process, as `shadow-ab ingest` runs it: consume until ``stop`` is set.
+    Publishes its committed offsets (per partition of the exchanges topic) and the time its
+    first message arrived (perf_counter: CLOCK_MONOTONIC, the same in every process)."""
     engine = make_engine(settings.database_url)
     consumer = make_consumer(settings)
     producer = make_producer(settings)
-    runner = ThreadRunner()
-    processor = build_processor(
-        settings, consumer, producer, engine, runner=runner if threaded else InlineRunner()
-    )
+    processor = build_processor(settings, consumer, producer, engine)
+    if gc_tuning:
+        tune_gc()
     profiler = cProfile.Profile() if profile else None
     try:
-        t0 = time.perf_counter()
         processor.subscribe()
-        first: float | None = None
+        seen = False
         if profiler:
             profiler.enable()
-        while sum(processor.committed_offsets.values()) < n:
+        while not stop.is_set():
             processor.step()
-            if first is None and processor.taken:
-                first = time.perf_counter()
-            if time.perf_counter() - t0 > 900:
-                raise SystemExit(f"gave up: {sum(processor.committed_offsets.values())} of {n}")
-        end = time.perf_counter()
+            if not seen and processor.taken:
+                seen = True
+                now = time.perf_counter()
+                with first.get_lock():
+                    if first.value == 0 or now < first.value:
+                        first.value = now
+            for tp, off in processor.committed_offsets.items():
+                if tp.topic == settings.ingest_topic_exchanges and tp.partition < partitions:
+                    committed[tp.partition] = max(committed[tp.partition], off)
         if profiler:
             profiler.disable()
         assert processor.shutdown(30)
     finally:
-        runner.shutdown()
         consumer.close(autocommit=False)
         producer.close(timeout=10)
-        with engine.connect() as conn:
-            rows = conn.execute(text("SELECT count(*) FROM exchanges")).scalar_one()
         engine.dispose()
-    if rows != n:
-        raise SystemExit(f"expected {n} rows, found {rows}")
     if profiler:
         out = io.StringIO()
-        pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(30)
+        pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(25)
         print(out.getvalue())
-    assert first is not None
-    return first - t0, end - first
+
+
+def ingest_once(
+    settings: IngestSettings,
+    n: int,
+    workers: int,
+    gc_tuning: bool = True,
+    profile: bool = False,
+) -> tuple[float, float]:
+    """(startup seconds, seconds from the first message to the last offset committed) of
+    ``workers`` ingester processes in one consumer group."""
+    ctx = mp.get_context("spawn")
+    committed = ctx.Array("q", PARTITIONS, lock=False)
+    first = ctx.Value("d", 0.0)
+    stop = ctx.Event()
+    t0 = time.perf_counter()
+    procs = [
+        ctx.Process(
+            target=_worker,
+            args=(settings, PARTITIONS, committed, first, stop, gc_tuning, profile),
+            daemon=True,
+        )
+        for _ in range(workers)
+    ]
+    for p in procs:
+        p.start()
+    try:
+        while sum(committed) < n:
+            time.sleep(0.005)
+            if time.perf_counter() - t0 > 900 or not all(p.is_alive() for p in procs):
+                raise SystemExit(f"gave up: {sum(committed)} of {n} committed")
+        end = time.perf_counter()
+    finally:
+        stop.set()
+        for p in procs:
+            p.join(60)
+            if p.is_alive():
+                p.kill()
+    with make_engine(settings.database_url).connect() as conn:
+        rows = conn.execute(text("SELECT count(*) FROM exchanges")).scalar_one()
+    if rows != n:
+        raise SystemExit(f"expected {n} rows, found {rows}")
+    return first.value - t0, end - first.value
 
 
 # -- parts, each alone -------------------------------------------------------------------------
@@ -281,13 +328,20 @@ def main() -> None:
     parser.add_argument("--batch-sizes", default="100,1000,5000")
     parser.add_argument("--profile", action="store_true")
     parser.add_argument(
-        "--writer",
-        default="inline",
-        help="inline (as `shadow-ab ingest` runs), thread, or both (each batch size twice)",
+        "--workers", default="1,2", help="ingester processes in one consumer group, e.g. 1,2"
     )
+    parser.add_argument(
+        "--gc",
+        default="tuned",
+        help="tuned (as `shadow-ab ingest` runs: ingester.app.tune_gc), default, or both",
+    )
+    parser.add_argument("--repeat", type=int, default=1, help="run each configuration N times")
+    parser.add_argument("--parts", action=argparse.BooleanOptionalAction, default=True)
     args = parser.parse_args()
     n = args.records
     sizes = [int(s) for s in args.batch_sizes.split(",")]
+    worker_counts = [int(w) for w in args.workers.split(",")]
+    gcs = ["tuned", "default"] if args.gc == "both" else [args.gc]
 
     common = CommonSettings()
     bootstrap = common.kafka_bootstrap
@@ -305,24 +359,32 @@ def main() -> None:
         t = time.perf_counter()
         values = make_values(n, deployment=f"bench-{tag}")
         gen_s = time.perf_counter() - t
-        mean_kb = sum(len(v) for _, v in values) / n / 1024
+        mean_bytes = sum(len(v) for _, v in values) / n
+        mean_text = sum(len(r.output_text or "") + len(_prompt(r)) for r in _parsed(values)) / n
         produce_s = produce(bootstrap, topic, values)
         print(
-            f"{n} records, mean {mean_kb:.1f} KB of JSON each; generated in {gen_s:.1f}s,"
+            f"{n} records, mean {mean_bytes:,.0f} bytes of JSON each ({mean_text:,.0f} bytes of"
+            f" prompt + output text); generated in {gen_s:.1f}s,"
             f" produced in {produce_s:.1f}s ({n / produce_s:,.0f}/s, kafka-python acks=all)"
         )
         print()
         print(
-            "| batch size | writer | records | startup s | seconds | records/s"
-            " | ratio to 10,000/s |"
+            "| batch size | workers | gc | records | avg record bytes | startup s | seconds"
+            " | records/s | ratio to 10,000/s |"
         )
-        print("|---:|---|---:|---:|---:|---:|---:|")
-        writers = ["inline", "thread"] if args.writer == "both" else [args.writer]
-        for size, writer in [(size, w) for size in sizes for w in writers]:
+        print("|---:|---:|---|---:|---:|---:|---:|---:|---:|")
+        runs = [
+            (size, workers, gc_mode)
+            for _ in range(args.repeat)
+            for size in sizes
+            for workers in worker_counts
+            for gc_mode in gcs
+        ]
+        for i, (size, workers, gc_mode) in enumerate(runs):
             settings = IngestSettings(
                 kafka_bootstrap=bootstrap,
                 database_url=dbs.create(),
-                ingest_group=f"bench-{tag}-{size}-{writer}",
+                ingest_group=f"bench-{tag}-{i}",
                 ingest_batch_size=size,
                 ingest_batch_timeout_ms=1000,
                 ingest_topic_exchanges=topic,
@@ -331,13 +393,21 @@ def main() -> None:
                 ingest_create_topics=False,
             )
             startup, seconds = ingest_once(
-                settings, n, writer == "thread", profile=args.profile and size == 1000
+                settings,
+                n,
+                workers,
+                gc_tuning=gc_mode == "tuned",
+                profile=args.profile and size == 1000,
             )
+            dbs.drop_all()
             rate = n / seconds
             print(
-                f"| {size:,} | {writer} | {n:,} | {startup:.2f} | {seconds:.2f} | {rate:,.0f} |"
-                f" {rate / GOAL:.2f} |"
+                f"| {size:,} | {workers} | {gc_mode} | {n:,} | {mean_bytes:,.0f} | {startup:.2f}"
+                f" | {seconds:.2f} | {rate:,.0f} | {rate / GOAL:.2f} |",
+                flush=True,
             )
+        if not args.parts:
+            return
 
         # Where the time goes: each part alone, on the same records, microseconds per record.
         print()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import random
 from typing import Any
@@ -24,6 +25,26 @@ from ingester.steps import (
 )
 
 log = logging.getLogger(__name__)
+
+
+GC_THRESHOLD_GEN0 = 50_000
+"""Allocations between young-generation collections (CPython's default is 700)."""
+
+
+def tune_gc() -> None:
+    """Make garbage collection cheap for the ingester's allocation pattern.
+
+    Decoding allocates several container objects per record (the record, its request dict,
+    lists), all freed together by reference counting once the batch is written; cycles are
+    rare. With CPython's defaults the collector runs every 700 allocations and, as a batch of
+    thousands of records is alive, keeps re-scanning it: measured, a third of decode time.
+    Objects alive now (modules, clients) are frozen out of collection; young collections run
+    every :data:`GC_THRESHOLD_GEN0` allocations. Cycles are still collected.
+    """
+    gc.collect()
+    gc.freeze()
+    _, gen1, gen2 = gc.get_threshold()
+    gc.set_threshold(GC_THRESHOLD_GEN0, gen1, gen2)
 
 
 def build_processor(
@@ -102,6 +123,7 @@ def open_processor(settings: IngestSettings) -> tuple[StreamProcessor, list[Any]
     consumer = make_consumer(settings)
     metrics.serve(settings.ingest_metrics_port, settings.ingest_metrics_host)
     processor = build_processor(settings, consumer, producer, engine)
+    tune_gc()
     return processor, [consumer, producer, engine]
 
 
