@@ -38,6 +38,12 @@ def load_settings(**overrides: Any) -> IngestSettings:
 @click.option("--batch-size", "ingest_batch_size", type=int, help="Messages per batch.")
 @click.option("--batch-timeout-ms", "ingest_batch_timeout_ms", type=int, help="Max age of a batch.")
 @click.option(
+    "--workers",
+    "ingest_workers",
+    type=int,
+    help="Consumer processes in the group; each takes some of the partitions. 2 on 2 cores.",
+)
+@click.option(
     "--metrics-port", "ingest_metrics_port", type=int, help="Prometheus port on 127.0.0.1 (0=off)."
 )
 @click.option("--exchanges-topic", "ingest_topic_exchanges", help="Topic of exchange records.")
@@ -50,14 +56,31 @@ def ingest(verbose: bool, **flags: Any) -> None:
     Poison messages go to the dead-letter topic with the reason in a header. While the store is
     unreachable, consumption pauses and the batch is retried with backoff. SIGTERM or SIGINT
     write and commit the current batch, then exit 0.
+
+    With --workers N, N consumer processes share the consumer group (Python runs one core per
+    process); SIGTERM/SIGINT are passed on to each, worker i serves metrics on port + i, and
+    the command exits non-zero if any worker did.
     """
+    _log_setup(verbose)
+    settings = load_settings(**flags)
+    if settings.ingest_workers > 1:
+        from ingester.workers import run_workers
+
+        raise SystemExit(run_workers(settings, verbose))
+    run_one(settings)
+
+
+def _log_setup(verbose: bool, prefix: str = "") -> None:
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        format=f"%(asctime)s %(levelname)s {prefix}%(name)s: %(message)s",
         stream=sys.stderr,
     )
-    settings = load_settings(**flags)
 
+
+def run_one(settings: IngestSettings) -> None:
+    """One ingester in this process, until SIGTERM/SIGINT; raises SystemExit(1) or
+    ClickException when it could not finish cleanly."""
     from ingester.app import close_all, open_processor
     from shadow_ab.topics import TopicError
     from storage.errors import StorageError
@@ -102,6 +125,7 @@ _FLAGS = {
     "ingest_group": "--group",
     "ingest_batch_size": "--batch-size",
     "ingest_batch_timeout_ms": "--batch-timeout-ms",
+    "ingest_workers": "--workers",
     "ingest_metrics_port": "--metrics-port",
     "ingest_topic_exchanges": "--exchanges-topic",
     "ingest_topic_health": "--health-topic",

@@ -25,6 +25,12 @@ class IngestSettings(CommonSettings):
         le=600_000,
         description="...or when its first message is this old (milliseconds)",
     )
+    ingest_workers: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="consumer processes in the group (the partitions are spread across them)",
+    )
     ingest_metrics_port: int = Field(
         default=0, ge=0, le=65535, description="serve Prometheus /metrics here; 0 = off"
     )

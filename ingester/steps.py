@@ -143,7 +143,8 @@ class CommitOffsets:
 class Runner(Protocol):
     """Where a batch write runs. The ingester writes inline: a writer thread overlapping the
     next batch's fetch and decode was measured slower on 2 cores (GIL contention with psycopg's
-    COPY row encoding; see ``bench/ingest.py --writer both``)."""
+    COPY row encoding; measured with ``bench/ingest.py --writer both`` as of commit 305d903).
+    To use both cores, run more processes instead: ``shadow-ab ingest --workers 2``."""
 
     def submit(self, fn: Callable[[], None]) -> Future[None]: ...
 

@@ -186,11 +186,12 @@ class IngestProcess:
         self._log = log_path.open("ab")
         self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, env=env)
 
-    def metric(self, name: str) -> float:
-        """Sum of a metric's samples from the child's /metrics (0 if not there yet)."""
+    def metric(self, name: str, worker: int = 0) -> float:
+        """Sum of a metric's samples from the child's /metrics (0 if not there yet); with
+        ``--workers``, from worker ``worker`` (it serves on the metrics port + its index)."""
         try:
             with urllib.request.urlopen(
-                f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=2
+                f"http://127.0.0.1:{self.metrics_port + worker}/metrics", timeout=2
             ) as resp:
                 body = resp.read().decode()
         except OSError:

@@ -128,6 +128,40 @@ def _read_all(bootstrap: str, topic: str, expected: int) -> list[object]:
     return got
 
 
+def test_two_workers_share_the_partitions_and_n_records_make_exactly_n_rows(
+    kafka_bootstrap: str, ingest_db_url: str, ingest_engine: Engine, topics: Topics, tmp_path: Path
+) -> None:
+    n = 600
+    settings = settings_for(topics, kafka_bootstrap, ingest_db_url, ingest_batch_size=50)
+    proc = IngestProcess(settings, tmp_path / "ingest.log", "--workers", "2")
+    try:
+
+        def both_assigned() -> bool:
+            log = proc.log()
+            return all(
+                f"[worker {i}] ingester.processor: partitions assigned: [(" in log for i in (0, 1)
+            )
+
+        wait_for(both_assigned, "both workers to be assigned partitions", proc=proc)
+        produce(kafka_bootstrap, topics.exchanges, _exchanges(topics.deployment, 0, n))
+        wait_for(
+            lambda: committed_total(kafka_bootstrap, topics.group) == n,
+            f"the workers to commit all {n} offsets",
+            proc=proc,
+        )
+        written = [proc.metric("shadow_ab_ingest_rows_written_total", worker=i) for i in (0, 1)]
+        proc.signal(signal.SIGTERM)
+        code = proc.wait()
+        assert code == 0, proc.log()
+    finally:
+        proc.stop()
+    assert count_rows(ingest_engine, "exchanges", topics.deployment) == n
+    assert sum(written) == n  # every row written once, by one worker or the other
+    assert all(w > 0 for w in written), f"one worker wrote nothing: {written}"
+    assert committed_total(kafka_bootstrap, topics.group) == n
+    assert "all 2 workers stopped cleanly" in proc.log()
+
+
 def test_sigterm_with_a_pending_batch_writes_it_commits_and_exits_0(
     kafka_bootstrap: str, ingest_db_url: str, ingest_engine: Engine, topics: Topics, tmp_path: Path
 ) -> None:
