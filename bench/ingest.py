@@ -28,6 +28,7 @@ import argparse
 import cProfile
 import io
 import multiprocessing as mp
+import os
 import pstats
 import random
 import time
@@ -53,6 +54,7 @@ from storage.write import write_exchanges
 
 GOAL = 10_000
 PARTITIONS = 6  # as shadow.exchanges
+CPU_GROUPS = ("ingester", "postgres", "kafka", "other", "idle")
 WORDS = (
     "the of and to in is that for it as with was on be by this are or at from an which have"
     " latency token model engine batch request response stream cache memory decode prefill"
@@ -194,16 +196,17 @@ def produce(bootstrap: str, topic: str, values: list[tuple[bytes, bytes]]) -> fl
 
 def _worker(
     settings: IngestSettings,
+    index: int,
     partitions: int,
     committed: Any,
-    first: Any,
+    assigned: Any,
     stop: Any,
     gc_tuning: bool,
     profile: bool,
 ) -> None:
     """One ingester process, as `shadow-ab ingest` runs it: consume until ``stop`` is set.
-    Publishes its committed offsets (per partition of the exchanges topic) and the time its
-    first message arrived (perf_counter: CLOCK_MONOTONIC, the same in every process)."""
+    Publishes its committed offsets (per partition of the exchanges topic) and how many
+    partitions of that topic it has now (``assigned[index]``)."""
     engine = make_engine(settings.database_url)
     consumer = make_consumer(settings)
     producer = make_producer(settings)
@@ -213,17 +216,13 @@ def _worker(
     profiler = cProfile.Profile() if profile else None
     try:
         processor.subscribe()
-        seen = False
         if profiler:
             profiler.enable()
         while not stop.is_set():
             processor.step()
-            if not seen and processor.taken:
-                seen = True
-                now = time.perf_counter()
-                with first.get_lock():
-                    if first.value == 0 or now < first.value:
-                        first.value = now
+            assigned[index] = sum(
+                1 for tp in consumer.assignment() if tp.topic == settings.ingest_topic_exchanges
+            )
             for tp, off in processor.committed_offsets.items():
                 if tp.topic == settings.ingest_topic_exchanges and tp.partition < partitions:
                     committed[tp.partition] = max(committed[tp.partition], off)
@@ -240,36 +239,83 @@ def _worker(
         print(out.getvalue())
 
 
+def _cpu_by_process(workers: set[int]) -> dict[str, float]:
+    """CPU seconds used so far by the ingester workers, PostgreSQL, Kafka (java) and the rest
+    of the machine, from /proc (Linux); plus "idle" from /proc/stat."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {"ingester": 0.0, "postgres": 0.0, "kafka": 0.0, "other": 0.0}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        comm = stat[stat.index("(") + 1 : stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2 :].split()
+        used = (int(fields[11]) + int(fields[12])) / tick
+        pid = int(entry)
+        group = (
+            "ingester"
+            if pid in workers
+            else "postgres"
+            if comm.startswith("postgres")
+            else "kafka"
+            if comm == "java"
+            else "other"
+        )
+        out[group] += used
+    with open("/proc/stat") as f:
+        cpu = f.readline().split()
+    out["idle"] = (int(cpu[4]) + int(cpu[5])) / tick
+    return out
+
+
+LAST_CPU: dict[str, float] = {}
+"""CPU seconds per record of the last measured run, by process group (see _cpu_by_process)."""
+
+
 def ingest_once(
     settings: IngestSettings,
     n: int,
     workers: int,
     gc_tuning: bool = True,
     profile: bool = False,
-) -> tuple[float, float]:
-    """(startup seconds, seconds from the first message to the last offset committed) of
-    ``workers`` ingester processes in one consumer group."""
+) -> tuple[float, int, float]:
+    """Run ``workers`` ingester processes in one consumer group until all ``n`` records are
+    committed. Returns (startup seconds, records measured, seconds): the measurement starts
+    once every worker holds partitions (the group is stable: no more rebalances) and counts
+    the records committed from then on."""
     ctx = mp.get_context("spawn")
     committed = ctx.Array("q", PARTITIONS, lock=False)
-    first = ctx.Value("d", 0.0)
+    assigned = ctx.Array("q", workers, lock=False)
     stop = ctx.Event()
     t0 = time.perf_counter()
     procs = [
         ctx.Process(
             target=_worker,
-            args=(settings, PARTITIONS, committed, first, stop, gc_tuning, profile),
+            args=(settings, i, PARTITIONS, committed, assigned, stop, gc_tuning, profile),
             daemon=True,
         )
-        for _ in range(workers)
+        for i in range(workers)
     ]
     for p in procs:
         p.start()
+    start: tuple[float, int] | None = None
     try:
-        while sum(committed) < n:
-            time.sleep(0.005)
+        while True:
+            done = sum(committed)
+            if start is None and all(assigned) and sum(assigned) == PARTITIONS:
+                start = (time.perf_counter(), done)
+                cpu0 = _cpu_by_process({p.pid for p in procs if p.pid is not None})
+            if done >= n:
+                break
+            time.sleep(0.002)
             if time.perf_counter() - t0 > 900 or not all(p.is_alive() for p in procs):
-                raise SystemExit(f"gave up: {sum(committed)} of {n} committed")
+                raise SystemExit(f"gave up: {done} of {n} committed")
         end = time.perf_counter()
+        cpu1 = _cpu_by_process({p.pid for p in procs if p.pid is not None})
     finally:
         stop.set()
         for p in procs:
@@ -280,7 +326,10 @@ def ingest_once(
         rows = conn.execute(text("SELECT count(*) FROM exchanges")).scalar_one()
     if rows != n:
         raise SystemExit(f"expected {n} rows, found {rows}")
-    return first.value - t0, end - first.value
+    assert start is not None
+    LAST_CPU.clear()
+    LAST_CPU.update({k: (cpu1[k] - cpu0[k]) / (n - start[1]) for k in cpu1})
+    return start[0] - t0, n - start[1], end - start[0]
 
 
 # -- parts, each alone -------------------------------------------------------------------------
@@ -369,10 +418,12 @@ def main() -> None:
         )
         print()
         print(
-            "| batch size | workers | gc | records | avg record bytes | startup s | seconds"
-            " | records/s | ratio to 10,000/s |"
+            "| batch size | workers | gc | records measured | avg record bytes | startup s"
+            " | seconds"
+            " | records/s | ratio to 10,000/s | CPU us/record: ingester / postgres / kafka / other"
+            " / idle |"
         )
-        print("|---:|---:|---|---:|---:|---:|---:|---:|---:|")
+        print("|---:|---:|---|---:|---:|---:|---:|---:|---:|---|")
         runs = [
             (size, workers, gc_mode)
             for _ in range(args.repeat)
@@ -392,7 +443,7 @@ def main() -> None:
                 ingest_topic_dlq=dlq,
                 ingest_create_topics=False,
             )
-            startup, seconds = ingest_once(
+            startup, measured, seconds = ingest_once(
                 settings,
                 n,
                 workers,
@@ -400,10 +451,12 @@ def main() -> None:
                 profile=args.profile and size == 1000,
             )
             dbs.drop_all()
-            rate = n / seconds
+            rate = measured / seconds
             print(
-                f"| {size:,} | {workers} | {gc_mode} | {n:,} | {mean_bytes:,.0f} | {startup:.2f}"
-                f" | {seconds:.2f} | {rate:,.0f} | {rate / GOAL:.2f} |",
+                f"| {size:,} | {workers} | {gc_mode} | {measured:,} | {mean_bytes:,.0f}"
+                f" | {startup:.2f} | {seconds:.2f} | {rate:,.0f} | {rate / GOAL:.2f} | "
+                + " / ".join(f"{LAST_CPU[k] * 1e6:.0f}" for k in CPU_GROUPS)
+                + " |",
                 flush=True,
             )
         if not args.parts:
