@@ -384,6 +384,11 @@ def main() -> None:
         default="tuned",
         help="tuned (as `shadow-ab ingest` runs: ingester.app.tune_gc), default, or both",
     )
+    parser.add_argument(
+        "--fetch-partition-kb",
+        default="8192",
+        help="SHADOW_AB_INGEST_FETCH_PARTITION_KB values to compare, e.g. 1024,8192",
+    )
     parser.add_argument("--repeat", type=int, default=1, help="run each configuration N times")
     parser.add_argument("--parts", action=argparse.BooleanOptionalAction, default=True)
     args = parser.parse_args()
@@ -391,6 +396,7 @@ def main() -> None:
     sizes = [int(s) for s in args.batch_sizes.split(",")]
     worker_counts = [int(w) for w in args.workers.split(",")]
     gcs = ["tuned", "default"] if args.gc == "both" else [args.gc]
+    fetch_kbs = [int(k) for k in args.fetch_partition_kb.split(",")]
 
     common = CommonSettings()
     bootstrap = common.kafka_bootstrap
@@ -418,20 +424,21 @@ def main() -> None:
         )
         print()
         print(
-            "| batch size | workers | gc | records measured | avg record bytes | startup s"
-            " | seconds"
+            "| batch size | workers | gc | fetch KiB | records measured | avg record bytes"
+            " | startup s | seconds"
             " | records/s | ratio to 10,000/s | CPU us/record: ingester / postgres / kafka / other"
             " / idle |"
         )
-        print("|---:|---:|---|---:|---:|---:|---:|---:|---:|---|")
+        print("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---|")
         runs = [
-            (size, workers, gc_mode)
+            (size, workers, gc_mode, fetch_kb)
             for _ in range(args.repeat)
             for size in sizes
             for workers in worker_counts
             for gc_mode in gcs
+            for fetch_kb in fetch_kbs
         ]
-        for i, (size, workers, gc_mode) in enumerate(runs):
+        for i, (size, workers, gc_mode, fetch_kb) in enumerate(runs):
             settings = IngestSettings(
                 kafka_bootstrap=bootstrap,
                 database_url=dbs.create(),
@@ -442,6 +449,7 @@ def main() -> None:
                 ingest_topic_health=health,
                 ingest_topic_dlq=dlq,
                 ingest_create_topics=False,
+                ingest_fetch_partition_kb=fetch_kb,
             )
             startup, measured, seconds = ingest_once(
                 settings,
@@ -453,8 +461,9 @@ def main() -> None:
             dbs.drop_all()
             rate = measured / seconds
             print(
-                f"| {size:,} | {workers} | {gc_mode} | {measured:,} | {mean_bytes:,.0f}"
-                f" | {startup:.2f} | {seconds:.2f} | {rate:,.0f} | {rate / GOAL:.2f} | "
+                f"| {size:,} | {workers} | {gc_mode} | {fetch_kb:,} | {measured:,}"
+                f" | {mean_bytes:,.0f} | {startup:.2f} | {seconds:.2f} | {rate:,.0f}"
+                f" | {rate / GOAL:.2f} | "
                 + " / ".join(f"{LAST_CPU[k] * 1e6:.0f}" for k in CPU_GROUPS)
                 + " |",
                 flush=True,

@@ -33,7 +33,7 @@ def make_consumer(settings: IngestSettings, *, client_id: str = "shadow-ab-inges
             session_timeout_ms=settings.ingest_session_timeout_ms,
             heartbeat_interval_ms=min(3000, settings.ingest_session_timeout_ms // 3),
             # Larger fetches: records are 1-4 KB, the default 1 MiB per partition is ~300 of them.
-            max_partition_fetch_bytes=8 * 1024 * 1024,
+            max_partition_fetch_bytes=settings.ingest_fetch_partition_kb * 1024,
             fetch_max_bytes=64 * 1024 * 1024,
             # Eager rebalancing: every partition is revoked and positions restart from the
             # committed offsets, which the processor relies on when it drops an unwritten batch.

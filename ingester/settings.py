@@ -31,6 +31,12 @@ class IngestSettings(CommonSettings):
         le=64,
         description="consumer processes in the group (the partitions are spread across them)",
     )
+    ingest_fetch_partition_kb: int = Field(
+        default=8192,
+        ge=64,
+        le=1024 * 1024,
+        description="most a Kafka fetch brings per partition (KiB); see ingester.clients",
+    )
     ingest_metrics_port: int = Field(
         default=0, ge=0, le=65535, description="serve Prometheus /metrics here; 0 = off"
     )
