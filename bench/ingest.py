@@ -1,25 +1,39 @@
 """Sustained Kafka -> PostgreSQL throughput of the ingester, for batch sizes 100 / 1,000 / 5,000.
 
     eval "$(shadow-ab services env)"
-    python bench/ingest.py [--records N] [--batch-sizes 100,1000,5000] [--writer thread|inline|both]
-                           [--profile]
+    python bench/ingest.py [--records N] [--batch-sizes 100,1000,5000] [--workers 1,2]
+                           [--gc tuned|default|both] [--fetch-partition-kb 8192] [--repeat R]
+                           [--no-parts] [--profile]
 
 Needs `shadow-ab services up` and its SHADOW_AB_* variables in the environment.
-Produces N realistic exchange records (1-4 KB of output text, a chat request with a 1-4 KB
-prompt, per-token inter-token latencies, logprobs-free) to a fresh topic, then for each batch
-size runs the real ingester (kafka-python consumer, decode + pydantic validation, COPY into
-PostgreSQL, offset commit) in this process with a fresh consumer group and a fresh database,
-until every offset is committed. Prints a table of records/s and the ratio to the 10,000/s goal.
 
-"seconds" runs from the first message received to the last offset committed (group join and
-partition assignment excluded; they are printed apart as "startup").
+The records (``make_values``): N exchange records as the mirror sends them, a third each
+incumbent / candidate / replay, streamed chat completions. Each carries 1-4 KB of text in
+total (uniform), split 30-70 % / 70-30 % between the user prompt (in ``request.messages``,
+after a one-line system prompt) and ``output_text``; the words come from a 45-word vocabulary.
+``itl_s`` has one inter-token latency per SSE event after the first, assuming 4 characters a
+token and 2 tokens an event (about 40-360 floats, 6 decimals); ``request`` also carries model,
+max_tokens, temperature, top_p, seed, stream and stream_options; plus the scalar timings,
+token counts, in-flight counts and a guard dict; no logprobs. The table prints the mean
+JSON size (about 4.8 KB: about 2.6 KB of text, the rest mostly ITL floats and field names).
 
-Then it splits the time per record into its parts, each measured alone on the same records:
-fetching from Kafka (consumer poll only), JSON decode (orjson), pydantic validation, and the
-store write (storage.write.write_exchanges: row conversion + COPY + INSERT .. ON CONFLICT).
-``--writer both`` runs each batch size twice: store writes inline (as ``shadow-ab ingest``
-does) and on a writer thread that overlaps the next batch's fetch and decode.
-``--profile`` also prints the top functions of a cProfile run of the 1,000 batch size.
+They are produced to a fresh 6-partition topic (as ``shadow.exchanges``); then, for each batch
+size and worker count, ``--workers`` processes each run the real ingester exactly as
+``shadow-ab ingest --workers N`` does (kafka-python consumer, decode + pydantic validation,
+binary COPY into PostgreSQL, offset commit after the store commit; ``tune_gc`` unless
+``--gc default``) in one fresh consumer group, into a fresh database, until every offset is
+committed; the row count is then checked to be exactly N.
+
+The measurement starts once every worker holds partitions (so joining the group and the
+rebalances as workers join are excluded; they are printed apart as "startup") and counts the
+records committed from then on ("records measured"). The CPU columns split the machine's CPU
+time over that window per record: the ingester workers, PostgreSQL, Kafka (java), every other
+process, and idle (including I/O wait); 2 cores give 2 CPU-seconds a second.
+
+Then (unless ``--no-parts``) it splits the time per record into its parts, each measured alone
+on the same records: fetching from Kafka (consumer poll only), decode + validation, and the
+store write (storage.write.write_exchanges: row building + COPY + commit).
+``--profile`` prints each worker's top functions (cProfile) for the 1,000 batch size.
 """
 
 from __future__ import annotations
