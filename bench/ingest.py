@@ -488,6 +488,8 @@ def main() -> None:
         # Where the time goes: each part alone, on the same records, microseconds per record.
         print()
         consume_s = time_consume_only(bootstrap, topic, n)
+        if "tuned" in gcs:
+            tune_gc()  # as the ingester runs
         decoded: list[Any] = []
         decode_us = per_record(lambda: decoded.extend(decode(v, "exchange") for _, v in values), n)
         records = [r for r in decoded if isinstance(r, ExchangeRecord)]
