@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -105,21 +106,20 @@ def test_poison_goes_to_the_dlq_with_its_reason_and_the_rest_is_stored(
     assert reasons[poison[2][1]].startswith("unsupported_schema_version: ")
 
 
-def _read_all(bootstrap: str, topic: str, expected: int) -> list[object]:
+def _read_all(bootstrap: str, topic: str, expected: int) -> list[Any]:
     from kafka import KafkaConsumer
 
     consumer = KafkaConsumer(
         topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest", group_id=None
     )
-    got: list[object] = []
+    got: list[Any] = []
+
+    def read_more() -> bool:
+        got.extend(m for ms in consumer.poll(timeout_ms=500).values() for m in ms)
+        return len(got) >= expected
+
     try:
-        wait_for(
-            lambda: (
-                bool(got.extend(m for ms in consumer.poll(timeout_ms=500).values() for m in ms))
-                or len(got) >= expected
-            ),
-            f"{expected} dead letters on {topic}",
-        )
+        wait_for(read_more, f"{expected} dead letters on {topic}")
         # Nothing beyond the expected ones.
         extra = [m for ms in consumer.poll(timeout_ms=1000).values() for m in ms]
         assert extra == []

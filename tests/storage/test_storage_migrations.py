@@ -100,7 +100,7 @@ def test_models_match_migrations_postgres(pg_engine: Engine) -> None:
 
 def test_postgres_big_tables_are_partitioned_by_day(pg_engine: Engine) -> None:
     with pg_engine.connect() as conn:
-        keys = dict(
+        keys: dict[str, str] = dict(
             conn.execute(
                 text(
                     "SELECT c.relname, pg_get_partkeydef(c.oid) FROM pg_class c"

@@ -12,6 +12,7 @@ from sqlalchemy import Engine, text
 from store_factories import exchange, exchanges, health_series
 from test_storage_errors import closed_port
 
+from shadow_ab.records import ExchangeRecord, HealthSample
 from storage.db import make_engine
 from storage.sink import DirectSink
 
@@ -107,7 +108,8 @@ def test_close_flushes_everything(
     sqlite_engine: Engine, sink_factory: Callable[..., DirectSink]
 ) -> None:
     sink = sink_factory(sqlite_engine, batch_size=1000, flush_interval_s=3600)
-    for rec in [*exchanges(7), *health_series(4)]:
+    batch: list[ExchangeRecord | HealthSample] = [*exchanges(7), *health_series(4)]
+    for rec in batch:
         assert sink.submit(rec)
     assert sink.close(timeout=10)
     assert count(sqlite_engine) == 7
