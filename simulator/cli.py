@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import cast
 
 import click
 
-from simulator.scenario import ScenarioError, load_scenario, shipped
+from shadow_ab.settings import state_dir
+from simulator.scenario import Flavor, ScenarioError, load_scenario, shipped
 
 
 @click.command(name="sim", context_settings={"help_option_names": ["-h", "--help"]})
@@ -49,7 +51,7 @@ def sim(
     """Run a simulated vLLM or TensorRT-LLM server (restarted after injected crashes)."""
     overrides = {} if time_scale is None else {"time_scale": time_scale}
     try:
-        scenario = load_scenario(config, flavor, **overrides)  # type: ignore[arg-type]
+        scenario = load_scenario(config, cast(Flavor, flavor), **overrides)
     except ScenarioError as exc:
         raise click.ClickException(str(exc)) from exc
     if check:
@@ -58,7 +60,7 @@ def sim(
     if no_ledger:
         ledger = None
     elif ledger is None:
-        ledger = Path("var") / "sim" / f"{flavor}-{port}.jsonl"
+        ledger = state_dir() / "sim" / f"{flavor}-{port}.jsonl"
     from simulator.supervisor import Supervisor
 
     sys.exit(Supervisor(scenario, host=host, port=port, ledger=ledger, engine=engine_name).run())
