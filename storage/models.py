@@ -42,6 +42,10 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 # JSONB on PostgreSQL (indexable, compact), JSON text on SQLite; Python None is SQL NULL.
 JsonDoc = JSON(none_as_null=True).with_variant(postgresql.JSONB(none_as_null=True), "postgresql")
+# float8[] on PostgreSQL (8 bytes a value, no text parsing on insert), a JSON array on SQLite.
+FloatList = JSON(none_as_null=True).with_variant(
+    postgresql.ARRAY(postgresql.DOUBLE_PRECISION()), "postgresql"
+)
 # 64-bit ids on PostgreSQL; SQLite only autoincrements a column typed exactly INTEGER.
 BigId = BigInteger().with_variant(Integer(), "sqlite")
 Timestamp = DateTime(timezone=True)
@@ -105,7 +109,7 @@ class Exchange(Base):
     ttft_s: Mapped[float | None] = mapped_column(Float)
     e2e_s: Mapped[float | None] = mapped_column(Float)
     tpot_s: Mapped[float | None] = mapped_column(Float)
-    itl_s: Mapped[list[float]] = mapped_column(JsonDoc, nullable=False)
+    itl_s: Mapped[list[float]] = mapped_column(FloatList, nullable=False)
     prompt_tokens: Mapped[int | None] = mapped_column(Integer)
     completion_tokens: Mapped[int | None] = mapped_column(Integer)
     finish_reason: Mapped[str | None] = mapped_column(Text)

@@ -11,7 +11,8 @@ Used by the direct sink (:mod:`storage.sink`) and by the Kafka ingester. Each ca
 - raises :class:`~storage.errors.StoreUnavailable` when the database cannot be reached (retry
   the same batch with backoff) and :class:`~storage.errors.StoreError` otherwise.
 
-PostgreSQL: binary ``COPY`` straight into the table inside a savepoint; when a row is already
+PostgreSQL: binary ``COPY`` straight into the table inside a savepoint, ``jsonb`` and
+``float8[]`` values encoded here in their binary formats (:data:`WIRE`); when a row is already
 there (a replayed batch), roll back to the savepoint and ``COPY`` into a temporary table, then
 ``INSERT ... SELECT ... ON CONFLICT DO NOTHING``. Rows go in key order, so concurrent writers of
 overlapping batches take their locks in the same order (a deadlock would be retried anyway).
@@ -20,10 +21,12 @@ SQLite: ``executemany`` of ``INSERT ... ON CONFLICT DO NOTHING``.
 
 from __future__ import annotations
 
+import struct
 import uuid
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from functools import lru_cache
 from typing import Any, TypeVar
 
 import orjson
@@ -89,7 +92,7 @@ EXCHANGE_PG_TYPES = (
     "float8",
     "float8",
     "float8",
-    "jsonb",
+    "float8[]",
     "int4",
     "int4",
     "text",
@@ -174,11 +177,52 @@ def jsonb_wire(value: Any) -> bytes | None:
     return b"\x01" + orjson.dumps(value, default=_model_fields)
 
 
-def exchange_values(
-    rec: ExchangeRecord, json: Callable[[Any], Any] = plain_json
-) -> tuple[Any, ...]:
-    """The row of one exchange record, in :data:`EXCHANGE_COLUMNS` order; ``json`` converts
-    the JSON columns (:func:`plain_json` for SQLAlchemy, :func:`jsonb_wire` for COPY)."""
+# float8[] in PostgreSQL's binary array format: ndim, has-nulls flag, element type oid (701 is
+# float8), then per dimension its length and lower bound, then per element its byte length (8)
+# and the big-endian double. An empty array is ndim 0 with nothing after the element type.
+_FLOAT8_OID = 701
+_EMPTY_FLOAT8_ARRAY = struct.pack("!iiI", 0, 0, _FLOAT8_OID)
+
+
+@lru_cache(maxsize=4096)
+def _float8_array_struct(n: int) -> tuple[struct.Struct, bytes]:
+    # "4x" leaves each element's length field zero; the caller writes the 8s in one slice.
+    return struct.Struct("!iiIii" + "4xd" * n), b"\x08" * n
+
+
+def float8_array_wire(values: Sequence[float]) -> bytes | bytearray:
+    """A list of floats in PostgreSQL's binary ``float8[]`` format, sent as if it were
+    ``bytea`` like :func:`jsonb_wire` values (the column's ``array_recv`` reads it): one
+    ``struct`` call instead of psycopg's list adaptation, and the server parses no text."""
+    n = len(values)
+    if not n:
+        return _EMPTY_FLOAT8_ARRAY
+    layout, eights = _float8_array_struct(n)
+    out = bytearray(layout.size)
+    layout.pack_into(out, 0, 1, 0, _FLOAT8_OID, n, 1, *values)
+    out[23::12] = eights  # the low byte of every element's length
+    return out
+
+
+@dataclass(frozen=True)
+class Encoding:
+    """How the writers convert the columns that are not plain scalars: the JSON columns
+    (``jsonb`` on PostgreSQL) and the float lists (``float8[]`` on PostgreSQL)."""
+
+    json: Callable[[Any], Any]
+    floats: Callable[[list[float]], Any]
+
+
+PLAIN = Encoding(json=plain_json, floats=plain_json)
+"""Plain Python objects (SQLAlchemy, and the SQLite writer, which serializes them as JSON)."""
+WIRE = Encoding(json=jsonb_wire, floats=float8_array_wire)
+"""PostgreSQL binary COPY: values already in the columns' binary formats."""
+
+
+def exchange_values(rec: ExchangeRecord, enc: Encoding = PLAIN) -> tuple[Any, ...]:
+    """The row of one exchange record, in :data:`EXCHANGE_COLUMNS` order; ``enc`` converts
+    the JSON and float-list columns (:data:`PLAIN` or :data:`WIRE` for COPY)."""
+    json = enc.json
     return (
         rec.pair_id,
         rec.role.value,
@@ -195,7 +239,7 @@ def exchange_values(
         rec.ttft_s,
         rec.e2e_s,
         rec.tpot_s,
-        json(rec.itl_s),
+        enc.floats(rec.itl_s),
         rec.prompt_tokens,
         rec.completion_tokens,
         rec.finish_reason,
@@ -209,8 +253,9 @@ def exchange_values(
     )
 
 
-def health_values(rec: HealthSample, json: Callable[[Any], Any] = plain_json) -> tuple[Any, ...]:
+def health_values(rec: HealthSample, enc: Encoding = PLAIN) -> tuple[Any, ...]:
     """The row of one health sample, in :data:`HEALTH_COLUMNS` order."""
+    json = enc.json
     return (
         rec.engine,
         rec.ts,
@@ -293,7 +338,7 @@ def write_exchanges(engine: Engine, records: Sequence[ExchangeRecord]) -> int:
     return _write(
         engine,
         _EXCHANGE_SPEC,
-        lambda json: [exchange_values(r, json) for r in unique],
+        lambda enc: [exchange_values(r, enc) for r in unique],
         {r.deployment for r in unique},
         {day_of(r.sent_at) for r in unique},
     )
@@ -308,7 +353,7 @@ def write_health(engine: Engine, samples: Sequence[HealthSample]) -> int:
     return _write(
         engine,
         _HEALTH_SPEC,
-        lambda json: [health_values(r, json) for r in unique],
+        lambda enc: [health_values(r, enc) for r in unique],
         {r.deployment for r in unique},
         {day_of(r.ts) for r in unique},
     )
@@ -346,8 +391,12 @@ class _TableSpec:
 
     @property
     def copy_types(self) -> list[str]:
-        """Types announced to COPY: jsonb values are already in wire format (jsonb_wire)."""
-        return ["bytea" if t == "jsonb" else t for t in self.pg_types]
+        """Types announced to COPY: jsonb and float8[] values are already in their binary
+        formats (:data:`WIRE`), sent as bytea."""
+        return ["bytea" if t in _PREENCODED else t for t in self.pg_types]
+
+
+_PREENCODED = ("jsonb", "float8[]")
 
 
 _INT_BOUNDS = {"int2": 2**15, "int4": 2**31, "int8": 2**63}
@@ -376,8 +425,8 @@ _EXCHANGE_SPEC = _TableSpec(EXCHANGES, EXCHANGE_COLUMNS, EXCHANGE_KEY, EXCHANGE_
 _HEALTH_SPEC = _TableSpec(HEALTH, HEALTH_COLUMNS, HEALTH_KEY, HEALTH_PG_TYPES)
 
 
-RowBuilder = Callable[[Callable[[Any], Any]], list[tuple[Any, ...]]]
-"""Builds a batch's rows, given how to convert the JSON columns."""
+RowBuilder = Callable[[Encoding], list[tuple[Any, ...]]]
+"""Builds a batch's rows, given how to convert the JSON and float-list columns."""
 
 # Text the store cannot take as is (NUL, lone surrogates): write it with U+FFFD instead.
 _BAD_TEXT = (
@@ -388,16 +437,17 @@ _BAD_TEXT = (
 )
 
 
-def _scrubbed_rows(spec: _TableSpec, build: RowBuilder, json: Callable[[Any], Any]) -> list[Any]:
-    rows = [scrub_text(row) for row in build(plain_json)]
-    if json is plain_json:
+def _scrubbed_rows(spec: _TableSpec, build: RowBuilder, enc: Encoding) -> list[Any]:
+    rows = [scrub_text(row) for row in build(PLAIN)]
+    if enc is PLAIN:
         return rows
-    wire = [i for i, t in enumerate(spec.pg_types) if t == "jsonb"]
+    convert = {"jsonb": enc.json, "float8[]": enc.floats}
+    wire = [(i, convert[t]) for i, t in enumerate(spec.pg_types) if t in convert]
     out = []
     for row in rows:
         cells = list(row)
-        for i in wire:
-            cells[i] = json(cells[i])
+        for i, to_wire in wire:
+            cells[i] = to_wire(cells[i])
         out.append(tuple(cells))
     return out
 
@@ -410,18 +460,18 @@ def _write(
     days: set[Any],
 ) -> int:
     postgres = is_postgres(engine)
-    json = jsonb_wire if postgres else plain_json
+    enc = WIRE if postgres else PLAIN
     write = _write_postgres if postgres else _write_sqlite
     with translate():
         if postgres:
             cache_for(engine).ensure(engine, spec.table.name, days)
         try:
             try:
-                return write(engine, spec, build(json), deployments)
+                return write(engine, spec, build(enc), deployments)
             except _BAD_TEXT:
                 # PostgreSQL text and jsonb cannot hold NUL characters, and nothing encodes
                 # lone surrogates: store the records with U+FFFD there rather than lose them.
-                return write(engine, spec, _scrubbed_rows(spec, build, json), deployments)
+                return write(engine, spec, _scrubbed_rows(spec, build, enc), deployments)
         except psycopg.errors.CheckViolation as exc:
             if exc.sqlstate != _NO_PARTITION or "no partition" not in str(exc):
                 raise
@@ -429,7 +479,7 @@ def _write(
             cache = cache_for(engine)
             cache.forget()
             cache.ensure(engine, spec.table.name, days)
-            return write(engine, spec, _scrubbed_rows(spec, build, json), deployments)
+            return write(engine, spec, _scrubbed_rows(spec, build, enc), deployments)
 
 
 def _ensure_deployments(conn: Connection, names: set[str]) -> None:
@@ -453,6 +503,7 @@ _SQLITE_CONVERT: dict[str, Callable[[Any], Any]] = {
     "uuid": lambda v: v.hex,  # SQLAlchemy's Uuid on SQLite: 32 hex digits
     "timestamptz": _sqlite_datetime,
     "jsonb": _sqlite_json,
+    "float8[]": _sqlite_json,
 }
 
 

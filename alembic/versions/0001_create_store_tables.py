@@ -4,7 +4,9 @@ On PostgreSQL ``exchanges`` (by ``sent_at``) and ``health_samples`` (by ``ts``) 
 ``PARTITION BY RANGE``; their daily partitions are created at run time by
 ``storage.partitions.ensure_partitions`` (and by the writers for every day they see). Their
 ``deployment`` column has no foreign key (it costs ~20% of the bulk insert time); the writers
-create the ``deployments`` row in the same transaction instead.
+create the ``deployments`` row in the same transaction instead. ``exchanges.itl_s`` is
+``double precision[]`` there (a JSON array on SQLite): the server stores the floats as they
+come instead of parsing each one as a jsonb numeric.
 
 Revision ID: 0001
 Revises:
@@ -25,6 +27,7 @@ branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
 JsonDoc = sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
+FloatList = sa.JSON().with_variant(postgresql.ARRAY(postgresql.DOUBLE_PRECISION()), "postgresql")
 BigId = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
 Timestamp = sa.DateTime(timezone=True)
 
@@ -79,7 +82,7 @@ def upgrade() -> None:
         sa.Column("ttft_s", sa.Float()),
         sa.Column("e2e_s", sa.Float()),
         sa.Column("tpot_s", sa.Float()),
-        sa.Column("itl_s", JsonDoc, nullable=False),
+        sa.Column("itl_s", FloatList, nullable=False),
         sa.Column("prompt_tokens", sa.Integer()),
         sa.Column("completion_tokens", sa.Integer()),
         sa.Column("finish_reason", sa.Text()),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import random
 import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -87,6 +89,65 @@ def test_exchange_round_trip(engine: Engine) -> None:
     assert loads(row["rewrites"]) == []
     assert row["logprobs"] is None
     assert row["schema_version"] == 1
+
+
+# Floats whose text forms are long or unusual: the binary float8[] must keep every bit.
+ITL_EDGE_VALUES = [0.0, 5e-324, 2.2250738585072014e-308, 0.1, 1 / 3, 1.7976931348623157e308]
+
+
+def _stored_itl(engine: Engine) -> dict[str, Any]:
+    with engine.connect() as conn:
+        rows = conn.execute(
+            text("SELECT output_text, itl_s, pg_typeof(itl_s)::text AS type FROM exchanges")
+        ).all()
+    assert {r.type for r in rows} == {"double precision[]"}
+    return {r.output_text: r.itl_s for r in rows}
+
+
+def _itl_records(tag: str, first_seed: int) -> list[ExchangeRecord]:
+    rng = random.Random(tag)
+    lists = {
+        "edges": [*ITL_EDGE_VALUES, math.inf],
+        "empty": [],
+        "one": [0.008123],
+        "long": [rng.random() / 10 for _ in range(5000)],
+    }
+    return [
+        exchange(seed=first_seed + i, output_text=f"{tag}-{name}", itl_s=values)
+        for i, (name, values) in enumerate(lists.items())
+    ]
+
+
+def test_itl_round_trips_exactly_through_copy_and_replay(pg_engine: Engine) -> None:
+    fresh = _itl_records("copy", 0)
+    # fresh rows: the direct binary COPY into the table
+    assert write_exchanges(pg_engine, fresh) == len(fresh)
+    # a batch with a row already stored: the temp-table + ON CONFLICT path
+    replayed = _itl_records("replay", 100)
+    assert write_exchanges(pg_engine, [fresh[0], *replayed]) == len(replayed)
+    stored = _stored_itl(pg_engine)
+    assert len(stored) == len(fresh) + len(replayed)
+    for rec in fresh + replayed:
+        got = stored[rec.output_text or ""]
+        assert all(isinstance(v, float) for v in got)
+        assert [v.hex() for v in got] == [v.hex() for v in rec.itl_s]  # bit for bit
+    with pg_engine.connect() as conn:
+        sizes = conn.execute(
+            text("SELECT cardinality(itl_s), array_ndims(itl_s) FROM exchanges ORDER BY 1")
+        ).all()
+    assert [tuple(s) for s in sizes] == [(0, None)] * 2 + [(1, 1)] * 2 + [(7, 1)] * 2 + [
+        (5000, 1)
+    ] * 2
+
+
+def test_itl_with_text_to_scrub_round_trips(pg_engine: Engine) -> None:
+    # NUL in the text sends the batch through the scrubbing retry, which re-encodes every row
+    recs = [
+        exchange(seed=1, output_text="nul\x00here", itl_s=ITL_EDGE_VALUES),
+        exchange(seed=2, output_text="clean", itl_s=[]),
+    ]
+    assert write_exchanges(pg_engine, recs) == 2
+    assert _stored_itl(pg_engine) == {"nul\ufffdhere": ITL_EDGE_VALUES, "clean": []}
 
 
 def test_logprobs_stored_as_json(engine: Engine) -> None:
