@@ -59,7 +59,7 @@ class Endpoint(StrEnum):
 
 
 INT32_MAX = 2**31 - 1
-NonNegFloat = Annotated[float, Field(ge=0.0)]
+NonNegFloat = Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
 Count = Annotated[int, Field(ge=0, le=INT32_MAX)]
 """Token and request counts: stored as 32-bit integers, so larger values are malformed."""
 Bytes = Annotated[int, Field(ge=0)]
@@ -71,7 +71,7 @@ class TokenLogprob(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     token: str
-    logprob: float
+    logprob: Annotated[float, Field(allow_inf_nan=False)]
     top: dict[str, float] = Field(default_factory=dict)
 
 

@@ -88,13 +88,17 @@ def test_health_sample_round_trips() -> None:
         (orjson.dumps(exchange(schema_version=SCHEMA_VERSION + 1)), "schema_version"),
         (orjson.dumps(exchange(role="shadow")), "role"),
         (orjson.dumps(exchange(ttft_s=-1)), "ttft_s"),
+        (exchange(itl_s=[0.01, float("inf")]), "itl_s"),
+        (exchange(e2e_s=float("nan")), "e2e_s"),
         (orjson.dumps(exchange(sent_at="2026-11-30T03:00:00")), "timezone"),
         (orjson.dumps(exchange(pair_id="nope")), "pair_id"),
         (orjson.dumps(exchange(surprise=1)), "surprise"),
         (orjson.dumps({k: v for k, v in exchange().items() if k != "deployment"}), "deployment"),
     ],
 )
-def test_malformed_payloads_are_rejected_with_a_reason(payload: bytes, reason: str) -> None:
+def test_malformed_payloads_are_rejected_with_a_reason(
+    payload: bytes | dict[str, Any], reason: str
+) -> None:
     with pytest.raises(RecordError, match=reason):
         parse_record(payload)
 
