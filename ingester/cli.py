@@ -83,6 +83,7 @@ def run_one(settings: IngestSettings) -> None:
     ClickException when it could not finish cleanly."""
     from ingester.app import close_all, open_processor
     from shadow_ab.topics import TopicError
+    from storage.db import redact_url
     from storage.errors import StorageError
 
     try:
@@ -103,7 +104,7 @@ def run_one(settings: IngestSettings) -> None:
         "ingesting %s and %s into %s (group %s, batch %d / %d ms)",
         settings.ingest_topic_exchanges,
         settings.ingest_topic_health,
-        _redact(settings.database_url),
+        redact_url(settings.database_url),
         settings.ingest_group,
         settings.ingest_batch_size,
         settings.ingest_batch_timeout_ms,
@@ -138,12 +139,3 @@ def _where(field: str) -> str:
     env = f"SHADOW_AB_{field.upper()}"
     flag = _FLAGS.get(field)
     return f"{flag} / {env}" if flag else env
-
-
-def _redact(url: str) -> str:
-    """The URL without its password, for logs."""
-    scheme, sep, rest = url.partition("://")
-    creds, at, host = rest.rpartition("@")
-    if not at or ":" not in creds:
-        return url
-    return f"{scheme}{sep}{creds.split(':', 1)[0]}:***@{host}"

@@ -29,6 +29,21 @@ def default_sqlite_url() -> str:
     return f"sqlite:///{state_dir() / 'shadow-ab.db'}"
 
 
+def normalize_database_url(url: str) -> str:
+    """Map ``postgresql://`` (and ``postgres://``) to the psycopg 3 driver we ship; raise
+    ValueError for a dialect we do not support (naming only its scheme, never a password)."""
+    if url.startswith(("postgresql://", "postgres://")):
+        url = "postgresql+psycopg://" + url.split("://", 1)[1]
+    if not url.startswith(("sqlite://", "postgresql+psycopg://")):
+        scheme = url.split("://", 1)[0] if "://" in url else url[:20]
+        raise ValueError(
+            f"database URL scheme {scheme!r} is not supported: use sqlite:///PATH or"
+            " postgresql+psycopg://USER@HOST:PORT/DB"
+            " (`shadow-ab services up` starts a local PostgreSQL)"
+        )
+    return url
+
+
 class CommonSettings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="SHADOW_AB_",
@@ -46,16 +61,7 @@ class CommonSettings(BaseSettings):
     @field_validator("database_url")
     @classmethod
     def _known_dialect(cls, v: str) -> str:
-        if v.startswith("postgresql://"):
-            # psycopg 3 is the driver we ship; the bare scheme would pick psycopg2.
-            v = "postgresql+psycopg://" + v.removeprefix("postgresql://")
-        if not (v.startswith("sqlite:///") or v.startswith("postgresql+psycopg://")):
-            raise ValueError(
-                f"database URL {v!r} is not supported: use sqlite:///PATH or"
-                " postgresql+psycopg://USER@HOST:PORT/DB"
-                " (`shadow-ab services up` starts a local PostgreSQL)"
-            )
-        return v
+        return normalize_database_url(v)
 
     @field_validator("kafka_bootstrap")
     @classmethod

@@ -12,6 +12,7 @@ from typing import Any
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
 
+from shadow_ab.settings import normalize_database_url
 from storage.errors import BadConfiguration
 
 CONNECT_TIMEOUT_S = 5
@@ -19,18 +20,15 @@ SQLITE_BUSY_TIMEOUT_MS = 10_000
 
 
 def normalize_url(url: str) -> str:
-    """Map ``postgresql://`` to the psycopg 3 driver we ship; refuse dialects we do not support."""
-    if url.startswith(("postgresql://", "postgres://")):
-        url = "postgresql+psycopg://" + url.split("://", 1)[1]
-    if not url.startswith(("sqlite://", "postgresql+psycopg://")):
-        raise BadConfiguration(
-            f"database URL {_redact(url)!r} is not supported: use sqlite:///PATH or"
-            " postgresql+psycopg://USER@HOST:PORT/DB (run `shadow-ab services up` for a local one)"
-        )
-    return url
+    """:func:`shadow_ab.settings.normalize_database_url`, failing as :class:`BadConfiguration`."""
+    try:
+        return normalize_database_url(url)
+    except ValueError as exc:
+        raise BadConfiguration(str(exc)) from None
 
 
-def _redact(url: str) -> str:
+def redact_url(url: str) -> str:
+    """The URL without its password, for logs and messages."""
     try:
         return make_url(url).render_as_string(hide_password=True)
     except Exception:  # an unparseable URL has no password we could hide reliably

@@ -8,9 +8,10 @@ import pytest
 from click.testing import CliRunner
 from pydantic import ValidationError
 
-from ingester.cli import _redact, ingest
+from ingester.cli import ingest
 from ingester.settings import IngestSettings
 from shadow_ab.cli import main
+from storage.db import redact_url
 
 
 @pytest.fixture
@@ -74,5 +75,5 @@ def test_help_lists_the_flags() -> None:
 
 
 def test_passwords_are_not_logged() -> None:
-    assert _redact("postgresql+psycopg://u:secret@h:5/db") == "postgresql+psycopg://u:***@h:5/db"
-    assert _redact("sqlite:///x.db") == "sqlite:///x.db"
+    assert redact_url("postgresql+psycopg://u:secret@h:5/db") == "postgresql+psycopg://u:***@h:5/db"
+    assert redact_url("sqlite:///x.db") == "sqlite:///x.db"
