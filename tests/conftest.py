@@ -8,11 +8,15 @@ that needs a service which is not running fails with a message saying how to sta
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 import pytest
+from pg_throwaway import SESSION_TAG, PgDatabases
+from sqlalchemy import Engine, text
 
 from shadow_ab.services.base import port_open
 from shadow_ab.settings import services_env_file
+from storage.db import make_engine
 
 
 def _load_services_env() -> None:
@@ -54,3 +58,31 @@ def kafka_bootstrap() -> str:
             f"Kafka at {bootstrap} is not accepting: run `shadow-ab services up`", pytrace=False
         )
     return bootstrap
+
+
+@pytest.fixture(scope="session")
+def pg_admin(pg_server_url: str) -> Iterator[Engine]:
+    """An AUTOCOMMIT engine on the server's maintenance database, for CREATE/DROP DATABASE."""
+    engine = make_engine(pg_server_url, isolation_level="AUTOCOMMIT")
+    try:
+        with engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
+    except Exception as exc:
+        pytest.fail(
+            f"PostgreSQL at {pg_server_url} is not answering ({exc}): run `shadow-ab services up`",
+            pytrace=False,
+        )
+    yield engine
+    with engine.connect() as conn:
+        leftovers = conn.execute(
+            text("SELECT datname FROM pg_database WHERE datname LIKE :p"),
+            {"p": f"shadow_test_{SESSION_TAG}%"},
+        ).scalars()
+        for name in list(leftovers):
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    engine.dispose()
+
+
+@pytest.fixture(scope="session")
+def pg_databases(pg_admin: Engine, pg_server_url: str) -> PgDatabases:
+    return PgDatabases(pg_admin, pg_server_url)

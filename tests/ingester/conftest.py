@@ -17,38 +17,21 @@ from pathlib import Path
 
 import pytest
 from ingest_harness import Topics
-from sqlalchemy import Engine, text
-from sqlalchemy.engine import make_url
+from pg_throwaway import PgDatabases
+from sqlalchemy import Engine
 
 from shadow_ab.topics import TopicSpec, delete_topics, ensure_topics
-from storage.db import make_engine, normalize_url
+from storage.db import make_engine
 from storage.migrate import upgrade
-
-SESSION_TAG = uuid.uuid4().hex[:8]
 
 
 @pytest.fixture(scope="session")
-def ingest_db_url(pg_server_url: str) -> Iterator[str]:
+def ingest_db_url(pg_databases: PgDatabases) -> Iterator[str]:
     """A fresh database for this test session, migrated to head."""
-    admin = make_engine(pg_server_url, isolation_level="AUTOCOMMIT")
-    name = f"shadow_ingest_test_{SESSION_TAG}"
-    try:
-        with admin.connect() as conn:
-            conn.execute(text(f'CREATE DATABASE "{name}"'))
-    except Exception as exc:
-        admin.dispose()
-        pytest.fail(
-            f"PostgreSQL at {pg_server_url} did not create a test database ({exc}):"
-            " run `shadow-ab services up`",
-            pytrace=False,
-        )
-    url = make_url(normalize_url(pg_server_url)).set(database=name)
-    url_text = url.render_as_string(hide_password=False)
-    upgrade(url_text)
-    yield url_text
-    with admin.connect() as conn:
-        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-    admin.dispose()
+    name, url = pg_databases.create()
+    upgrade(url)
+    yield url
+    pg_databases.drop(name)
 
 
 @pytest.fixture(scope="session")

@@ -7,70 +7,14 @@ session; each test gets its own copy (``CREATE DATABASE ... TEMPLATE``), dropped
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 
 import pytest
-from sqlalchemy import Engine, text
-from sqlalchemy.engine import make_url
+from pg_throwaway import PgDatabases
+from sqlalchemy import Engine
 
-from storage.db import make_engine, normalize_url
+from storage.db import make_engine
 from storage.migrate import upgrade
-
-SESSION_TAG = uuid.uuid4().hex[:8]
-
-
-def _with_database(url: str, name: str) -> str:
-    return make_url(normalize_url(url)).set(database=name).render_as_string(hide_password=False)
-
-
-@pytest.fixture(scope="session")
-def pg_admin(pg_server_url: str) -> Iterator[Engine]:
-    """An AUTOCOMMIT engine on the server's maintenance database, for CREATE/DROP DATABASE."""
-    engine = make_engine(pg_server_url, isolation_level="AUTOCOMMIT")
-    try:
-        with engine.connect() as conn:
-            conn.execute(text("SELECT 1"))
-    except Exception as exc:
-        pytest.fail(
-            f"PostgreSQL at {pg_server_url} is not answering ({exc}): run `shadow-ab services up`",
-            pytrace=False,
-        )
-    yield engine
-    with engine.connect() as conn:
-        leftovers = conn.execute(
-            text("SELECT datname FROM pg_database WHERE datname LIKE :p"),
-            {"p": f"shadow_test_{SESSION_TAG}%"},
-        ).scalars()
-        for name in list(leftovers):
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-    engine.dispose()
-
-
-class PgDatabases:
-    """Creates and drops throw-away databases on the test server."""
-
-    def __init__(self, admin: Engine, server_url: str) -> None:
-        self.admin = admin
-        self.server_url = server_url
-        self.count = 0
-
-    def create(self, template: str | None = None) -> tuple[str, str]:
-        self.count += 1
-        name = f"shadow_test_{SESSION_TAG}_{self.count}"
-        with self.admin.connect() as conn:
-            suffix = f' TEMPLATE "{template}"' if template else ""
-            conn.execute(text(f'CREATE DATABASE "{name}"{suffix}'))
-        return name, _with_database(self.server_url, name)
-
-    def drop(self, name: str) -> None:
-        with self.admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-
-
-@pytest.fixture(scope="session")
-def pg_databases(pg_admin: Engine, pg_server_url: str) -> PgDatabases:
-    return PgDatabases(pg_admin, pg_server_url)
 
 
 @pytest.fixture(scope="session")
