@@ -1,0 +1,1 @@
+"""The read-only query API (issue: running it for real). Being built."""
