@@ -1,0 +1,401 @@
+"""The health sampler: scrapes each engine's ``/health``, ``/version`` and ``/metrics``.
+
+Every ``interval_s`` the sampler scrapes every target concurrently and submits one
+:class:`shadow_ab.records.HealthSample` per engine to the record sink (topic ``shadow.health``):
+
+- ``/health``: 200 = up; 503 (or anything else, or no answer) = down;
+- ``/version``: the engine's version (``{"version": ...}``);
+- ``/metrics``, parsed per flavor (auto-detected from the content type unless configured):
+  vLLM's Prometheus text (:func:`parse_vllm_metrics`; ``process_*`` may be missing in
+  multiprocess mode) or TensorRT-LLM's JSON list of iteration stats
+  (:func:`parse_trtllm_metrics`; drained by every read and often empty, so the last known values
+  are kept and reported again).
+
+It detects restarts -- a new ``process_start_time_seconds``, an engine seen down and then up
+again, or TensorRT-LLM's iteration counter going back -- and version changes; each is counted
+(``shadow_ab_engine_restarts_total``, ``shadow_ab_engine_version_changes_total``) and logged.
+
+Errors: none escape :meth:`HealthSampler.sample_once`; a failed scrape is a down sample whose
+``error`` says what failed. Parsers raise :class:`MetricsParseError` on malformed input.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal
+
+import aiohttp
+import orjson
+from pydantic import BaseModel, ConfigDict, Field
+
+from mirror.metrics import ENGINE_RESTARTS, ENGINE_UP, ENGINE_VERSION_CHANGES, HEALTH_SCRAPE
+from shadow_ab.records import INT32_MAX, HealthSample, Role, utcnow
+
+log = logging.getLogger(__name__)
+
+Flavor = Literal["vllm", "trtllm", "auto"]
+
+
+class MetricsParseError(ValueError):
+    """An engine's ``/metrics`` body is not in the format of its flavor."""
+
+
+class HealthConfig(BaseModel):
+    """Settings of the health sampler (``health:`` in the mirror's YAML)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    interval_s: float = Field(default=5.0, gt=0, description="seconds between scrapes")
+    timeout_s: float = Field(default=2.0, gt=0, description="timeout of each HTTP request")
+
+
+@dataclass
+class EngineTarget:
+    """One engine to scrape: its id (``vllm@incumbent``), role, base URL and flavor."""
+
+    engine: str
+    role: Role
+    base_url: str
+    flavor: Flavor = "auto"
+
+
+# -- parsers (pure) ---------------------------------------------------------------------------
+
+
+def _parse_value(text: str) -> float:
+    if text in ("+Inf", "Inf"):
+        return math.inf
+    if text == "-Inf":
+        return -math.inf
+    return float(text)
+
+
+def parse_vllm_metrics(text: str) -> dict[str, float]:
+    """Prometheus text exposition -> ``{name: value}``, series of one name summed over labels.
+
+    Histogram buckets and ``_created`` series are left out (``_sum``/``_count`` kept); NaN
+    values are skipped.
+    """
+    out: dict[str, float] = {}
+    for lineno, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        if "{" in line:
+            name, _, rest = line.partition("{")
+            close = rest.rfind("}")
+            if close < 0:
+                raise MetricsParseError(f"line {lineno}: unclosed label set: {raw[:80]!r}")
+            fields = rest[close + 1 :].split()
+        else:
+            name, *fields = line.split()
+        if not fields:
+            raise MetricsParseError(f"line {lineno}: no value: {raw[:80]!r}")
+        if name.endswith(("_bucket", "_created")):
+            continue
+        try:
+            value = _parse_value(fields[0])
+        except ValueError:
+            raise MetricsParseError(f"line {lineno}: bad value {fields[0]!r}") from None
+        if math.isnan(value) or math.isinf(value):
+            continue
+        out[name] = out.get(name, 0.0) + value
+    return out
+
+
+def parse_trtllm_metrics(obj: Any) -> dict[str, float]:
+    """TensorRT-LLM's iteration stats (a JSON list) -> the newest stat's numbers, flattened.
+
+    Nested objects become dotted names (``kvCacheStats.usedNumBlocks``); ``kv_cache_usage``
+    (used / max blocks) is derived. An empty list gives an empty dict.
+    """
+    if not isinstance(obj, list):
+        raise MetricsParseError(
+            f"TensorRT-LLM /metrics should be a JSON list, got {type(obj).__name__}"
+        )
+    stats = [s for s in obj if isinstance(s, dict)]
+    if not stats:
+        return {}
+    newest = max(stats, key=lambda s: s.get("iter", 0) if isinstance(s.get("iter"), int) else 0)
+    out: dict[str, float] = {}
+    _flatten(newest, "", out)
+    used = out.get("kvCacheStats.usedNumBlocks")
+    total = out.get("kvCacheStats.maxNumBlocks")
+    if used is not None and total:
+        out["kv_cache_usage"] = min(1.0, max(0.0, used / total))
+    return out
+
+
+def _flatten(obj: dict[str, Any], prefix: str, out: dict[str, float]) -> None:
+    for key, value in obj.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, bool):
+            out[name] = float(value)
+        elif isinstance(value, int | float):
+            if math.isfinite(value):
+                out[name] = float(value)
+        elif isinstance(value, dict):
+            _flatten(value, name + ".", out)
+
+
+def _count(value: float | None) -> int | None:
+    if value is None or value < 0:
+        return None
+    return min(round(value), INT32_MAX)
+
+
+def _bytes(value: float | None) -> int | None:
+    return None if value is None or value < 0 else int(value)
+
+
+def _ratio(value: float | None) -> float | None:
+    return None if value is None else min(1.0, max(0.0, value))
+
+
+# vLLM names that map onto HealthSample fields.
+VLLM_FIELDS = {
+    "vllm:num_requests_running": "num_running",
+    "vllm:num_requests_waiting": "num_waiting",
+    "vllm:kv_cache_usage_perc": "kv_cache_usage",
+    "process_start_time_seconds": "process_start_time",
+    "process_resident_memory_bytes": "cpu_mem_bytes",
+}
+TRT_FIELDS = {
+    "numActiveRequests": "num_running",
+    "numQueuedRequests": "num_waiting",
+    "kv_cache_usage": "kv_cache_usage",
+    "gpuMemUsage": "gpu_mem_bytes",
+    "cpuMemUsage": "cpu_mem_bytes",
+}
+
+
+# -- the sampler ------------------------------------------------------------------------------
+
+
+@dataclass
+class _Scrape:
+    """What one scrape of one engine found (before it becomes a HealthSample)."""
+
+    up: bool = False
+    http_status: int | None = None
+    error: str | None = None
+    version: str | None = None
+    flavor: Literal["vllm", "trtllm", "unknown"] = "unknown"
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class _EngineState:
+    """What the sampler remembers about one engine between scrapes."""
+
+    flavor: Literal["vllm", "trtllm", "unknown"] = "unknown"
+    seen_up: bool = False
+    up: bool | None = None
+    version: str | None = None
+    start_time: float | None = None
+    trt_iter: float | None = None
+    trt_last: dict[str, float] = field(default_factory=dict)
+    restarts: int = 0
+    version_changes: int = 0
+
+
+class HealthSampler:
+    """Scrapes every target each ``interval_s`` and submits health samples to ``sink``."""
+
+    def __init__(
+        self,
+        targets: Sequence[EngineTarget],
+        sink: Any,
+        session: aiohttp.ClientSession,
+        deployment: str,
+        config: HealthConfig,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], datetime] = utcnow,
+    ) -> None:
+        self.targets = list(targets)
+        self.sink = sink
+        self.session = session
+        self.deployment = deployment
+        self.config = config
+        self._clock = clock
+        self._wall = wall
+        self._state: dict[str, _EngineState] = {t.engine: _EngineState() for t in self.targets}
+
+    def restarts(self, engine: str) -> int:
+        """Restarts seen for ``engine`` since the sampler started."""
+        return self._state[engine].restarts
+
+    def version_changes(self, engine: str) -> int:
+        return self._state[engine].version_changes
+
+    async def run(self) -> None:
+        """Scrape every ``interval_s`` until cancelled."""
+        while True:
+            started = self._clock()
+            try:
+                await self.sample_once()
+            except Exception:  # never let one bad round stop the sampler
+                log.exception("health sampling round failed")
+            elapsed = self._clock() - started
+            await asyncio.sleep(max(0.0, self.config.interval_s - elapsed))
+
+    async def sample_once(self) -> list[HealthSample]:
+        """Scrape every target once; submit and return the samples."""
+        samples = await asyncio.gather(*(self._sample(t) for t in self.targets))
+        for s in samples:
+            self.sink.submit(s)
+        return list(samples)
+
+    async def _sample(self, target: EngineTarget) -> HealthSample:
+        ts = self._wall()
+        t0 = self._clock()
+        scrape = await self._scrape(target)
+        latency = max(0.0, self._clock() - t0)
+        HEALTH_SCRAPE.labels(engine=target.engine).observe(latency)
+        ENGINE_UP.labels(engine=target.engine, role=target.role.value).set(
+            1.0 if scrape.up else 0.0
+        )
+        return self._to_sample(target, scrape, ts, latency)
+
+    async def _scrape(self, target: EngineTarget) -> _Scrape:
+        out = _Scrape()
+        base = target.base_url.rstrip("/")
+        timeout = aiohttp.ClientTimeout(total=self.config.timeout_s)
+        try:
+            async with self.session.get(base + "/health", timeout=timeout) as resp:
+                out.http_status = resp.status
+                await resp.read()
+                out.up = resp.status == 200
+                if not out.up:
+                    out.error = f"/health answered {resp.status}"
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            out.error = f"/health: {_describe(exc)}"
+            return out
+        # The server answers: /version and /metrics are best effort (a 503 engine may still
+        # report its memory).
+        with contextlib.suppress(aiohttp.ClientError, TimeoutError, OSError, ValueError):
+            async with self.session.get(base + "/version", timeout=timeout) as resp:
+                if resp.status == 200:
+                    body = orjson.loads(await resp.read())
+                    if isinstance(body, dict) and body.get("version") is not None:
+                        out.version = str(body["version"])
+        try:
+            async with self.session.get(base + "/metrics", timeout=timeout) as resp:
+                payload = await resp.read()
+                if resp.status != 200:
+                    raise MetricsParseError(f"/metrics answered {resp.status}")
+                flavor = self._flavor(target, resp.content_type, payload)
+                out.flavor = flavor
+                if flavor == "trtllm":
+                    out.metrics = parse_trtllm_metrics(orjson.loads(payload))
+                else:
+                    out.metrics = parse_vllm_metrics(payload.decode("utf-8", "replace"))
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            out.error = out.error or f"/metrics: {_describe(exc)}"
+        except (MetricsParseError, orjson.JSONDecodeError) as exc:
+            out.error = out.error or f"/metrics: {exc}"
+        return out
+
+    def _flavor(
+        self, target: EngineTarget, content_type: str, payload: bytes
+    ) -> Literal["vllm", "trtllm"]:
+        if target.flavor != "auto":
+            return target.flavor
+        known = self._state[target.engine].flavor
+        if known != "unknown":
+            return known
+        if content_type == "application/json" or payload.lstrip()[:1] == b"[":
+            return "trtllm"
+        return "vllm"
+
+    def _to_sample(
+        self, target: EngineTarget, scrape: _Scrape, ts: datetime, latency: float
+    ) -> HealthSample:
+        st = self._state[target.engine]
+        if scrape.flavor != "unknown":
+            st.flavor = scrape.flavor
+        metrics = dict(scrape.metrics)
+        trt = st.flavor == "trtllm"
+        self._detect(
+            target,
+            st,
+            scrape,
+            None if trt else metrics.get("process_start_time_seconds"),
+            metrics.get("iter") if trt else None,
+        )
+        if trt and scrape.up:
+            if metrics:
+                st.trt_last = dict(metrics)
+            else:
+                metrics = dict(st.trt_last)  # drained and empty: keep the last known values
+        names = TRT_FIELDS if trt else VLLM_FIELDS
+        fields = {dst: metrics.pop(src, None) for src, dst in names.items()}
+        return HealthSample(
+            deployment=self.deployment,
+            engine=target.engine,
+            role=target.role,
+            flavor=st.flavor,
+            ts=ts,
+            up=scrape.up,
+            http_status=scrape.http_status,
+            latency_s=latency,
+            error=scrape.error,
+            version=scrape.version,
+            process_start_time=fields.get("process_start_time"),
+            num_running=_count(fields.get("num_running")),
+            num_waiting=_count(fields.get("num_waiting")),
+            kv_cache_usage=_ratio(fields.get("kv_cache_usage")),
+            gpu_mem_bytes=_bytes(fields.get("gpu_mem_bytes")),
+            cpu_mem_bytes=_bytes(fields.get("cpu_mem_bytes")),
+            metrics=metrics,
+        )
+
+    def _detect(
+        self,
+        target: EngineTarget,
+        st: _EngineState,
+        scrape: _Scrape,
+        start_time: float | None,
+        trt_iter: float | None,
+    ) -> None:
+        reasons: list[str] = []
+        if scrape.up:
+            if st.seen_up and st.up is False:
+                reasons.append("down then up")
+            if start_time is not None and st.start_time is not None and start_time != st.start_time:
+                reasons.append(f"process start time {st.start_time} -> {start_time}")
+            if trt_iter is not None and st.trt_iter is not None and trt_iter < st.trt_iter:
+                reasons.append(f"iteration counter {st.trt_iter:.0f} -> {trt_iter:.0f}")
+            if start_time is not None:
+                st.start_time = start_time
+            if trt_iter is not None:
+                st.trt_iter = trt_iter
+            st.seen_up = True
+        if reasons:
+            st.restarts += 1
+            st.trt_last = {}  # the old process's numbers are not the new one's
+            if trt_iter is None:
+                st.trt_iter = None  # a fresh process counts iterations from 0 again
+            ENGINE_RESTARTS.labels(engine=target.engine, role=target.role.value).inc()
+            log.warning("engine %s restarted (%s)", target.engine, "; ".join(reasons))
+        if scrape.version is not None:
+            if st.version is not None and scrape.version != st.version:
+                st.version_changes += 1
+                ENGINE_VERSION_CHANGES.labels(engine=target.engine, role=target.role.value).inc()
+                log.warning(
+                    "engine %s version changed: %s -> %s", target.engine, st.version, scrape.version
+                )
+            st.version = scrape.version
+        st.up = scrape.up
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
