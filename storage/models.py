@@ -213,3 +213,77 @@ class Drop(Base):
 
 PARTITIONED_TABLES: dict[str, str] = {"exchanges": "sent_at", "health_samples": "ts"}
 """Tables partitioned by RANGE per UTC day on PostgreSQL, with their partition column."""
+
+
+# --- Latency rollups (evaluator/rollups.py; migration 0003) -----------------------------------
+
+
+class LatencyRollup(Base):
+    """One hour of one role's values of one latency metric, as a mergeable log-bucketed sketch
+    (:class:`evaluator.sketch.LogSketch`): value ``x > 0`` falls in bucket
+    ``floor(ln(x) / ln(gamma))``; ``keys``/``counts`` are the non-empty buckets (sparse, same
+    order); ``zero_count`` counts values <= 0. ``slice`` is ``all`` or a breakdown bucket
+    (``load:2``, ``prompt:0``, ``output:3``, see :mod:`evaluator.rollups`)."""
+
+    __tablename__ = "latency_rollups"
+
+    deployment: Mapped[str] = mapped_column(String(200), primary_key=True)
+    hour: Mapped[datetime] = mapped_column(Timestamp, primary_key=True)
+    role: Mapped[str] = mapped_column(String(16), primary_key=True)
+    metric: Mapped[str] = mapped_column(String(16), primary_key=True)
+    slice: Mapped[str] = mapped_column(String(32), primary_key=True)
+    count: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    zero_count: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    sum: Mapped[float] = mapped_column(Float, nullable=False)
+    min: Mapped[float | None] = mapped_column(Float)
+    max: Mapped[float | None] = mapped_column(Float)
+    keys: Mapped[list[int]] = mapped_column(JsonDoc, nullable=False)
+    counts: Mapped[list[int]] = mapped_column(JsonDoc, nullable=False)
+
+
+class LatencyRollupHour(Base):
+    """Which hours of a deployment are rolled up; an hour not yet ``closed`` (still open, or
+    closed less than the grace period ago) is recomputed on the next refresh."""
+
+    __tablename__ = "latency_rollup_hours"
+
+    deployment: Mapped[str] = mapped_column(String(200), primary_key=True)
+    hour: Mapped[datetime] = mapped_column(Timestamp, primary_key=True)
+    n_pairs: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    """Pairs with an incumbent and a candidate exchange sent in this hour (any status)."""
+    n_sampled: Mapped[int] = mapped_column(Integer, nullable=False)
+    closed: Mapped[bool] = mapped_column(Boolean, nullable=False)
+    computed_at: Mapped[datetime] = mapped_column(
+        Timestamp, nullable=False, server_default=func.now()
+    )
+
+
+class LatencySample(Base):
+    """A bounded random sample of the hour's pairs (incumbent and candidate side by side), in a
+    random order ``rank`` so a report takes each hour's first k: the paired statistics
+    (deltas, rank test, bootstrap intervals, goodput) read these, not the raw rows."""
+
+    __tablename__ = "latency_samples"
+
+    deployment: Mapped[str] = mapped_column(String(200), primary_key=True)
+    hour: Mapped[datetime] = mapped_column(Timestamp, primary_key=True)
+    rank: Mapped[int] = mapped_column(Integer, primary_key=True)
+    pair_id: Mapped[uuid.UUID] = mapped_column(Uuid, nullable=False)
+    sent_at: Mapped[datetime] = mapped_column(Timestamp, nullable=False)
+    """The incumbent's sent_at."""
+    inflight_incumbent: Mapped[int | None] = mapped_column(Integer)
+    prompt_tokens: Mapped[int | None] = mapped_column(Integer)
+    incumbent_status: Mapped[str] = mapped_column(String(32), nullable=False)
+    candidate_status: Mapped[str] = mapped_column(String(32), nullable=False)
+    incumbent_ttft_s: Mapped[float | None] = mapped_column(Float)
+    candidate_ttft_s: Mapped[float | None] = mapped_column(Float)
+    incumbent_tpot_s: Mapped[float | None] = mapped_column(Float)
+    candidate_tpot_s: Mapped[float | None] = mapped_column(Float)
+    incumbent_e2e_s: Mapped[float | None] = mapped_column(Float)
+    candidate_e2e_s: Mapped[float | None] = mapped_column(Float)
+    incumbent_tokens_per_s: Mapped[float | None] = mapped_column(Float)
+    candidate_tokens_per_s: Mapped[float | None] = mapped_column(Float)
+    incumbent_itl_mean_s: Mapped[float | None] = mapped_column(Float)
+    candidate_itl_mean_s: Mapped[float | None] = mapped_column(Float)
+    incumbent_completion_tokens: Mapped[int | None] = mapped_column(Integer)
+    candidate_completion_tokens: Mapped[int | None] = mapped_column(Integer)
