@@ -1,0 +1,99 @@
+"""The policy file: shorthand and mapping criteria, validation errors that say what to fix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from evaluator.policy import (
+    PolicyError,
+    default_policy,
+    known_key,
+    load_policy,
+    parse_criterion,
+    parse_policy,
+)
+
+
+def test_default_policy_loads_and_covers_kayentas_blind_spots() -> None:
+    policy = default_policy()
+    keys = {c.key for c in policy.criteria}
+    assert "latency.e2e.spread_ratio" in keys  # variance increase with the same median
+    assert "errors.rate_ratio" in keys  # sparse error counts, judged on an exact interval
+    assert "divergence.excess_rate" in keys
+    assert policy.min_pairs > 0 and policy.min_days > 0
+    assert load_policy(None) == policy == load_policy("default")
+
+
+def test_shorthand_and_mapping_forms() -> None:
+    c = parse_criterion("latency.ttft.p95.ratio <= 1.10", "t")
+    assert (c.key, c.op, c.threshold) == ("latency.ttft.p95.ratio", "<=", 1.10)
+    m = parse_criterion(
+        {"key": "latency.goodput.delta", "op": ">=", "threshold": -0.05, "min_n": 50}, "t"
+    )
+    assert (m.op, m.threshold, m.min_n) == (">=", -0.05, 50)
+    assert m.good(0.0) and not m.good(-0.1)
+
+
+def test_load_from_file(tmp_path: Path) -> None:
+    path = tmp_path / "strict.yaml"
+    path.write_text(
+        "name: strict\nmin_pairs: 10\nmin_days: 0.5\ncriteria:\n"
+        "  - divergence.excess_rate <= 0.01\n"
+        "  - {key: errors.rate_ratio, op: '<=', threshold: 1.2, pass_if_zero: true}\n"
+    )
+    policy = load_policy(path)
+    assert policy.name == "strict" and policy.min_pairs == 10 and policy.min_days == 0.5
+    assert [c.key for c in policy.criteria] == ["divergence.excess_rate", "errors.rate_ratio"]
+    assert policy.criteria[1].pass_if_zero
+    assert policy.source == str(path)
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ({"criteria": ["latency.ttft.p95.ratoi <= 1.1"]}, "Did you mean latency.ttft.p95.ratio"),
+        ({"criteria": ["latency.ttft.p95.ratio < 1.1"]}, "use '<='"),
+        ({"criteria": ["latency.ttft.p95.ratio <= fast"]}, "threshold must be a number"),
+        ({"criteria": [{"key": "errors.rate_ratio", "op": "<="}]}, "missing threshold"),
+        ({"criteria": [{"key": "errors.rate_ratio", "op": "<=", "threshold": 1, "x": 1}]}, "x"),
+        ({"criteria": []}, "non-empty list"),
+        ({"criteria": ["errors.rate_ratio <= 1", "errors.rate_ratio <= 2"]}, "appears twice"),
+        ({"criteria": ["errors.rate_ratio <= 1"], "min_pairs": -1}, "min_pairs"),
+        ({"criteria": ["errors.rate_ratio <= 1"], "min_days": "a week"}, "min_days"),
+        ({"criteria": ["errors.rate_ratio <= 1"], "thresholds": 1}, "unknown field"),
+        (["errors.rate_ratio <= 1"], "a policy is a mapping"),
+    ],
+)
+def test_errors_say_what_to_fix(raw: object, expected: str) -> None:
+    with pytest.raises(PolicyError, match=expected):
+        parse_policy(raw, "p.yaml")
+
+
+def test_error_names_the_criterion() -> None:
+    with pytest.raises(PolicyError, match=r"p.yaml: criterion 2"):
+        parse_policy({"criteria": ["errors.rate_ratio <= 1", "nope <= 1"]}, "p.yaml")
+
+
+def test_file_errors(tmp_path: Path) -> None:
+    with pytest.raises(PolicyError, match="not found"):
+        load_policy(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("criteria: [unclosed\n")
+    with pytest.raises(PolicyError, match="not valid YAML"):
+        load_policy(bad)
+
+
+def test_known_keys() -> None:
+    for key in (
+        "latency.tokens_per_s.p50.ratio",
+        "latency.itl.rank_test_p",
+        "incidents.version_change.rate_ratio",
+        "incidents.leak.candidate_mb_per_hour",
+        "divergence.json_invalid.excess",
+        "data.days",
+    ):
+        assert known_key(key), key
+    for key in ("latency.ttft.p90.ratio", "incidents.oom.rate_ratio", "divergence.rate"):
+        assert not known_key(key), key
