@@ -1,0 +1,707 @@
+"""What shadow-ab's mirror adds to the client's path, next to going direct and next to nginx.
+
+    python bench/mirror_overhead.py [--duration 24 | --requests N] [--concurrency 1,32,128]
+                                    [--repeat 2] [--max-tokens 32] [--quick]
+                                    [--paths direct,mirror,mirror-slow,nginx,nginx-mirror]
+                                    [--database-url URL] [--json PATH]
+
+Engines (``shadow-ab sim`` subprocesses, real HTTP on 127.0.0.1):
+
+- incumbent: vLLM flavor at DESIGN's reference speed, ~40 ms TTFT (prefill 30 ms + one 8 ms
+  decode step) then 8 ms a token, short answers (16-24 tokens, ``max_tokens`` 32);
+- candidate: TensorRT-LLM flavor, the same prefill, decode 20% faster;
+- slow candidate: TensorRT-LLM flavor, 10x slower (prefill 300 ms, decode 80 ms a token).
+
+Paths, side by side in one run, each with its own keep-alive client session:
+
+- ``direct``: client -> incumbent;
+- ``mirror``: client -> ``shadow-ab mirror`` -> incumbent, shadowing every request (sample rate
+  1.0, guard off so nothing is backed off, shadow cap 512) to the candidate; records to the
+  direct sink on a temporary SQLite file (or ``--database-url``);
+- ``mirror-slow``: the same with the 10x slower candidate;
+- ``nginx``: a private Debian nginx (own prefix and config in a temp dir, free ports, one
+  worker, ``proxy_buffering off``, upstream keep-alive) with ``proxy_pass`` only;
+- ``nginx-mirror``: the same plus nginx's ``mirror`` directive to the 10x slower candidate.
+
+nginx is installed with ``apt-get install -y nginx`` when absent (the bench says so first); it
+runs as its own master process with ``daemon off`` and never reads /etc/nginx's sites.
+
+Traffic (``shadow_ab.traffic``, uniform mode): one fixed streaming greedy chat request shape,
+closed loop at each concurrency; TTFT (first SSE event with non-empty ``choices``) and E2E (last
+such event) measured by the client on a monotonic clock. Per concurrency level and round the
+paths run one after another in a rotated order (``--repeat`` rounds; rows pooled per path), each
+segment after a warm-up on its own session (discarded), and after the candidates went idle.
+Added latency = path minus direct at the same percentile, with a bootstrap 95% interval for the
+added TTFT. ``proxy CPU ms/req``: user + system CPU of the proxy's process tree (from
+/proc/<pid>/stat) over the measured segment, divided by the requests answered (the mirror's
+includes reading the candidate's stream and writing records). ``shadowed`` is the share of
+requests the mirror sent to the candidate (from its /metrics).
+
+The machine has 2 cores: the client (this process), three simulators, the mirror and nginx
+share them, along with whatever else runs (the output prints the load average before and
+after). Figures are the overhead on a loaded 2-core box, not on a dedicated proxy host.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from shadow_ab.traffic import (
+    RequestRow,
+    TrafficMix,
+    TrafficResult,
+    make_plan,
+    make_session,
+    quantile,
+    run_traffic,
+)
+from simulator.testing import RunningSim, free_port, http_get, running_sim
+
+GOAL_CONCURRENCY = 32
+GOAL_TTFT_P50_MS = 1.0
+GOAL_TTFT_P99_MS = 5.0
+
+ANSWERS = {"min_tokens": 16, "max_tokens": 24}
+INCUMBENT = {
+    "latency": {"prefill_base_ms": 30.0, "decode_ms": 8.0, "noise": 0.05},
+    "answers": ANSWERS,
+}
+CANDIDATE = {
+    "latency": {"prefill_base_ms": 30.0, "decode_ms": 6.4, "noise": 0.05},
+    "answers": ANSWERS,
+}
+SLOW_CANDIDATE = {
+    "latency": {"prefill_base_ms": 300.0, "decode_ms": 80.0, "noise": 0.05},
+    "answers": ANSWERS,
+}
+
+PATHS = ("direct", "mirror", "mirror-slow", "nginx", "nginx-mirror")
+LABELS = {
+    "direct": "direct",
+    "mirror": "shadow-ab mirror, candidate",
+    "mirror-slow": "shadow-ab mirror, 10x slow candidate",
+    "nginx": "nginx proxy_pass",
+    "nginx-mirror": "nginx `mirror`, 10x slow candidate",
+}
+
+
+class BenchError(RuntimeError):
+    """A piece of the benchmark did not start."""
+
+
+# -- processes and their CPU -----------------------------------------------------------------
+
+
+def _children(pid: int) -> list[int]:
+    out: list[int] = []
+    with contextlib.suppress(OSError):
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{task}/children") as f:
+                out += [int(c) for c in f.read().split()]
+    return out
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process and its live descendants, from /proc."""
+    total, todo, tick = 0.0, [pid], os.sysconf("SC_CLK_TCK")
+    while todo:
+        p = todo.pop()
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / tick
+        todo += _children(p)
+    return total
+
+
+def machine_busy() -> tuple[float, float]:
+    """(busy, total) jiffies of all CPUs so far, from /proc/stat."""
+    with open("/proc/stat") as f:
+        vals = [int(v) for v in f.readline().split()[1:]]
+    idle = vals[3] + vals[4]
+    return float(sum(vals) - idle), float(sum(vals))
+
+
+def wait_http(url: str, proc: subprocess.Popen[bytes], stderr: Path, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise BenchError(f"{proc.args!r} exited with {proc.returncode}:\n{_tail(stderr)}")
+        if http_get(url, timeout=1.0)[0] == 200:
+            return
+        time.sleep(0.1)
+    raise BenchError(f"{url} did not answer 200 within {timeout}s:\n{_tail(stderr)}")
+
+
+def _tail(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")[-3000:]
+    except OSError:
+        return ""
+
+
+def stop_process(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> None:
+    if proc.poll() is not None:
+        return
+    proc.send_signal(sig)
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+# -- shadow-ab mirror ------------------------------------------------------------------------
+
+
+@dataclass
+class Proxy:
+    """One proxy path under test: where the client sends, whose CPU counts."""
+
+    base_url: str
+    pid: int
+    metrics_url: str | None = None
+
+
+@contextlib.contextmanager
+def running_mirror(
+    incumbent: str, candidate: str, workdir: Path, database_url: str | None, name: str
+) -> Iterator[Proxy]:
+    """``shadow-ab mirror`` as a subprocess: shadow every request, guard off, direct sink."""
+    port = free_port()
+    config = workdir / f"{name}.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "shadow": {"rate": 1.0, "max_concurrent": 512, "timeout_s": 60.0},
+                "guard": {"enabled": False},
+            }
+        )
+    )
+    db = database_url or f"sqlite:///{workdir / (name + '.db')}"
+    cmd = [sys.executable, "-m", "shadow_ab", "mirror", "--incumbent", incumbent]
+    cmd += ["--candidate", candidate, "--port", str(port), "--config", str(config)]
+    cmd += ["--database-url", db, "--deployment", f"bench-{name}"]
+    stderr = workdir / f"{name}.stderr"
+    env = {**os.environ, "SHADOW_AB_HOME": str(workdir / "home")}
+    with open(stderr, "wb") as err:
+        proc = subprocess.Popen(cmd, stdout=err, stderr=err, env=env)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_http(base + "/v1/models", proc, stderr, 60.0)
+        yield Proxy(base, proc.pid, base + "/metrics")
+    finally:
+        stop_process(proc)
+
+
+def mirror_available() -> str | None:
+    """None when ``shadow-ab mirror`` can run here, else why not."""
+    for module in ("mirror.cli", "mirror.app"):
+        try:
+            found = importlib.util.find_spec(module)
+        except ImportError as exc:
+            return f"{module} is not importable ({exc})"
+        if found is None:
+            return f"{module} does not exist yet"
+    return None
+
+
+def shadow_sampled(metrics_url: str | None) -> float | None:
+    """The mirror's count of sampled requests (shadow_ab_mirror_shadow_decisions_total)."""
+    if metrics_url is None:
+        return None
+    status, body = http_get(metrics_url, timeout=2.0)
+    if status != 200:
+        return None
+    total = 0.0
+    for line in body.decode(errors="replace").splitlines():
+        if line.startswith("shadow_ab_mirror_shadow_decisions_total{") and (
+            'decision="sampled"' in line
+        ):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+# -- nginx -----------------------------------------------------------------------------------
+
+NGINX_CONF = """\
+# A private nginx for bench/mirror_overhead.py: own prefix, no /etc/nginx sites.
+worker_processes 1;
+daemon off;
+master_process on;
+pid {prefix}/nginx.pid;
+error_log {prefix}/error.log warn;
+events {{ worker_connections 4096; multi_accept on; }}
+http {{
+    access_log off;
+    client_body_temp_path {prefix}/client_body;
+    proxy_temp_path {prefix}/proxy;
+    fastcgi_temp_path {prefix}/fastcgi;
+    uwsgi_temp_path {prefix}/uwsgi;
+    scgi_temp_path {prefix}/scgi;
+    client_body_buffer_size 1m;
+    keepalive_requests 1000000;
+    keepalive_timeout 300s;
+    upstream incumbent {{ server {incumbent}; keepalive 512; }}
+    upstream candidate {{ server {candidate}; keepalive 512; }}
+    server {{
+        listen 127.0.0.1:{pass_port};
+        location / {{
+            proxy_pass http://incumbent;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_buffering off;
+        }}
+    }}
+    server {{
+        listen 127.0.0.1:{mirror_port};
+        location / {{
+            mirror /_shadow;
+            mirror_request_body on;
+            proxy_pass http://incumbent;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_buffering off;
+        }}
+        location = /_shadow {{
+            internal;
+            proxy_pass http://candidate$request_uri;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+        }}
+    }}
+}}
+"""
+
+
+def nginx_binary() -> str:
+    """Debian's nginx, installed with apt-get when absent."""
+    found = shutil.which("nginx") or (
+        "/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else ""
+    )
+    if found:
+        return found
+    print(
+        "nginx is not installed: installing Debian's nginx with `apt-get install -y nginx`"
+        " (the bench runs it as a private instance; /etc/nginx is left alone)",
+        file=sys.stderr,
+        flush=True,
+    )
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    cmd = ["apt-get", "install", "-y", "-q", "nginx"]
+    if subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL).returncode != 0:
+        subprocess.run(["apt-get", "update", "-q"], env=env, stdout=subprocess.DEVNULL)
+        subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, check=True)
+    found = shutil.which("nginx") or "/usr/sbin/nginx"
+    if not os.path.exists(found):
+        raise BenchError("apt-get install nginx did not give an nginx binary")
+    return found
+
+
+@contextlib.contextmanager
+def running_nginx(incumbent: str, candidate: str, workdir: Path) -> Iterator[tuple[Proxy, Proxy]]:
+    """One private nginx master + worker: (proxy_pass server, mirror server)."""
+    binary = nginx_binary()
+    prefix = workdir / "nginx"
+    prefix.mkdir()
+    prefix.chmod(0o755)  # workers run as nobody
+    pass_port, mirror_port = free_port(), free_port()
+    conf = prefix / "nginx.conf"
+    conf.write_text(
+        NGINX_CONF.format(
+            prefix=prefix,
+            incumbent=incumbent.removeprefix("http://"),
+            candidate=candidate.removeprefix("http://"),
+            pass_port=pass_port,
+            mirror_port=mirror_port,
+        )
+    )
+    stderr = prefix / "stderr.log"
+    cmd = [binary, "-p", str(prefix), "-c", str(conf), "-e", str(prefix / "error.log")]
+    with open(stderr, "wb") as err:
+        proc = subprocess.Popen(cmd, stdout=err, stderr=err)
+    try:
+        for port in (pass_port, mirror_port):
+            wait_http(f"http://127.0.0.1:{port}/health", proc, prefix / "error.log", 30.0)
+        yield (
+            Proxy(f"http://127.0.0.1:{pass_port}", proc.pid),
+            Proxy(f"http://127.0.0.1:{mirror_port}", proc.pid),
+        )
+    finally:
+        stop_process(proc, signal.SIGQUIT)
+
+
+# -- candidates going idle between segments --------------------------------------------------
+
+
+def wait_trt_idle(sim: RunningSim, timeout: float = 90.0) -> None:
+    """Until the TensorRT-LLM simulator has nothing running or queued.
+
+    Its /metrics drains the iteration stats it returns (the mirror's health sampler drains
+    them too), so an empty list means "no iteration since the last read by anyone": idle is
+    a last stat with nothing active, or three empty reads in a row."""
+    deadline = time.monotonic() + timeout
+    empty = 0
+    while time.monotonic() < deadline:
+        status, body = http_get(sim.base_url + "/metrics", timeout=2.0)
+        stats = json.loads(body) if status == 200 and body else []
+        if stats:
+            last = stats[-1]
+            if last.get("numActiveRequests", 1) == 0 and last.get("numQueuedRequests", 1) == 0:
+                return
+            empty = 0
+        else:
+            empty += 1
+            if empty >= 3:
+                return
+        time.sleep(0.35)
+    print(f"warning: {sim.base_url} still busy after {timeout}s", file=sys.stderr)
+
+
+# -- measuring -------------------------------------------------------------------------------
+
+
+@dataclass
+class Cell:
+    """One path at one concurrency: rows pooled over rounds, the proxy's CPU and counts."""
+
+    path: str
+    concurrency: int
+    rows: list[RequestRow] = field(default_factory=list)
+    wall_s: float = 0.0
+    proxy_cpu_s: float = 0.0
+    machine_busy: float = 0.0
+    machine_total: float = 0.0
+    sampled: float | None = None
+
+    def result(self) -> TrafficResult:
+        return TrafficResult(rows=self.rows, wall_s=self.wall_s)
+
+
+@dataclass
+class Target:
+    path: str
+    base_url: str
+    pid: int | None
+    metrics_url: str | None = None
+    settle: list[RunningSim] = field(default_factory=list)
+
+
+async def measure(
+    target: Target,
+    cell: Cell,
+    mix: TrafficMix,
+    duration_s: float | None,
+    requests: int | None,
+    seed: int,
+) -> None:
+    conc = cell.concurrency
+    async with make_session() as session:
+        warm = make_plan(concurrency=conc, requests=max(2 * conc, 10), seed=seed)
+        await run_traffic(session, target.base_url, mix, warm)
+        for sim in target.settle:
+            await asyncio.to_thread(wait_trt_idle, sim)
+        plan = make_plan(concurrency=conc, duration_s=duration_s, requests=requests, seed=seed)
+        sampled0 = shadow_sampled(target.metrics_url)
+        cpu0 = tree_cpu_seconds(target.pid) if target.pid else 0.0
+        busy0, total0 = machine_busy()
+        result = await run_traffic(session, target.base_url, mix, plan)
+        busy1, total1 = machine_busy()
+        cpu1 = tree_cpu_seconds(target.pid) if target.pid else 0.0
+        sampled1 = shadow_sampled(target.metrics_url)
+    cell.rows += result.rows
+    cell.wall_s += result.wall_s
+    cell.proxy_cpu_s += cpu1 - cpu0
+    cell.machine_busy += busy1 - busy0
+    cell.machine_total += total1 - total0
+    if sampled0 is not None and sampled1 is not None:
+        cell.sampled = (cell.sampled or 0.0) + sampled1 - sampled0
+    for sim in target.settle:
+        await asyncio.to_thread(wait_trt_idle, sim)
+
+
+def bootstrap_delta(
+    a: list[float], b: list[float], q: float, n: int = 400, seed: int = 1
+) -> tuple[float, float]:
+    """95% interval of quantile(b) - quantile(a), resampling each side."""
+    if not a or not b:
+        return float("nan"), float("nan")
+    rng = np.random.default_rng(seed)
+    xa, xb = np.asarray(a), np.asarray(b)
+    ia = rng.integers(0, len(xa), size=(n, len(xa)))
+    ib = rng.integers(0, len(xb), size=(n, len(xb)))
+    d = np.quantile(xb[ib], q, axis=1) - np.quantile(xa[ia], q, axis=1)
+    lo, hi = np.quantile(d, [0.025, 0.975])
+    return float(lo), float(hi)
+
+
+# -- output ----------------------------------------------------------------------------------
+
+
+def ms(x: float) -> str:
+    return "n/a" if x != x else f"{x * 1000:.2f}"
+
+
+def signed_ms(x: float) -> str:
+    return "n/a" if x != x else f"{x * 1000:+.2f}"
+
+
+def table(cells: dict[tuple[str, int], Cell], levels: list[int], paths: list[str]) -> list[str]:
+    head = (
+        "| conc | path | req/s | TTFT p50 | TTFT p99 | E2E p50 | E2E p99 | +TTFT p50 [95% CI]"
+        " | +TTFT p99 [95% CI] | +E2E p50 | +E2E p99 | req/s ratio | proxy CPU ms/req"
+        " | shadowed | errors | n |"
+    )
+    out = [head, "|" + "---|" * 16]
+    for conc in levels:
+        base = cells.get(("direct", conc))
+        br = base.result() if base else None
+        for path in paths:
+            cell = cells.get((path, conc))
+            if cell is None:
+                continue
+            r = cell.result()
+            ttft, e2e = r.values("ttft_s"), r.values("e2e_s")
+            row = [
+                str(conc),
+                LABELS[path],
+                f"{r.requests_per_s:.1f}",
+                ms(quantile(ttft, 0.5)),
+                ms(quantile(ttft, 0.99)),
+                ms(quantile(e2e, 0.5)),
+                ms(quantile(e2e, 0.99)),
+            ]
+            if br is not None and path != "direct":
+                bt, be = br.values("ttft_s"), br.values("e2e_s")
+                deltas = []
+                for q in (0.5, 0.99):
+                    d = quantile(ttft, q) - quantile(bt, q)
+                    lo, hi = bootstrap_delta(bt, ttft, q)
+                    deltas.append(f"{signed_ms(d)} [{signed_ms(lo)}, {signed_ms(hi)}]")
+                row += deltas
+                row += [
+                    signed_ms(quantile(e2e, 0.5) - quantile(be, 0.5)),
+                    signed_ms(quantile(e2e, 0.99) - quantile(be, 0.99)),
+                    f"{r.requests_per_s / br.requests_per_s:.3f}",
+                ]
+            else:
+                row += ["", "", "", "", "1.000" if path == "direct" else ""]
+            ok = len(r.ok_rows)
+            cpu = f"{cell.proxy_cpu_s / ok * 1000:.3f}" if path != "direct" and ok else ""
+            shadowed = "" if path in ("direct", "nginx") else "100% (all)"
+            if cell.sampled is not None:
+                shadowed = f"{cell.sampled / max(1, len(cell.rows)):.0%}"
+            row += [cpu, shadowed, str(len(r.errors)), str(len(r.rows))]
+            out.append("| " + " | ".join(row) + " |")
+    return out
+
+
+def goal_lines(cells: dict[tuple[str, int], Cell]) -> list[str]:
+    lines = []
+    base = cells.get(("direct", GOAL_CONCURRENCY))
+    for path in ("mirror", "mirror-slow"):
+        cell = cells.get((path, GOAL_CONCURRENCY))
+        if base is None or cell is None:
+            continue
+        bt, mt = base.result().values("ttft_s"), cell.result().values("ttft_s")
+        d50 = (quantile(mt, 0.5) - quantile(bt, 0.5)) * 1000
+        d99 = (quantile(mt, 0.99) - quantile(bt, 0.99)) * 1000
+        met = d50 <= GOAL_TTFT_P50_MS and d99 <= GOAL_TTFT_P99_MS
+        lines.append(
+            f"Goal (added TTFT p50 <= {GOAL_TTFT_P50_MS:g} ms and p99 <= {GOAL_TTFT_P99_MS:g} ms"
+            f" at concurrency {GOAL_CONCURRENCY}), {LABELS[path]}: p50 {d50:+.2f} ms,"
+            f" p99 {d99:+.2f} ms -> {'MET' if met else 'NOT MET'}"
+        )
+    if not lines:
+        lines.append(
+            f"Goal (added TTFT p50 <= {GOAL_TTFT_P50_MS:g} ms and p99 <= {GOAL_TTFT_P99_MS:g} ms"
+            f" at concurrency {GOAL_CONCURRENCY}): not measured (no shadow-ab mirror cell at"
+            f" concurrency {GOAL_CONCURRENCY})"
+        )
+    return lines
+
+
+# -- main ------------------------------------------------------------------------------------
+
+
+async def run_rounds(
+    targets: dict[str, Target],
+    levels: list[int],
+    args: argparse.Namespace,
+    mix: TrafficMix,
+    progress: Callable[[str], None],
+) -> dict[tuple[str, int], Cell]:
+    cells = {(p, c): Cell(p, c) for p in targets for c in levels}
+    order = list(targets)
+    per_duration = args.duration / args.repeat if args.requests is None else None
+    per_requests = -(-args.requests // args.repeat) if args.requests is not None else None
+    # one warm-up pass over every path (connection pools, the mirror's first requests)
+    for path, target in targets.items():
+        progress(f"warm-up {path}")
+        async with make_session() as session:
+            plan = make_plan(concurrency=8, requests=60, seed=99)
+            await run_traffic(session, target.base_url, mix, plan)
+        for sim in target.settle:
+            await asyncio.to_thread(wait_trt_idle, sim)
+    seed = 0
+    for rnd in range(args.repeat):
+        for conc in levels:
+            k = (rnd + levels.index(conc)) % len(order)
+            for path in order[k:] + order[:k]:
+                seed += 1
+                progress(f"round {rnd + 1}/{args.repeat} conc {conc} {path}")
+                await measure(
+                    targets[path], cells[(path, conc)], mix, per_duration, per_requests, seed
+                )
+    return cells
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--concurrency", default="1,32,128", help="levels, comma-separated")
+    ap.add_argument("--duration", type=float, default=24.0, help="seconds per path and level")
+    ap.add_argument("--requests", type=int, default=None, help="requests per path and level")
+    ap.add_argument("--repeat", type=int, default=2, help="interleaved rounds (drift control)")
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--paths", default=",".join(PATHS), help="which paths to run")
+    ap.add_argument("--database-url", default=None, help="the mirror's store (default: SQLite)")
+    ap.add_argument("--json", type=Path, default=None, help="also write the cells' summaries")
+    ap.add_argument("--quick", action="store_true", help="a short smoke run")
+    args = ap.parse_args()
+    if args.quick:
+        args.duration, args.repeat = 3.0, 1
+        if args.concurrency == "1,32,128":
+            args.concurrency = "1,32"
+    levels = [int(c) for c in args.concurrency.split(",")]
+    wanted = [p for p in args.paths.split(",") if p]
+    unknown = set(wanted) - set(PATHS)
+    if unknown:
+        ap.error(f"unknown paths {sorted(unknown)}; choose from {', '.join(PATHS)}")
+    if "direct" not in wanted:
+        wanted.insert(0, "direct")
+    notes: list[str] = []
+    if {"mirror", "mirror-slow"} & set(wanted) and (why := mirror_available()):
+        notes.append(f"shadow-ab mirror paths skipped: {why}")
+        wanted = [p for p in wanted if p not in ("mirror", "mirror-slow")]
+
+    def progress(msg: str) -> None:
+        print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+    load0 = os.getloadavg()
+    mix = TrafficMix.uniform(max_tokens=args.max_tokens)
+    with contextlib.ExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="shadow-ab-bench-")))
+        progress("starting simulators")
+        inc = stack.enter_context(running_sim("vllm", "clean", overrides=INCUMBENT, ledger=False))
+        cand = stack.enter_context(
+            running_sim("trtllm", "clean", overrides=CANDIDATE, ledger=False)
+        )
+        slow = stack.enter_context(
+            running_sim("trtllm", "clean", overrides=SLOW_CANDIDATE, ledger=False)
+        )
+        targets: dict[str, Target] = {"direct": Target("direct", inc.base_url, None)}
+        if "mirror" in wanted:
+            progress("starting shadow-ab mirror (candidate)")
+            m = stack.enter_context(
+                running_mirror(inc.base_url, cand.base_url, tmp, args.database_url, "mirror")
+            )
+            targets["mirror"] = Target("mirror", m.base_url, m.pid, m.metrics_url, [cand])
+        if "mirror-slow" in wanted:
+            progress("starting shadow-ab mirror (10x slow candidate)")
+            m = stack.enter_context(
+                running_mirror(inc.base_url, slow.base_url, tmp, args.database_url, "mirror-slow")
+            )
+            targets["mirror-slow"] = Target("mirror-slow", m.base_url, m.pid, m.metrics_url, [slow])
+        if {"nginx", "nginx-mirror"} & set(wanted):
+            progress("starting nginx")
+            plain, mirrored = stack.enter_context(running_nginx(inc.base_url, slow.base_url, tmp))
+            if "nginx" in wanted:
+                targets["nginx"] = Target("nginx", plain.base_url, plain.pid)
+            if "nginx-mirror" in wanted:
+                targets["nginx-mirror"] = Target(
+                    "nginx-mirror", mirrored.base_url, mirrored.pid, None, [slow]
+                )
+        order = [p for p in PATHS if p in targets]
+        targets = {p: targets[p] for p in order}
+        try:
+            import uvloop
+
+            runner: Callable[..., Any] = uvloop.run
+        except ImportError:
+            runner = asyncio.run
+        cells = runner(run_rounds(targets, levels, args, mix, progress))
+    load1 = os.getloadavg()
+
+    print("## Mirror overhead: client -> incumbent direct vs through a proxy\n")
+    print(f"`{' '.join(['python', *sys.argv])}`\n")
+    amount = f"{args.duration:g} s" if args.requests is None else f"{args.requests} requests"
+    print(
+        f"Simulated engines: incumbent vLLM flavor (~40 ms TTFT, 8 ms/token), candidate"
+        f" TensorRT-LLM flavor (decode 20% faster), slow candidate 10x slower; answers"
+        f" {ANSWERS['min_tokens']}-{ANSWERS['max_tokens']} tokens, max_tokens {args.max_tokens};"
+        f" one streaming chat shape, closed loop. Per path and level:"
+        f" {amount}"
+        f" in {args.repeat} interleaved round(s), after warm-up. Times in ms; '+' columns are"
+        f" the path minus direct at the same concurrency."
+    )
+    print(
+        f"\nThis machine has {os.cpu_count()} cores, shared by the client, three simulators,"
+        f" the mirror/nginx and anything else running (load average before"
+        f" {load0[0]:.2f}/{load0[1]:.2f}, after {load1[0]:.2f}/{load1[1]:.2f})."
+    )
+    for note in notes:
+        print(f"\nNote: {note}")
+    print()
+    print("\n".join(table(cells, levels, order)))
+    print()
+    for line in goal_lines(cells):
+        print(line)
+    busy = {
+        k: c.machine_busy / c.machine_total if c.machine_total else float("nan")
+        for k, c in cells.items()
+    }
+    print(
+        "\nMachine CPU busy during the measured segments: "
+        + ", ".join(f"{p}@{c} {busy[(p, c)]:.0%}" for p, c in cells)
+    )
+    if args.json:
+        args.json.write_text(
+            json.dumps(
+                {
+                    f"{p}@{c}": {
+                        **cell.result().summary(),
+                        "proxy_cpu_s": cell.proxy_cpu_s,
+                        "sampled": cell.sampled,
+                        "machine_busy": busy[(p, c)],
+                    }
+                    for (p, c), cell in cells.items()
+                },
+                indent=2,
+            )
+        )
+
+
+if __name__ == "__main__":
+    main()
