@@ -2,7 +2,7 @@
 PYTHON ?= python3
 PIP_FLAGS ?= --disable-pip-version-check -q
 
-.PHONY: install services services-down check test bench-ingest
+.PHONY: install services services-down check test bench-ingest bench-mirror
 
 install:
 	$(PYTHON) -m pip install $(PIP_FLAGS) -e '.[dev]'
@@ -23,3 +23,7 @@ test: services
 
 bench-ingest: services
 	$(PYTHON) bench/ingest.py
+
+# Needs no services: simulators, the mirror (SQLite sink) and a private nginx (installed if absent).
+bench-mirror: install
+	$(PYTHON) bench/mirror_overhead.py
