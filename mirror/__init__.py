@@ -1,1 +1,14 @@
-"""The mirroring proxy (issue: the mirroring proxy). Not built yet."""
+"""The mirroring proxy (``shadow-ab mirror``): the incumbent's answers to the clients, shadow
+copies to the candidate, one exchange record per engine answer.
+
+Modules: ``app`` (the ASGI serving path), ``config`` (settings), ``sse`` / ``trace`` /
+``recording`` (parsing and timing, pure), ``rewrite`` / ``sampling`` / ``headers`` (pure
+decisions), ``guard``, ``health``, ``sinks`` / ``kafka_sink`` / ``spool``, ``metrics``,
+``cli``, ``testing`` (a subprocess mirror for tests and benchmarks). See mirror/README.md.
+
+Errors::
+
+    mirror.config.MirrorConfigError     settings that cannot work (says what to fix)
+
+Everything else the mirror meets (engines down, slow, answering errors) is recorded, not raised.
+"""

@@ -1,0 +1,825 @@
+"""The mirror's serving path: the incumbent's answer to the client, a shadow copy to the candidate.
+
+:func:`create_app` returns :class:`Mirror`, a raw ASGI callable (run by uvicorn with uvloop and
+httptools). It dispatches on the request path before any framework routing, because every
+microsecond on the client's path counts (DESIGN.md "Measured leads"):
+
+- ``POST /v1/chat/completions`` and ``POST /v1/completions``: the hot path. The body is read
+  (up to ``max_body_bytes``, else 413), a pair id is assigned, the shadow decision taken
+  (sampling, guard, cap), the shadow requests fired as tasks, and only then is the incumbent
+  asked. Its status, headers and bytes go to the client as they arrive, plus
+  ``x-shadow-pair-id``. The client's path never awaits a shadow request.
+- ``/metrics`` (the mirror's own Prometheus metrics), ``/healthz`` (the mirror's own health) and
+  ``/mirror/docs``: a small FastAPI application, which also runs the lifespan (sessions, health
+  sampler, draining).
+- everything else (``/v1/models``, ``/health``, ``/version``, ...): passed through to the
+  incumbent unchanged.
+
+Each engine answer becomes one :class:`~shadow_ab.records.ExchangeRecord` (roles ``incumbent``,
+``candidate``, ``replay``) handed to the sink after the client's answer is complete (shadow
+records when the shadow request ends). A client that disconnects cancels the incumbent request
+and the pair's shadow requests; they are recorded as ``cancelled``.
+
+Errors the client can get from the mirror itself (everything else is the incumbent's):
+413 (body over ``max_body_bytes``), 502 (the incumbent refused the connection), 504 (the
+incumbent's read timeout, when configured).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from datetime import datetime
+from typing import Any
+
+import aiohttp
+import orjson
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from mirror import metrics as m
+from mirror.config import MirrorSettings
+from mirror.guard import InterferenceGuard
+from mirror.headers import (
+    PAIR_HEADER,
+    client_headers,
+    header_value,
+    shadow_headers,
+    upstream_headers,
+)
+from mirror.recording import Dispatch, build_record, error_text, status_of
+from mirror.rewrite import INCLUDE_USAGE, candidate_request, stored_request, with_stream_usage
+from mirror.sampling import Sampler
+from mirror.sse import SSEParser, is_usage_only
+from mirror.trace import Outcome, StreamTrace, parse_body
+from shadow_ab.records import Endpoint, ExchangeRecord, Role, Status, utcnow
+
+log = logging.getLogger(__name__)
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+ROUTES: dict[str, Endpoint] = {
+    "/v1/chat/completions": Endpoint.CHAT,
+    "/v1/completions": Endpoint.COMPLETIONS,
+}
+OWN_PATHS = frozenset({"/metrics", "/healthz", "/mirror/docs", "/mirror/openapi.json"})
+SKIP_AUTO_HEADERS = ("Accept-Encoding", "User-Agent", "Content-Type")
+"""aiohttp adds these when absent; the engines must see exactly the client's."""
+
+# Shadow decisions (label values of shadow_ab_mirror_shadow_decisions_total).
+SAMPLED = "sampled"
+SKIPPED_SAMPLE = "skipped_sample"
+SKIPPED_CAP = "skipped_cap"
+SKIPPED_GUARD = "skipped_guard"
+SKIPPED_MALFORMED = "skipped_malformed"
+SKIPPED_TOO_LARGE = "skipped_too_large"
+SKIPPED_DRAINING = "skipped_draining"
+DECISIONS = (
+    SAMPLED,
+    SKIPPED_SAMPLE,
+    SKIPPED_CAP,
+    SKIPPED_GUARD,
+    SKIPPED_MALFORMED,
+    SKIPPED_TOO_LARGE,
+    SKIPPED_DRAINING,
+)
+ERROR_BODY_KEEP = 64 * 1024
+"""Bytes of an engine's error answer kept for the record's ``error``."""
+
+
+class _TooLarge(Exception):
+    pass
+
+
+class _ClientGone(Exception):
+    pass
+
+
+class _Request:
+    """Per-request state shared with the disconnect watcher."""
+
+    __slots__ = ("done", "gone")
+
+    def __init__(self) -> None:
+        self.done = False
+        self.gone = False
+
+
+def _json_object(body: bytes) -> dict[str, Any] | None:
+    try:
+        obj = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+def _str_headers(headers: list[tuple[bytes, bytes]]) -> list[tuple[str, str]]:
+    return [(n.decode("latin-1"), v.decode("latin-1")) for n, v in headers]
+
+
+def _error_json(status: int, message: str, err_type: str) -> bytes:
+    return orjson.dumps(
+        {"error": {"message": message, "type": err_type, "param": None, "code": status}}
+    )
+
+
+def _path_qs(scope: Scope) -> str:
+    qs = scope.get("query_string") or b""
+    path = scope.get("raw_path") or scope["path"].encode()
+    if isinstance(path, bytes):
+        path = path.decode("latin-1")
+    return f"{path}?{qs.decode('latin-1')}" if qs else str(path)
+
+
+class Mirror:
+    """The mirror as an ASGI application (see the module docstring)."""
+
+    def __init__(
+        self,
+        settings: MirrorSettings,
+        *,
+        sink: Any,
+        incumbent_session: aiohttp.ClientSession | None = None,
+        candidate_session: aiohttp.ClientSession | None = None,
+        guard: InterferenceGuard | None = None,
+        sampler: Sampler | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], datetime] = utcnow,
+    ) -> None:
+        self.settings = settings
+        self.sink = sink
+        self.incumbent_session = incumbent_session
+        self.candidate_session = candidate_session
+        self.guard = guard or InterferenceGuard(settings.guard)
+        self.sampler = sampler or Sampler(settings.shadow)
+        self._clock = clock
+        self._wall = wall
+        self._own_sessions: list[aiohttp.ClientSession] = []
+        self._health_session: aiohttp.ClientSession | None = None
+        self._health_task: asyncio.Task[None] | None = None
+        self.inc_url = settings.incumbent.url
+        self.cand_url = settings.candidate.url
+        self.inc_engine = settings.incumbent_engine()
+        self.cand_engine = settings.candidate_engine()
+        self.deployment = settings.deployment
+        self._inflight = {Role.INCUMBENT: 0, Role.CANDIDATE: 0, Role.REPLAY: 0}
+        self._shadow_inflight = 0
+        self._shadow_tasks: set[asyncio.Task[None]] = set()
+        self.draining = False
+        self._sink_label = "kafka" if type(sink).__name__ == "KafkaSink" else "direct"
+        # Metric children looked up once (labels() costs microseconds per call).
+        self._m_decision = {d: m.SHADOW_DECISIONS.labels(decision=d) for d in DECISIONS}
+        self._m_inflight = {r: m.INFLIGHT.labels(role=r.value) for r in Role}
+        self._m_ttft = {r: m.TTFT.labels(role=r.value) for r in Role}
+        self._m_e2e = {r: m.E2E.labels(role=r.value) for r in Role}
+        self._m_upstream = {
+            (r, s): m.UPSTREAM_REQUESTS.labels(role=r.value, status=s.value)
+            for r in Role
+            for s in Status
+        }
+        self._m_records = m.RECORDS.labels(sink=self._sink_label, kind="exchange")
+        self.api = build_api(self)
+
+    # -- ASGI entry -------------------------------------------------------------------------
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            path = scope["path"]
+            endpoint = ROUTES.get(path)
+            if endpoint is not None and scope["method"] == "POST":
+                await self._generate(scope, receive, send, endpoint)
+                return
+            if path in OWN_PATHS:
+                await self.api(scope, receive, send)
+                return
+            await self._passthrough(scope, receive, send)
+            return
+        await self.api(scope, receive, send)
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    async def startup(self) -> None:
+        if self.incumbent_session is None:
+            self.incumbent_session = self._session(self.settings.incumbent, raw=True)
+        if self.candidate_session is None:
+            self.candidate_session = self._session(self.settings.candidate, raw=False)
+        if self.settings.health_enabled:
+            self._start_health()
+        log.info(
+            "mirroring %s (incumbent) to %s (candidate), shadow rate %.3g, deployment %s",
+            self.inc_url,
+            self.cand_url,
+            self.settings.shadow.rate,
+            self.deployment,
+        )
+
+    def _session(self, cfg: Any, *, raw: bool) -> aiohttp.ClientSession:
+        read = getattr(cfg, "read_timeout_s", None)
+        session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=cfg.max_connections, ttl_dns_cache=300),
+            timeout=aiohttp.ClientTimeout(
+                total=None, sock_connect=cfg.connect_timeout_s, sock_read=read
+            ),
+            auto_decompress=not raw,
+            cookie_jar=aiohttp.DummyCookieJar(),
+        )
+        self._own_sessions.append(session)
+        return session
+
+    def _start_health(self) -> None:
+        from mirror.health import EngineTarget, HealthSampler
+
+        s = self.settings
+        targets = [
+            EngineTarget(self.inc_engine, Role.INCUMBENT, self.inc_url, s.incumbent.flavor),
+            EngineTarget(self.cand_engine, Role.CANDIDATE, self.cand_url, s.candidate.flavor),
+        ]
+        self._health_session = aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar())
+        sampler = HealthSampler(targets, self.sink, self._health_session, self.deployment, s.health)
+        self._health_task = asyncio.create_task(sampler.run(), name="health-sampler")
+
+    async def shutdown(self) -> None:
+        """Let shadow requests finish (up to ``drain_timeout_s``; the rest are recorded as
+        cancelled), stop the health sampler, close sessions, flush the sink."""
+        self.draining = True
+        pending = set(self._shadow_tasks)
+        if pending:
+            log.info("draining %d shadow requests", len(pending))
+            _, late = await asyncio.wait(pending, timeout=self.settings.drain_timeout_s)
+            for t in late:
+                t.cancel()
+            if late:
+                await asyncio.wait(late)
+        if self._health_task is not None:
+            self._health_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._health_task
+        for session in [*self._own_sessions, self._health_session]:
+            if session is not None:
+                await session.close()
+        self._own_sessions.clear()
+        timeout = self.settings.sink_close_timeout_s
+        flushed = await asyncio.to_thread(self.sink.flush, timeout)
+        if not flushed:
+            log.warning("the sink did not deliver every record within %.0fs", timeout)
+
+    def health(self) -> dict[str, Any]:
+        return {
+            "status": "draining" if self.draining else "ok",
+            "deployment": self.deployment,
+            "inflight": {r.value: n for r, n in self._inflight.items()},
+            "shadow_inflight": self._shadow_inflight,
+            "guard": self.guard.state(),
+        }
+
+    # -- request body -------------------------------------------------------------------------
+
+    async def _read_body(self, scope: Scope, receive: Receive) -> bytes:
+        limit = self.settings.max_body_bytes
+        declared = header_value(scope["headers"], b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise _TooLarge
+        chunks = []
+        size = 0
+        while True:
+            msg = await receive()
+            if msg["type"] == "http.disconnect":
+                raise _ClientGone
+            chunk = msg.get("body", b"")
+            if chunk:
+                size += len(chunk)
+                if size > limit:
+                    raise _TooLarge
+                chunks.append(chunk)
+            if not msg.get("more_body", False):
+                break
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    async def _send_error(self, send: Send, status: int, message: str, err_type: str) -> None:
+        body = _error_json(status, message, err_type)
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                    (b"connection", b"close"),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": body, "more_body": False})
+
+    async def _too_large(self, send: Send, route: str) -> None:
+        limit = self.settings.max_body_bytes
+        msg = f"request body is larger than the mirror's limit of {limit} bytes (max_body_bytes)"
+        await self._send_error(send, 413, msg, "RequestTooLarge")
+        m.REQUESTS.labels(route=route, code="413").inc()
+
+    # -- the hot path -------------------------------------------------------------------------
+
+    async def _generate(
+        self, scope: Scope, receive: Receive, send: Send, endpoint: Endpoint
+    ) -> None:
+        route = scope["path"]
+        try:
+            body = await self._read_body(scope, receive)
+        except _TooLarge:
+            self._m_decision[SKIPPED_TOO_LARGE].inc()
+            await self._too_large(send, route)
+            return
+        except _ClientGone:
+            return
+        t_ready = self._clock()
+        pair = uuid.uuid4()
+        pid = str(pair).encode()
+        parsed = _json_object(body)
+        chat = endpoint is Endpoint.CHAT
+
+        # The shadow decision: never queued, counted either way.
+        if parsed is None:
+            decision = SKIPPED_MALFORMED
+        elif self.draining:
+            decision = SKIPPED_DRAINING
+        else:
+            sampler = self.sampler
+            hv = header_value(scope["headers"], sampler.header) if sampler.header else None
+            u = sampler.draw(hv)
+            if not sampler.sampled(u):
+                decision = SKIPPED_SAMPLE
+            elif not self.guard.admit(sampler.guard_draw(u)):
+                decision = SKIPPED_GUARD
+            elif self._shadow_inflight >= self.settings.shadow.max_concurrent:
+                decision = SKIPPED_CAP
+            else:
+                decision = SAMPLED
+        self._m_decision[decision].inc()
+
+        up_headers = upstream_headers(scope["headers"], pid)
+        inc_body = body
+        strip = False
+        inc_rewrites: list[str] = []
+        inc_request = parsed
+        if parsed is not None and self.settings.incumbent.include_usage:
+            usage_body = with_stream_usage(parsed)
+            if usage_body is not None:
+                inc_body = orjson.dumps(usage_body)
+                inc_request = usage_body
+                strip = True
+                inc_rewrites = [INCLUDE_USAGE]
+        stream = parsed is not None and parsed.get("stream") is True
+        guard_state = self.guard.state()
+        inflight_inc = self._inflight[Role.INCUMBENT] + self._inflight[Role.REPLAY]
+        inflight_cand = self._inflight[Role.CANDIDATE]
+
+        shadows: list[asyncio.Task[None]] = []
+        if decision == SAMPLED:
+            assert parsed is not None
+            sh_headers = _str_headers(shadow_headers(up_headers))
+            cand_body, cand_rewrites = candidate_request(
+                parsed, chat=chat, rewrite=self.settings.candidate.rewrite
+            )
+            common = {
+                "pair_id": pair,
+                "endpoint": endpoint,
+                "stream": stream,
+                "inflight_incumbent": inflight_inc,
+                "inflight_candidate": inflight_cand,
+                "guard": guard_state,
+            }
+            shadows.append(
+                self._fire(Role.CANDIDATE, route, cand_body, cand_rewrites, sh_headers, common)
+            )
+            if (
+                self.sampler.replay()
+                and self._shadow_inflight < self.settings.shadow.max_concurrent
+            ):
+                m.REPLAYS.inc()
+                replay_body = inc_request if inc_request is not None else parsed
+                shadows.append(
+                    self._fire(Role.REPLAY, route, replay_body, inc_rewrites, sh_headers, common)
+                )
+
+        d = Dispatch(
+            pair_id=pair,
+            role=Role.INCUMBENT,
+            engine=self.inc_engine,
+            endpoint=endpoint,
+            stream=stream,
+            sent_at=self._wall(),
+            request=stored_request(inc_request) if inc_request is not None else {},
+            rewrites=inc_rewrites,
+            inflight_incumbent=inflight_inc,
+            inflight_candidate=inflight_cand,
+            guard=guard_state,
+        )
+        state = _Request()
+        me = asyncio.current_task()
+        watcher = asyncio.create_task(self._watch(receive, me, state)) if me else None
+        try:
+            await self._incumbent(
+                send,
+                route=route,
+                url=self.inc_url + _path_qs(scope),
+                d=d,
+                body=inc_body,
+                headers=_str_headers(up_headers),
+                strip=strip,
+                chat=chat,
+                t_ready=t_ready,
+                shadow_active=self._shadow_inflight > 0,
+                state=state,
+            )
+        except asyncio.CancelledError:
+            if not state.gone or me is None:
+                raise
+            me.uncancel()
+            for t in shadows:
+                t.cancel()
+        finally:
+            state.done = True
+            if watcher is not None:
+                watcher.cancel()
+
+    async def _watch(self, receive: Receive, task: asyncio.Task[Any], state: _Request) -> None:
+        """Cancel ``task`` when the client disconnects before its answer is complete."""
+        while True:
+            msg = await receive()
+            if msg["type"] == "http.disconnect":
+                if not state.done:
+                    state.gone = True
+                    task.cancel()
+                return
+
+    async def _incumbent(
+        self,
+        send: Send,
+        *,
+        route: str,
+        url: str,
+        d: Dispatch,
+        body: bytes,
+        headers: list[tuple[str, str]],
+        strip: bool,
+        chat: bool,
+        t_ready: float,
+        shadow_active: bool,
+        state: _Request,
+    ) -> None:
+        session = self.incumbent_session
+        assert session is not None, "the mirror's lifespan has not started"
+        role = Role.INCUMBENT
+        self._inflight[role] += 1
+        self._m_inflight[role].inc()
+        clock = self._clock
+        pid = str(d.pair_id).encode()
+        status = Status.OK
+        http_status: int | None = None
+        error: str | None = None
+        trace: StreamTrace | None = None
+        parts: list[bytes] = []
+        last_t: float | None = None
+        client_code = 0
+        complete = False
+        t0 = clock()
+        try:
+            try:
+                resp = await session.post(
+                    url, data=body, headers=headers, skip_auto_headers=SKIP_AUTO_HEADERS
+                )
+            except TimeoutError as exc:
+                status, error, client_code = Status.TIMEOUT, f"timeout: {exc!r}", 504
+                await self._send_error(send, 504, "the incumbent did not answer", "GatewayTimeout")
+                complete = True
+                return
+            except aiohttp.ClientError as exc:
+                status, error, client_code = Status.CONNECTION_ERROR, repr(exc), 502
+                await self._send_error(
+                    send, 502, f"the incumbent is unreachable: {exc}", "BadGateway"
+                )
+                complete = True
+                return
+            try:
+                http_status = client_code = resp.status
+                status = status_of(resp.status)
+                encoded = resp.headers.get("Content-Encoding", "identity") != "identity"
+                sse = resp.content_type == "text/event-stream" and not encoded
+                rechunk = strip and sse
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": resp.status,
+                        "headers": client_headers(resp.raw_headers, pid, rechunked=rechunk),
+                    }
+                )
+                parser = SSEParser() if sse else None
+                if sse:
+                    trace = StreamTrace(t0, chat=chat)
+                first = True
+                async for chunk in resp.content.iter_any():
+                    t = clock()
+                    last_t = t
+                    if parser is not None:
+                        events = parser.feed(chunk)
+                        if rechunk:
+                            out = b"".join([e.raw for e in events if not is_usage_only(e.data)])
+                        else:
+                            out = chunk
+                        assert trace is not None
+                        for e in events:
+                            trace.add(t, e.data)
+                    else:
+                        out = chunk
+                        if status is Status.OK or len(parts) < 64:
+                            parts.append(chunk)
+                    if out:
+                        await send({"type": "http.response.body", "body": out, "more_body": True})
+                    if first:
+                        first = False
+                        m.ADDED.observe((t0 - t_ready) + (clock() - t))
+                if parser is not None:
+                    tail = parser.pending()
+                    if tail:
+                        await send({"type": "http.response.body", "body": tail, "more_body": True})
+                state.done = True
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                complete = True
+            except TimeoutError as exc:
+                status, error = Status.TIMEOUT, f"timeout while reading: {exc!r}"
+            except aiohttp.ClientError as exc:
+                status, error = Status.CONNECTION_ERROR, f"stream broke: {exc!r}"
+            finally:
+                if complete:
+                    resp.release()
+                else:
+                    resp.close()  # the engine sees the connection go and stops generating
+        except asyncio.CancelledError:
+            status, error = Status.CANCELLED, "the client disconnected"
+            raise
+        finally:
+            self._inflight[role] -= 1
+            self._m_inflight[role].dec()
+            m.REQUESTS.labels(route=route, code=str(client_code or 499)).inc()
+            if not complete and status is Status.OK:
+                status = Status.CONNECTION_ERROR
+            outcome = self._outcome(trace, parts, chat, t0, last_t, status)
+            if status is Status.HTTP_ERROR and parts:
+                error = error_text(b"".join(parts)[:ERROR_BODY_KEEP])
+            if status is Status.OK:
+                self.guard.observe(outcome.ttft_s, outcome.e2e_s, shadow_active)
+            self._finish(d, status, outcome, http_status, error)
+
+    def _outcome(
+        self,
+        trace: StreamTrace | None,
+        parts: list[bytes],
+        chat: bool,
+        t0: float,
+        last_t: float | None,
+        status: Status,
+    ) -> Outcome:
+        if trace is not None:
+            return trace.outcome()
+        if status is Status.OK and last_t is not None:
+            return parse_body(b"".join(parts), chat=chat, e2e_s=last_t - t0)
+        return Outcome(e2e_s=max(0.0, last_t - t0) if last_t is not None else None)
+
+    def _finish(
+        self,
+        d: Dispatch,
+        status: Status,
+        outcome: Outcome,
+        http_status: int | None,
+        error: str | None,
+    ) -> None:
+        """Count the exchange and hand its record to the sink (never raises)."""
+        role = d.role
+        self._m_upstream[(role, status)].inc()
+        if outcome.ttft_s is not None:
+            self._m_ttft[role].observe(outcome.ttft_s)
+        if outcome.e2e_s is not None and status is Status.OK:
+            self._m_e2e[role].observe(outcome.e2e_s)
+        try:
+            record: ExchangeRecord = build_record(
+                self.deployment,
+                d,
+                status=status,
+                outcome=outcome,
+                http_status=http_status,
+                error=error,
+            )
+        except Exception:
+            log.exception("could not build the %s record of pair %s", role.value, d.pair_id)
+            m.RECORDS_DROPPED.labels(reason="encode_error").inc()
+            return
+        try:
+            accepted = self.sink.submit(record)
+        except Exception:
+            log.exception("the sink refused a record")
+            accepted = False
+        if accepted:
+            if self._sink_label == "direct":
+                self._m_records.inc()
+        elif self._sink_label == "direct":
+            m.RECORDS_DROPPED.labels(reason="sink_refused").inc()
+
+    # -- the shadow path ----------------------------------------------------------------------
+
+    def _fire(
+        self,
+        role: Role,
+        route: str,
+        body: dict[str, Any],
+        rewrites: list[str],
+        headers: list[tuple[str, str]],
+        common: dict[str, Any],
+    ) -> asyncio.Task[None]:
+        self._shadow_inflight += 1
+        task = asyncio.create_task(self._shadow(role, route, body, rewrites, headers, common))
+        self._shadow_tasks.add(task)
+        task.add_done_callback(self._shadow_tasks.discard)
+        return task
+
+    async def _shadow(
+        self,
+        role: Role,
+        route: str,
+        body: dict[str, Any],
+        rewrites: list[str],
+        headers: list[tuple[str, str]],
+        common: dict[str, Any],
+    ) -> None:
+        if role is Role.CANDIDATE:
+            session, url, engine = self.candidate_session, self.cand_url, self.cand_engine
+        else:
+            session, url, engine = self.incumbent_session, self.inc_url, self.inc_engine
+        assert session is not None, "the mirror's lifespan has not started"
+        chat = common["endpoint"] is Endpoint.CHAT
+        clock = self._clock
+        status = Status.OK
+        http_status: int | None = None
+        error: str | None = None
+        trace: StreamTrace | None = None
+        raw = b""
+        last_t: float | None = None
+        self._inflight[role] += 1
+        self._m_inflight[role].inc()
+        d = Dispatch(
+            role=role,
+            engine=engine,
+            sent_at=self._wall(),
+            request=stored_request(body),
+            rewrites=rewrites,
+            **common,
+        )
+        payload = orjson.dumps(body)
+        t0 = clock()
+        try:
+            async with (
+                asyncio.timeout(self.settings.shadow.timeout_s),
+                session.post(
+                    url + route, data=payload, headers=headers, skip_auto_headers=SKIP_AUTO_HEADERS
+                ) as resp,
+            ):
+                http_status = resp.status
+                status = status_of(resp.status)
+                if resp.content_type == "text/event-stream":
+                    parser = SSEParser()
+                    trace = StreamTrace(t0, chat=chat)
+                    async for chunk in resp.content.iter_any():
+                        t = clock()
+                        for e in parser.feed(chunk):
+                            trace.add(t, e.data)
+                else:
+                    raw = await resp.read()
+                    last_t = clock()
+        except TimeoutError:
+            status, error = (
+                Status.TIMEOUT,
+                f"no complete answer within {self.settings.shadow.timeout_s}s",
+            )
+        except aiohttp.ClientError as exc:
+            status, error = Status.CONNECTION_ERROR, repr(exc)
+        except asyncio.CancelledError:
+            status, error = Status.CANCELLED, "the client disconnected or the mirror stopped"
+            raise
+        finally:
+            self._inflight[role] -= 1
+            self._m_inflight[role].dec()
+            self._shadow_inflight -= 1
+            if trace is not None:
+                outcome = trace.outcome()
+            elif status is Status.OK and last_t is not None:
+                outcome = parse_body(raw, chat=chat, e2e_s=last_t - t0)
+            else:
+                outcome = Outcome(e2e_s=max(0.0, last_t - t0) if last_t is not None else None)
+            if status is Status.HTTP_ERROR:
+                error = error_text(raw[:ERROR_BODY_KEEP])
+            self._finish(d, status, outcome, http_status, error)
+
+    # -- pass-through -------------------------------------------------------------------------
+
+    async def _passthrough(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Any other path: the incumbent's answer, streamed, not shadowed, not recorded."""
+        session = self.incumbent_session
+        assert session is not None, "the mirror's lifespan has not started"
+        route = "passthrough"
+        try:
+            body = await self._read_body(scope, receive)
+        except _TooLarge:
+            await self._too_large(send, route)
+            return
+        except _ClientGone:
+            return
+        headers = [(n, v) for n, v in upstream_headers(scope["headers"], b"") if n != PAIR_HEADER]
+        try:
+            resp = await session.request(
+                scope["method"],
+                self.inc_url + _path_qs(scope),
+                data=body or None,
+                headers=_str_headers(headers),
+                skip_auto_headers=SKIP_AUTO_HEADERS,
+                allow_redirects=False,
+            )
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            await self._send_error(send, 502, f"the incumbent is unreachable: {exc}", "BadGateway")
+            m.REQUESTS.labels(route=route, code="502").inc()
+            return
+        try:
+            out_headers = [
+                (n, v)
+                for n, v in client_headers(resp.raw_headers, b"", rechunked=False)
+                if n != PAIR_HEADER
+            ]
+            await send(
+                {"type": "http.response.start", "status": resp.status, "headers": out_headers}
+            )
+            async for chunk in resp.content.iter_any():
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            m.REQUESTS.labels(route=route, code=str(resp.status)).inc()
+        except aiohttp.ClientError:
+            log.warning("pass-through %s broke mid-answer", scope["path"])
+        finally:
+            resp.release()
+
+
+def build_api(mirror: Mirror) -> FastAPI:
+    """The mirror's own endpoints, and the lifespan that starts and drains the mirror."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await mirror.startup()
+        try:
+            yield
+        finally:
+            await mirror.shutdown()
+
+    api = FastAPI(
+        title="shadow-ab mirror",
+        description=(
+            "Serves the incumbent engine and mirrors sampled requests to the candidate."
+            " POST /v1/chat/completions and /v1/completions are the incumbent's (plus an"
+            " x-shadow-pair-id header); every other path not listed here is passed through"
+            " to the incumbent."
+        ),
+        lifespan=lifespan,
+        docs_url="/mirror/docs",
+        openapi_url="/mirror/openapi.json",
+        redoc_url=None,
+    )
+
+    @api.get("/metrics", summary="The mirror's Prometheus metrics")
+    def metrics() -> Response:
+        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
+    @api.get("/healthz", summary="The mirror's own health (not the engines')")
+    def healthz() -> JSONResponse:
+        body = mirror.health()
+        return JSONResponse(body, status_code=503 if mirror.draining else 200)
+
+    return api
+
+
+def create_app(
+    settings: MirrorSettings,
+    *,
+    sink: Any,
+    incumbent_session: aiohttp.ClientSession | None = None,
+    candidate_session: aiohttp.ClientSession | None = None,
+) -> Mirror:
+    """The mirror's ASGI application; sessions not given are made (and closed) by its lifespan."""
+    return Mirror(
+        settings,
+        sink=sink,
+        incumbent_session=incumbent_session,
+        candidate_session=candidate_session,
+    )

@@ -1,0 +1,258 @@
+"""The mirror's settings: flags, then ``SHADOW_AB_MIRROR_*`` environment, then a YAML file.
+
+One class, :class:`MirrorSettings`, validated at start; every error names the setting and says
+what to fix. Nested sections (``incumbent``, ``candidate``, ``shadow``, ``guard``, ``health``,
+``kafka``) come from YAML or from the environment with ``__`` between the levels, e.g.
+``SHADOW_AB_MIRROR_SHADOW__RATE=0.1`` or ``SHADOW_AB_MIRROR_CANDIDATE__REWRITE__MODEL=llama``.
+The store and Kafka also honour the project-wide ``SHADOW_AB_DATABASE_URL`` and
+``SHADOW_AB_KAFKA_BOOTSTRAP``.
+
+Errors::
+
+    MirrorConfigError       settings that cannot work (a sentence per problem)
+"""
+
+from __future__ import annotations
+
+from contextvars import ContextVar
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from mirror.guard import GuardConfig
+from mirror.health import HealthConfig
+from mirror.kafka_sink import KafkaSinkConfig
+from mirror.rewrite import CandidateRewrite
+from mirror.sampling import ShadowConfig
+from shadow_ab.settings import CommonSettings, default_sqlite_url
+
+Flavor = Literal["vllm", "trtllm", "auto"]
+
+
+class MirrorConfigError(ValueError):
+    """Settings that cannot work; the message lists what to fix."""
+
+
+class EngineConfig(BaseModel):
+    """One engine the mirror talks to."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    url: str = Field(description="the engine's server root, e.g. http://10.0.0.5:8000")
+    flavor: Flavor = Field(
+        default="auto", description="vllm, trtllm or auto (the health sampler guesses)"
+    )
+    engine: str | None = Field(
+        default=None,
+        max_length=200,
+        description="engine id in records and health samples; default <flavor>@<role>",
+    )
+    connect_timeout_s: float = Field(default=5.0, gt=0, description="TCP connect timeout")
+    max_connections: int = Field(
+        default=0, ge=0, description="pooled connections to this engine; 0 = no limit"
+    )
+
+    @field_validator("url")
+    @classmethod
+    def _http_root(cls, v: str) -> str:
+        v = v.strip().rstrip("/")
+        if not v.startswith(("http://", "https://")) or len(v.split("://", 1)[1]) == 0:
+            raise ValueError(f"{v!r} is not an http(s) URL: give e.g. http://127.0.0.1:8000")
+        # The OpenAI base URL (.../v1) is accepted: the mirror adds the paths itself.
+        return v.removesuffix("/v1")
+
+    def engine_id(self, role: str) -> str:
+        if self.engine:
+            return self.engine
+        return f"{self.flavor if self.flavor != 'auto' else 'engine'}@{role}"
+
+
+class IncumbentConfig(EngineConfig):
+    flavor: Flavor = "vllm"
+    include_usage: bool = Field(
+        default=True,
+        description="ask the incumbent's streams for a usage chunk too (token counts, TPOT);"
+        " the mirror removes that chunk before the client sees it unless the client asked",
+    )
+    read_timeout_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="give up on the incumbent after this long without a byte (none: wait)",
+    )
+
+
+class CandidateConfig(EngineConfig):
+    flavor: Flavor = "trtllm"
+    rewrite: CandidateRewrite = Field(default_factory=CandidateRewrite)
+
+
+_YAML: ContextVar[dict[str, Any] | None] = ContextVar("mirror_yaml", default=None)
+
+
+class _YamlSource(PydanticBaseSettingsSource):
+    """The YAML file given with ``--config`` (below flags and environment)."""
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        data = _YAML.get() or {}
+        return data.get(field_name), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return dict(_YAML.get() or {})
+
+
+class MirrorSettings(CommonSettings):
+    """Settings of ``shadow-ab mirror``. Environment: ``SHADOW_AB_MIRROR_<FIELD>``."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="SHADOW_AB_MIRROR_",
+        env_nested_delimiter="__",
+        extra="forbid",
+        populate_by_name=True,
+    )
+
+    host: str = Field(default="127.0.0.1", description="address to listen on")
+    port: int = Field(default=8080, ge=0, le=65535, description="port to listen on")
+    deployment: str = Field(
+        default="default", min_length=1, max_length=200, description="deployment name in records"
+    )
+    database_url: str = Field(
+        default_factory=default_sqlite_url,
+        validation_alias=AliasChoices("SHADOW_AB_MIRROR_DATABASE_URL", "SHADOW_AB_DATABASE_URL"),
+        description="direct sink store when no Kafka is configured (default: the SQLite file)",
+    )
+    kafka_bootstrap: str | None = Field(
+        default=None,
+        validation_alias=AliasChoices(
+            "SHADOW_AB_MIRROR_KAFKA_BOOTSTRAP", "SHADOW_AB_KAFKA_BOOTSTRAP"
+        ),
+        description="Kafka bootstrap servers; records then go to Kafka instead of the store",
+    )
+    incumbent: IncumbentConfig
+    candidate: CandidateConfig
+    shadow: ShadowConfig = Field(default_factory=ShadowConfig)
+    guard: GuardConfig = Field(default_factory=GuardConfig)
+    health: HealthConfig = Field(default_factory=HealthConfig)
+    health_enabled: bool = Field(default=True, description="run the health sampler")
+    kafka: KafkaSinkConfig | None = Field(
+        default=None, description="Kafka sink settings (bootstrap set from --kafka if absent)"
+    )
+    max_body_bytes: int = Field(
+        default=8 * 1024 * 1024, ge=1024, description="larger request bodies get 413"
+    )
+    drain_timeout_s: float = Field(
+        default=30.0, ge=0, description="on SIGTERM, how long shadow requests may still finish"
+    )
+    sink_close_timeout_s: float = Field(
+        default=30.0, ge=0, description="on SIGTERM, how long to keep delivering records"
+    )
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    access_log: bool = Field(default=False, description="uvicorn's access log (costs CPU)")
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings, env_settings, _YamlSource(settings_cls))
+
+    @model_validator(mode="after")
+    def _usable(self) -> MirrorSettings:
+        if self.kafka is None and self.kafka_bootstrap:
+            self.kafka = KafkaSinkConfig(bootstrap=self.kafka_bootstrap)
+        if self.incumbent.url == self.candidate.url:
+            raise ValueError(
+                f"incumbent and candidate are the same server ({self.incumbent.url}): give the"
+                " candidate's own URL with --candidate"
+            )
+        if self.incumbent.engine_id("incumbent") == self.candidate.engine_id("candidate"):
+            raise ValueError(
+                "incumbent.engine and candidate.engine must differ (they name the engines in the"
+                " records and health samples)"
+            )
+        return self
+
+    def incumbent_engine(self) -> str:
+        return self.incumbent.engine_id("incumbent")
+
+    def candidate_engine(self) -> str:
+        return self.candidate.engine_id("candidate")
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise MirrorConfigError(f"cannot read the config file {path}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise MirrorConfigError(f"config file {path} is not YAML: {exc}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise MirrorConfigError(f"config file {path} must hold a mapping of settings at the top")
+    return data
+
+
+def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = _deep_merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def load_settings(config: Path | str | None = None, **flags: Any) -> MirrorSettings:
+    """Settings from flags (non-None values; nested ones as dicts), the environment and the
+    YAML file ``config``; raise :class:`MirrorConfigError` listing what to fix."""
+    data = read_yaml(Path(config)) if config is not None else {}
+    given: dict[str, Any] = {}
+    for key, value in flags.items():
+        if value is None:
+            continue
+        given = (
+            _deep_merge(given, {key: value}) if isinstance(value, dict) else given | {key: value}
+        )
+    token = _YAML.set(data)
+    try:
+        return MirrorSettings(**given)
+    except ValidationError as exc:
+        raise MirrorConfigError(explain(exc)) from None
+    finally:
+        _YAML.reset(token)
+
+
+_FLAG_HINT = {
+    "incumbent": "--incumbent URL (or incumbent.url in YAML, SHADOW_AB_MIRROR_INCUMBENT__URL)",
+    "candidate": "--candidate URL (or candidate.url in YAML, SHADOW_AB_MIRROR_CANDIDATE__URL)",
+}
+
+
+def explain(exc: ValidationError) -> str:
+    """One line per problem: the setting's dotted name and what is wrong with it."""
+    lines = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"])
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        if err["type"] == "missing" and loc in _FLAG_HINT:
+            msg = f"required: give {_FLAG_HINT[loc]}"
+        elif err["type"] == "extra_forbidden":
+            msg = "unknown setting (see mirror/README.md for the settings)"
+        lines.append(f"{loc}: {msg}" if loc else msg)
+    return "invalid mirror settings:\n  " + "\n  ".join(lines)

@@ -1,0 +1,83 @@
+"""Which headers cross the mirror, in each direction (RFC 9110 section 7.6.1: hop-by-hop
+headers belong to one connection and are not forwarded).
+
+Pure functions on ASGI-style header lists (``[(lower-case name, value), ...]`` as bytes).
+Headers are forwarded to the engines (the incumbent may check an API key), but never stored:
+records keep only the JSON body (see :mod:`mirror.rewrite`).
+
+Errors: none.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+PAIR_HEADER = b"x-shadow-pair-id"
+
+HOP_BY_HOP = frozenset(
+    {
+        b"connection",
+        b"keep-alive",
+        b"proxy-authenticate",
+        b"proxy-authorization",
+        b"proxy-connection",
+        b"te",
+        b"trailer",
+        b"transfer-encoding",
+        b"upgrade",
+    }
+)
+_REQUEST_DROP = HOP_BY_HOP | {b"host", b"content-length", b"expect", PAIR_HEADER}
+_SHADOW_DROP = _REQUEST_DROP | {b"accept-encoding"}
+_RESPONSE_DROP = HOP_BY_HOP | {PAIR_HEADER}
+
+Headers = list[tuple[bytes, bytes]]
+
+
+def _connection_tokens(headers: Iterable[tuple[bytes, bytes]]) -> set[bytes]:
+    """Header names listed in ``Connection`` (also hop-by-hop)."""
+    out: set[bytes] = set()
+    for name, value in headers:
+        if name.lower() == b"connection":
+            out.update(t.strip().lower() for t in value.split(b",") if t.strip())
+    return out
+
+
+def upstream_headers(client: Iterable[tuple[bytes, bytes]], pair_id: bytes) -> Headers:
+    """The client's headers for the incumbent: end-to-end ones plus ``x-shadow-pair-id``."""
+    client = list(client)
+    extra = _connection_tokens(client)
+    out = [(n, v) for n, v in client if n.lower() not in _REQUEST_DROP and n.lower() not in extra]
+    out.append((PAIR_HEADER, pair_id))
+    return out
+
+
+def shadow_headers(upstream: Iterable[tuple[bytes, bytes]]) -> Headers:
+    """Headers for a shadow request: as the incumbent's, but asking for an uncompressed
+    answer (the mirror reads it)."""
+    return [(n, v) for n, v in upstream if n.lower() not in _SHADOW_DROP or n == PAIR_HEADER]
+
+
+def client_headers(
+    upstream: Iterable[tuple[bytes, bytes]], pair_id: bytes, *, rechunked: bool
+) -> Headers:
+    """The incumbent's response headers for the client, plus ``x-shadow-pair-id``.
+    ``rechunked``: the mirror changes the body (a hidden usage chunk), so the length goes."""
+    upstream = list(upstream)
+    extra = _connection_tokens(upstream)
+    out = []
+    for name, value in upstream:
+        low = name.lower()
+        if low in _RESPONSE_DROP or low in extra or (rechunked and low == b"content-length"):
+            continue
+        out.append((low, value))
+    out.append((PAIR_HEADER, pair_id))
+    return out
+
+
+def header_value(headers: Iterable[tuple[bytes, bytes]], name: bytes) -> bytes | None:
+    """The first value of ``name`` (lower-case) in an ASGI header list."""
+    for n, v in headers:
+        if n == name:
+            return v
+    return None

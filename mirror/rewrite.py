@@ -1,0 +1,122 @@
+"""Request rewriting: what each engine is sent, derived from the client's JSON body.
+
+Pure functions on plain dicts (the body is never mutated; a rewritten copy is returned together
+with the names of the rewrites, which go into ``ExchangeRecord.rewrites``):
+
+- :func:`candidate_request`: the candidate-specific rewrites of :class:`CandidateRewrite` --
+  model-name mapping (``model``), fields the candidate rejects (``drop:<field>``; TensorRT-LLM
+  answers 400 to fields it does not know), an explicit ``max_tokens`` where the client left it
+  out (``max_tokens``; vLLM's completions default is 16, TensorRT-LLM's is none), and
+  ``stream_options.include_usage`` on streams so the token count (hence TPOT) is known.
+- :func:`with_stream_usage`: ``include_usage`` for the incumbent's stream too; the mirror then
+  hides the usage chunk from a client that did not ask for it.
+- :func:`stored_request`: the body as kept in the store, without credential-like fields
+  (headers -- Authorization, API keys, cookies -- are never stored at all).
+
+Errors: none.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+INCLUDE_USAGE = "stream_options.include_usage"
+MAX_TOKENS = "max_tokens"
+MODEL = "model"
+
+SECRET_FIELDS = frozenset(
+    {"api_key", "apikey", "api-key", "authorization", "password", "secret", "access_token"}
+)
+"""Top-level body fields never stored (compared case-insensitively)."""
+
+
+class CandidateRewrite(BaseModel):
+    """How the candidate's request differs from the client's (``candidate.rewrite:`` in YAML)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = Field(
+        default=None, description="send every request to the candidate with this model name"
+    )
+    model_map: dict[str, str] = Field(
+        default_factory=dict,
+        description="client model name -> candidate model name (checked before `model`)",
+    )
+    drop_fields: list[str] = Field(
+        default_factory=list,
+        description="top-level request fields removed before sending to the candidate",
+    )
+    completions_max_tokens: int | None = Field(
+        default=16,
+        ge=1,
+        description="max_tokens for /v1/completions requests that leave it out (vLLM's default"
+        " is 16; TensorRT-LLM would run to end-of-sequence); null: leave it out",
+    )
+    chat_max_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        description="max_tokens for chat requests with neither max_tokens nor"
+        " max_completion_tokens; null: leave it out (both engines run to the context limit)",
+    )
+    include_usage: bool = Field(
+        default=True,
+        description="add stream_options.include_usage to streamed requests (token counts)",
+    )
+
+
+def with_stream_usage(body: dict[str, Any]) -> dict[str, Any] | None:
+    """A copy of a streamed request with ``stream_options.include_usage`` set, or None when
+    nothing changes (not streamed, already asked, or ``stream_options`` is not an object)."""
+    if body.get("stream") is not True:
+        return None
+    so = body.get("stream_options")
+    if so is None:
+        return {**body, "stream_options": {"include_usage": True}}
+    if not isinstance(so, dict) or so.get("include_usage"):
+        return None
+    return {**body, "stream_options": {**so, "include_usage": True}}
+
+
+def candidate_request(
+    body: dict[str, Any], *, chat: bool, rewrite: CandidateRewrite
+) -> tuple[dict[str, Any], list[str]]:
+    """The body to send to the candidate and the rewrites applied, in order."""
+    out = dict(body)
+    done: list[str] = []
+    model = out.get("model")
+    target = rewrite.model_map.get(model) if isinstance(model, str) else None
+    if target is None:
+        target = rewrite.model
+    if target is not None and target != model:
+        out["model"] = target
+        done.append(MODEL)
+    for name in rewrite.drop_fields:
+        if name in out:
+            del out[name]
+            done.append(f"drop:{name}")
+    if chat:
+        if (
+            rewrite.chat_max_tokens is not None
+            and out.get("max_tokens") is None
+            and out.get("max_completion_tokens") is None
+        ):
+            out["max_tokens"] = rewrite.chat_max_tokens
+            done.append(MAX_TOKENS)
+    elif rewrite.completions_max_tokens is not None and "max_tokens" not in out:
+        out["max_tokens"] = rewrite.completions_max_tokens
+        done.append(MAX_TOKENS)
+    if rewrite.include_usage:
+        usage = with_stream_usage(out)
+        if usage is not None:
+            out = usage
+            done.append(INCLUDE_USAGE)
+    return out, done
+
+
+def stored_request(body: dict[str, Any]) -> dict[str, Any]:
+    """The request as kept in the store: without credential-like top-level fields."""
+    if not any(k.lower() in SECRET_FIELDS for k in body):
+        return body
+    return {k: v for k, v in body.items() if k.lower() not in SECRET_FIELDS}

@@ -1,0 +1,92 @@
+"""Which client requests are shadowed: a fraction, consistent by a header, and replays.
+
+A request draws ``u`` in [0, 1): from the hash of a configured header's value when the request
+carries it (a session id: the same value always draws the same ``u``, so whole conversations
+are in or out), else at random. It is sampled when ``u < rate``; ``u / rate`` -- again uniform
+in [0, 1) among the sampled, and still consistent per session -- is what the interference
+guard's ``admit`` gets, so backing off also drops whole sessions. A sampled request is also
+replayed to the incumbent (role ``replay``, its own noise floor) with probability
+``replay_rate``.
+
+Pure; the random source is injectable. Errors: none.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections.abc import Callable
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+_SCALE = float(2**64)
+
+
+class ShadowConfig(BaseModel):
+    """How much traffic is shadowed (``shadow:`` in the mirror's YAML)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    rate: float = Field(default=1.0, ge=0.0, le=1.0, description="fraction of requests shadowed")
+    header: str | None = Field(
+        default=None,
+        description="sample consistently by this request header's value (e.g. x-session-id):"
+        " the same value is always in or always out",
+    )
+    max_concurrent: int = Field(
+        default=64,
+        ge=0,
+        description="most shadow requests (candidate + replay) in flight; past it, requests are"
+        " not shadowed (counted as skipped_cap), never queued",
+    )
+    timeout_s: float = Field(
+        default=120.0, gt=0, description="a shadow request is abandoned (status timeout) after"
+    )
+    replay_rate: float = Field(
+        default=0.0,
+        ge=0.0,
+        le=1.0,
+        description="fraction of shadowed requests also sent again to the incumbent (replay)",
+    )
+
+    @field_validator("header")
+    @classmethod
+    def _lower(cls, v: str | None) -> str | None:
+        if v is None or not v.strip():
+            return None
+        if any(c in v for c in " \t:\r\n"):
+            raise ValueError(f"shadow.header {v!r} is not a header name (no spaces or colons)")
+        return v.strip().lower()
+
+
+def header_draw(value: bytes) -> float:
+    """A stable uniform draw in [0, 1) from a header value."""
+    digest = hashlib.blake2b(value, digest_size=8).digest()
+    return int.from_bytes(digest, "big") / _SCALE
+
+
+class Sampler:
+    """Draws and decides; one per mirror."""
+
+    def __init__(self, config: ShadowConfig, rng: Callable[[], float] = random.random) -> None:
+        self.config = config
+        self._rng = rng
+        self.header = config.header.encode("latin-1") if config.header else None
+
+    def draw(self, header_value: bytes | None) -> float:
+        """``u`` for one request: from the header value when given, else random."""
+        if header_value is not None:
+            return header_draw(header_value)
+        return self._rng()
+
+    def sampled(self, u: float) -> bool:
+        return u < self.config.rate
+
+    def guard_draw(self, u: float) -> float:
+        """``u`` rescaled among the sampled (uniform in [0, 1)) for the guard's ``admit``."""
+        rate = self.config.rate
+        return min(u / rate, 0.999999999) if rate > 0 else 1.0
+
+    def replay(self) -> bool:
+        r = self.config.replay_rate
+        return r > 0.0 and self._rng() < r

@@ -1,0 +1,127 @@
+"""Server-sent events, parsed by the spec (WHATWG HTML, "Parsing an event stream"), incrementally.
+
+Engines frame their streams slightly differently (TensorRT-LLM writes ``data: {...} \\n\\n``
+with a space before the blank line; a proxy may use ``\\r\\n``), so the mirror never matches
+bytes: :class:`SSEParser` is fed the chunks as they arrive and returns every complete event
+together with the raw bytes that carried it. The mirror forwards those raw bytes untouched,
+except for an event it must hide from the client (a usage chunk the client did not ask for).
+
+Pure: no I/O, no clock. Errors: none (malformed lines are ignored, as the spec says).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import orjson
+
+DONE = b"[DONE]"
+
+
+@dataclass(frozen=True, slots=True)
+class SSEEvent:
+    """One dispatched event (or, with ``data`` None, bytes that dispatched nothing)."""
+
+    data: bytes | None
+    """The event's data (``data:`` lines joined with ``\\n``), None when the block had none."""
+    raw: bytes
+    """The exact bytes from the end of the previous event to the end of this one's blank line."""
+    event: str | None = None
+    """The ``event:`` field, if any (OpenAI streams have none)."""
+
+
+class SSEParser:
+    """Incremental parser: ``feed`` chunks, get the events they complete."""
+
+    __slots__ = ("_buf", "_data", "_event", "_has_data", "_pos", "_start")
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+        self._start = 0  # where the current (not yet dispatched) event's bytes begin
+        self._pos = 0  # where the next line begins
+        self._data: list[bytes] = []
+        self._has_data = False
+        self._event: str | None = None
+
+    def feed(self, chunk: bytes) -> list[SSEEvent]:
+        """Take the next bytes of the stream; return the events they complete, in order."""
+        buf = self._buf
+        buf += chunk
+        out: list[SSEEvent] = []
+        n = len(buf)
+        pos = self._pos
+        while pos < n:
+            lf = buf.find(b"\n", pos)
+            cr = buf.find(b"\r", pos, lf if lf >= 0 else n)
+            if cr >= 0:
+                if cr + 1 == n:
+                    break  # a trailing CR: wait for the next byte (it may be CRLF)
+                end = cr
+                nxt = cr + 2 if buf[cr + 1] == 0x0A else cr + 1
+            elif lf >= 0:
+                end = lf
+                nxt = lf + 1
+            else:
+                break
+            if end == pos:  # a blank line: dispatch
+                out.append(self._dispatch(bytes(buf[self._start : nxt])))
+                self._start = nxt
+            else:
+                self._field(bytes(buf[pos:end]))
+            pos = nxt
+        # Keep only the bytes of the event under way.
+        if self._start:
+            del buf[: self._start]
+            pos -= self._start
+            self._start = 0
+        self._pos = pos
+        return out
+
+    def pending(self) -> bytes:
+        """Bytes received that no event has carried yet (an unfinished event at stream end)."""
+        return bytes(self._buf)
+
+    def _field(self, line: bytes) -> None:
+        if line[:1] == b":":
+            return  # a comment
+        name, colon, value = line.partition(b":")
+        if colon and value[:1] == b" ":
+            value = value[1:]
+        if name == b"data":
+            self._data.append(value)
+            self._has_data = True
+        elif name == b"event":
+            self._event = value.decode("utf-8", "replace")
+        # id, retry and unknown fields do not matter here
+
+    def _dispatch(self, raw: bytes) -> SSEEvent:
+        data = b"\n".join(self._data) if self._has_data else None
+        event = SSEEvent(data, raw, self._event)
+        self._data = []
+        self._has_data = False
+        self._event = None
+        return event
+
+
+def decode_data(data: bytes | None) -> dict[str, object] | None:
+    """The JSON object an OpenAI stream event carries; None for ``[DONE]``, non-JSON or
+    non-object data."""
+    if data is None:
+        return None
+    stripped = data.strip()
+    if not stripped or stripped == DONE:
+        return None
+    try:
+        obj = orjson.loads(stripped)
+    except orjson.JSONDecodeError:
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+def is_usage_only(data: bytes | None) -> bool:
+    """Whether an event is the usage chunk ``include_usage`` adds: empty ``choices`` and a
+    ``usage`` object. Cheap byte checks first, the JSON parse only for candidates."""
+    if data is None or b'"usage"' not in data or b'"choices"' not in data:
+        return False
+    obj = decode_data(data)
+    return obj is not None and obj.get("choices") == [] and isinstance(obj.get("usage"), dict)
