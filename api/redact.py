@@ -1,0 +1,60 @@
+"""What a token without the ``content`` scope must not see: prompts and outputs.
+
+Pure functions over plain values: :func:`split_request` separates a stored request body into
+its prompt and its parameters; :func:`redact` nulls content fields anywhere in a JSON document
+(a stored report's body) and says whether it found any.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+PROMPT_KEYS = frozenset({"messages", "prompt", "input", "suffix"})
+"""Request fields that carry what the user sent."""
+CONTENT_KEYS = PROMPT_KEYS | frozenset(
+    {
+        "output_text",
+        "output",
+        "outputs",
+        "incumbent_output",
+        "candidate_output",
+        "replay_output",
+        "incumbent_text",
+        "candidate_text",
+        "replay_text",
+        "logprobs",
+        "top_logprobs",
+        "completion",
+        "content",
+    }
+)
+"""Keys whose values are prompt or output text wherever they appear in a report body."""
+
+
+def split_request(request: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """(the prompt or messages, the other fields) of a stored request body."""
+    prompt = {k: v for k, v in request.items() if k in PROMPT_KEYS}
+    params = {k: v for k, v in request.items() if k not in PROMPT_KEYS}
+    if len(prompt) == 1:
+        return next(iter(prompt.values())), params
+    return (prompt or None), params
+
+
+def redact(value: Any) -> tuple[Any, bool]:
+    """``value`` with every :data:`CONTENT_KEYS` field set to None, and whether one held
+    something."""
+    if isinstance(value, dict):
+        found = False
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            if key in CONTENT_KEYS:
+                out[key] = None
+                found = found or item not in (None, "", [], {})
+            else:
+                out[key], inner = redact(item)
+                found = found or inner
+        return out, found
+    if isinstance(value, list):
+        items = [redact(v) for v in value]
+        return [v for v, _ in items], any(f for _, f in items)
+    return value, False

@@ -1,0 +1,71 @@
+"""Fixtures of the API tests: one seeded PostgreSQL store per session (the API only reads),
+fresh migrated databases for the tests that write, and TestClients with the test tokens.
+
+PostgreSQL is the real server from `shadow-ab services up`; databases are throw-away copies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from api_seed import TOKENS, seed
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+from pg_throwaway import PgDatabases
+from sqlalchemy import Engine
+
+from api.app import create_app
+from api.auth import TokenAuth
+from api.db import make_readonly_engine
+from api.settings import parse_token_map
+from storage.db import make_engine
+from storage.migrate import upgrade
+
+
+@pytest.fixture(scope="session")
+def migrated_template(pg_databases: PgDatabases) -> Iterator[str]:
+    """Name of a database migrated to head, to copy."""
+    name, url = pg_databases.create()
+    upgrade(url)
+    yield name
+    pg_databases.drop(name)
+
+
+@pytest.fixture(scope="session")
+def seeded_url(pg_databases: PgDatabases, migrated_template: str) -> Iterator[str]:
+    """URL of the session's seeded store (tests must not write to it)."""
+    name, url = pg_databases.create(template=migrated_template)
+    engine = make_engine(url)
+    try:
+        seed(engine)
+    finally:
+        engine.dispose()
+    yield url
+    pg_databases.drop(name)
+
+
+@pytest.fixture
+def fresh_url(pg_databases: PgDatabases, migrated_template: str) -> Iterator[str]:
+    """URL of a fresh migrated store a test may write to."""
+    name, url = pg_databases.create(template=migrated_template)
+    yield url
+    pg_databases.drop(name)
+
+
+@pytest.fixture(scope="session")
+def api_engine(seeded_url: str) -> Iterator[Engine]:
+    engine = make_readonly_engine(seeded_url)
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture(scope="session")
+def app(api_engine: Engine) -> FastAPI:
+    return create_app(api_engine, TokenAuth(parse_token_map(TOKENS, "test tokens")))
+
+
+@pytest.fixture(scope="session")
+def client(app: FastAPI) -> Iterator[TestClient]:
+    with TestClient(app) as c:
+        yield c
