@@ -203,7 +203,14 @@ def running_mirror(
     cmd += ["--candidate", candidate, "--port", str(port), "--config", str(config)]
     cmd += ["--database-url", db, "--deployment", f"bench-{name}"]
     stderr = workdir / f"{name}.stderr"
-    env = {**os.environ, "SHADOW_AB_HOME": str(workdir / "home")}
+    # records go where the flags say: not to a Kafka or store named in this shell's environment
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("SHADOW_AB_KAFKA_BOOTSTRAP", "SHADOW_AB_DATABASE_URL")
+        and not k.startswith("SHADOW_AB_MIRROR_")
+    }
+    env["SHADOW_AB_HOME"] = str(workdir / "home")
     with open(stderr, "wb") as err:
         proc = subprocess.Popen(cmd, stdout=err, stderr=err, env=env)
     base = f"http://127.0.0.1:{port}"
