@@ -12,6 +12,7 @@ Pure: no I/O, no clock. Errors: none (malformed lines are ignored, as the spec s
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import orjson
 
@@ -103,7 +104,7 @@ class SSEParser:
         return event
 
 
-def decode_data(data: bytes | None) -> dict[str, object] | None:
+def decode_data(data: bytes | None) -> dict[str, Any] | None:
     """The JSON object an OpenAI stream event carries; None for ``[DONE]``, non-JSON or
     non-object data."""
     if data is None:

@@ -1,0 +1,97 @@
+"""Mirror settings: YAML, then environment, then flags; errors that say what to fix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from mirror.cli import mirror
+from mirror.config import MirrorConfigError, load_settings
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in ("SHADOW_AB_DATABASE_URL", "SHADOW_AB_KAFKA_BOOTSTRAP"):
+        monkeypatch.delenv(var, raising=False)
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "mirror.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_yaml_then_env_then_flags(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = write(
+        tmp_path,
+        """
+incumbent: {url: "http://inc:8000/v1/"}
+candidate:
+  url: http://cand:8000
+  rewrite: {model: trt-model, drop_fields: [top_k]}
+shadow: {rate: 0.25, header: X-Session-Id, replay_rate: 0.05}
+guard: {bound: 0.5}
+deployment: from-yaml
+port: 9000
+""",
+    )
+    s = load_settings(cfg)
+    assert s.incumbent.url == "http://inc:8000"  # the OpenAI base URL is accepted
+    assert s.candidate.rewrite.model == "trt-model"
+    assert (s.shadow.rate, s.shadow.header, s.shadow.replay_rate) == (0.25, "x-session-id", 0.05)
+    assert s.guard.bound == 0.5 and s.port == 9000
+    assert s.incumbent_engine() == "vllm@incumbent" and s.candidate_engine() == "trtllm@candidate"
+    assert s.kafka is None and s.database_url.startswith("sqlite:///")
+
+    monkeypatch.setenv("SHADOW_AB_MIRROR_SHADOW__RATE", "0.5")
+    monkeypatch.setenv("SHADOW_AB_MIRROR_DEPLOYMENT", "from-env")
+    monkeypatch.setenv("SHADOW_AB_KAFKA_BOOTSTRAP", "127.0.0.1:59092")
+    s = load_settings(cfg)
+    assert s.shadow.rate == 0.5 and s.shadow.header == "x-session-id"  # deep-merged
+    assert s.deployment == "from-env"
+    assert s.kafka is not None and s.kafka.bootstrap == "127.0.0.1:59092"
+
+    s = load_settings(cfg, deployment="from-flag", shadow={"rate": 0.75}, port=9100)
+    assert (s.deployment, s.shadow.rate, s.port) == ("from-flag", 0.75, 9100)
+    assert s.shadow.replay_rate == 0.05
+
+
+def test_missing_urls_say_which_flag(tmp_path: Path) -> None:
+    with pytest.raises(MirrorConfigError) as info:
+        load_settings(None)
+    msg = str(info.value)
+    assert "incumbent: required: give --incumbent URL" in msg
+    assert "candidate: required: give --candidate URL" in msg
+
+
+@pytest.mark.parametrize(
+    ("yaml_text", "expected"),
+    [
+        ("incumbent: {url: ftp://x}\ncandidate: {url: http://c}", "incumbent.url"),
+        ("incumbent: {url: http://a}\ncandidate: {url: http://a}", "same server"),
+        (
+            "incumbent: {url: http://a}\ncandidate: {url: http://c}\nshadow: {rate: 2}",
+            "shadow.rate",
+        ),
+        ("incumbent: {url: http://a}\ncandidate: {url: http://c}\nsampling: 1", "unknown setting"),
+        (
+            "incumbent: {url: http://a}\ncandidate: {url: http://c}\ndatabase_url: mysql://x",
+            "not supported",
+        ),
+        ("- a list", "mapping of settings"),
+        ("incumbent: [", "not YAML"),
+    ],
+)
+def test_bad_settings_are_explained(tmp_path: Path, yaml_text: str, expected: str) -> None:
+    with pytest.raises(MirrorConfigError, match=expected):
+        load_settings(write(tmp_path, yaml_text))
+
+
+def test_cli_reports_bad_settings_as_a_usage_error(tmp_path: Path) -> None:
+    result = CliRunner().invoke(mirror, ["--incumbent", "http://a:1", "--shadow-rate", "3"])
+    assert result.exit_code == 2
+    assert "shadow.rate" in result.output and "candidate" in result.output
+    missing = CliRunner().invoke(mirror, ["--config", str(tmp_path / "nope.yaml")])
+    assert missing.exit_code == 2 and "cannot read the config file" in missing.output

@@ -1,0 +1,134 @@
+"""Request rewriting, sampling decisions and header forwarding: pure functions, plain values."""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+
+import pytest
+from pydantic import ValidationError
+
+from mirror.headers import PAIR_HEADER, client_headers, shadow_headers, upstream_headers
+from mirror.rewrite import (
+    CandidateRewrite,
+    candidate_request,
+    stored_request,
+    with_stream_usage,
+)
+from mirror.sampling import Sampler, ShadowConfig, header_draw
+
+
+def test_candidate_rewrites_are_applied_and_named_in_order() -> None:
+    body = {"model": "llama", "prompt": "x", "stream": True, "top_k": 5, "user": "u1"}
+    rw = CandidateRewrite(model_map={"llama": "llama-trt"}, drop_fields=["top_k", "absent"])
+    out, done = candidate_request(body, chat=False, rewrite=rw)
+    assert out == {
+        "model": "llama-trt",
+        "prompt": "x",
+        "stream": True,
+        "user": "u1",
+        "max_tokens": 16,
+        "stream_options": {"include_usage": True},
+    }
+    assert done == ["model", "drop:top_k", "max_tokens", "stream_options.include_usage"]
+    assert body["model"] == "llama" and "top_k" in body  # the client's body is untouched
+
+
+def test_candidate_without_rewrites_is_the_same_request() -> None:
+    body = {"model": "m", "messages": [], "max_tokens": 5, "seed": 7, "temperature": 0}
+    out, done = candidate_request(body, chat=True, rewrite=CandidateRewrite())
+    assert out == body and done == []
+
+
+def test_model_fallback_and_chat_max_tokens() -> None:
+    rw = CandidateRewrite(model="cand", chat_max_tokens=256)
+    out, done = candidate_request({"model": "m", "messages": []}, chat=True, rewrite=rw)
+    assert out["model"] == "cand" and out["max_tokens"] == 256
+    assert done == ["model", "max_tokens"]
+    out, done = candidate_request(
+        {"model": "cand", "messages": [], "max_completion_tokens": 9}, chat=True, rewrite=rw
+    )
+    assert done == [] and "max_tokens" not in out
+
+
+def test_stream_usage_only_when_streaming_and_not_asked() -> None:
+    assert with_stream_usage({"stream": False}) is None
+    assert with_stream_usage({"stream": True, "stream_options": {"include_usage": True}}) is None
+    assert with_stream_usage({"stream": True, "stream_options": "bad"}) is None
+    assert with_stream_usage({"stream": True, "stream_options": {"x": 1}}) == {
+        "stream": True,
+        "stream_options": {"x": 1, "include_usage": True},
+    }
+
+
+def test_stored_request_drops_credentials_but_keeps_user() -> None:
+    body = {"model": "m", "api_key": "sk-1", "Authorization": "Bearer x", "user": "alice"}
+    assert stored_request(body) == {"model": "m", "user": "alice"}
+    clean = {"model": "m"}
+    assert stored_request(clean) is clean
+
+
+def test_header_sampling_is_consistent_and_near_the_rate() -> None:
+    sampler = Sampler(ShadowConfig(rate=0.3, header="X-Session-Id"))
+    assert sampler.header == b"x-session-id"
+    ins = [sampler.sampled(sampler.draw(f"s{i}".encode())) for i in range(4000)]
+    again = [sampler.sampled(sampler.draw(f"s{i}".encode())) for i in range(4000)]
+    assert ins == again
+    assert 0.26 < sum(ins) / len(ins) < 0.34
+    assert 0.0 <= header_draw(b"") < 1.0
+
+
+def test_random_sampling_and_replay_use_the_injected_source() -> None:
+    values = itertools.cycle([0.05, 0.5, 0.95])
+    sampler = Sampler(ShadowConfig(rate=0.5, replay_rate=0.1), rng=lambda: next(values))
+    decisions = [sampler.sampled(sampler.draw(None)) for _ in range(6)]
+    assert decisions == [True, False, False, True, False, False]
+    assert sampler.guard_draw(0.25) == pytest.approx(0.5)
+    replays = Counter(sampler.replay() for _ in range(6))
+    assert replays[True] == 2  # 0.05 < 0.1 twice in six draws
+    assert Sampler(ShadowConfig(rate=0.0)).guard_draw(0.0) == 1.0
+    assert not Sampler(ShadowConfig(replay_rate=0.0)).replay()
+
+
+def test_shadow_config_refuses_a_header_that_is_not_one() -> None:
+    with pytest.raises(ValidationError, match="not a header name"):
+        ShadowConfig(header="x session")
+    with pytest.raises(ValidationError):
+        ShadowConfig(rate=1.5)
+
+
+def test_hop_by_hop_headers_stay_on_their_connection() -> None:
+    client = [
+        (b"host", b"mirror:8080"),
+        (b"authorization", b"Bearer sk"),
+        (b"content-type", b"application/json"),
+        (b"content-length", b"10"),
+        (b"connection", b"keep-alive, x-private"),
+        (b"x-private", b"1"),
+        (b"accept-encoding", b"gzip"),
+        (b"x-shadow-pair-id", b"spoofed"),
+        (b"x-session-id", b"abc"),
+    ]
+    up = upstream_headers(client, b"pair-1")
+    assert up == [
+        (b"authorization", b"Bearer sk"),
+        (b"content-type", b"application/json"),
+        (b"accept-encoding", b"gzip"),
+        (b"x-session-id", b"abc"),
+        (PAIR_HEADER, b"pair-1"),
+    ]
+    assert (b"accept-encoding", b"gzip") not in shadow_headers(up)
+    assert (PAIR_HEADER, b"pair-1") in shadow_headers(up)
+    resp = [
+        (b"Content-Type", b"text/event-stream"),
+        (b"Content-Length", b"99"),
+        (b"Transfer-Encoding", b"chunked"),
+        (b"Date", b"x"),
+    ]
+    assert client_headers(resp, b"p", rechunked=False) == [
+        (b"content-type", b"text/event-stream"),
+        (b"content-length", b"99"),
+        (b"date", b"x"),
+        (PAIR_HEADER, b"p"),
+    ]
+    assert (b"content-length", b"99") not in client_headers(resp, b"p", rechunked=True)
