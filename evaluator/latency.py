@@ -22,14 +22,40 @@ are SQLAlchemy's, as the store raises them.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 from sqlalchemy import Engine
 
-from evaluator.results import Measurement
+from evaluator.results import Interval, Measurement
+from evaluator.rollups import (
+    SLICES,
+    SketchRow,
+    as_utc,
+    bucket_labels,
+    load_itl,
+    load_sample,
+    load_sketches,
+    merge_intervals,
+    raw_role_rows,
+    refresh_rollups,
+)
+from evaluator.sketch import RELATIVE_ACCURACY, LogSketch
+from evaluator.stats import (
+    BootstrapConfig,
+    Estimate,
+    goodput_mask,
+    paired_comparison,
+    pooled_comparison,
+    share_delta,
+    subsample,
+    wilson_interval,
+)
 
 Window = tuple[datetime, datetime]
 Progress = Callable[[str, float], None]
@@ -117,6 +143,221 @@ class LatencySection:
         }
 
 
+# --- assembling the section ------------------------------------------------------------------
+
+DEFAULT_BOOTSTRAP = BootstrapConfig()
+COLD_LOOKAHEAD = timedelta(minutes=10)
+"""How far after a restart the cold-start look goes (at least the warm-up window itself)."""
+COLD_FIRST = 5
+"""How many first requests after a restart are listed, and the rolling-median width."""
+NORMAL_FACTOR = 1.25
+"""Latency is back to normal when the rolling median TTFT is within this factor of the role's
+steady-state p50 TTFT."""
+UNITS = {
+    "ttft": "seconds",
+    "tpot": "seconds",
+    "itl": "seconds",
+    "e2e": "seconds",
+    "tokens_per_s": "tokens/s",
+}
+_SAMPLE_COLUMN = {
+    "ttft": "ttft_s",
+    "tpot": "tpot_s",
+    "e2e": "e2e_s",
+    "tokens_per_s": "tokens_per_s",
+    "itl": "itl_mean_s",
+}
+
+
+def _check(window: Window, warmup: Sequence[WarmupWindow]) -> tuple[datetime, datetime]:
+    lo, hi = window
+    if lo.tzinfo is None or hi.tzinfo is None:
+        raise LatencyError("window bounds must be timezone-aware (UTC)")
+    if hi <= lo:
+        raise LatencyError(f"empty window: {lo.isoformat()} .. {hi.isoformat()}")
+    for w in warmup:
+        if w.role not in ("incumbent", "candidate", "replay"):
+            raise LatencyError(f"warm-up window of unknown role {w.role!r}")
+        if w.start.tzinfo is None or w.end.tzinfo is None:
+            raise LatencyError("warm-up windows must be timezone-aware (UTC)")
+    return lo.astimezone(UTC), hi.astimezone(UTC)
+
+
+def _iso_week(ts: datetime) -> str:
+    year, week, _ = ts.isocalendar()
+    return f"{year}-W{week:02d}"
+
+
+@dataclass
+class _Acc:
+    keys: list[Any] = field(default_factory=list)
+    counts: list[Any] = field(default_factory=list)
+    zero: int = 0
+    total: float = 0.0
+    lo: float = math.inf
+    hi: float = -math.inf
+
+    def add(self, row: SketchRow) -> None:
+        s = row.sign
+        self.keys.append(row.keys)
+        self.counts.append(np.asarray(row.counts, dtype=np.int64) * s)
+        self.zero += s * row.zero_count
+        self.total += s * row.sum
+        if s > 0 and row.min is not None and row.max is not None:
+            self.lo = min(self.lo, row.min)
+            self.hi = max(self.hi, row.max)
+
+    def sketch(self) -> LogSketch:
+        return LogSketch.from_parts(
+            self.keys,
+            self.counts,
+            zero_count=self.zero,
+            sum=self.total,
+            min=self.lo if self.lo <= self.hi else None,
+            max=self.hi if self.lo <= self.hi else None,
+        )
+
+
+SketchKey = tuple[str, str, str, str, str]
+"""(period kind "all"/"day"/"week", period, role, metric, slice)."""
+
+
+def group_sketches(rows: Sequence[SketchRow]) -> dict[SketchKey, LogSketch]:
+    """Merge sketch rows (subtracting sign -1 rows) into whole-window sketches per slice and
+    per-day / per-ISO-week sketches of slice ``all``."""
+    accs: dict[SketchKey, _Acc] = {}
+    for r in rows:
+        keys: list[SketchKey] = [("all", "", r.role, r.metric, r.slice)]
+        if r.slice == "all":
+            keys.append(("day", r.hour.date().isoformat(), r.role, r.metric, "all"))
+            keys.append(("week", _iso_week(r.hour), r.role, r.metric, "all"))
+        for k in keys:
+            accs.setdefault(k, _Acc()).add(r)
+    return {k: a.sketch() for k, a in accs.items()}
+
+
+def _qs(sk: LogSketch | None) -> dict[str, float | None]:
+    out: dict[str, float | None] = {"n": sk.count if sk else 0}
+    values = sk.quantiles(list(QUANTILES.values())) if sk else [math.nan] * len(QUANTILES)
+    for name, v in zip(QUANTILES, values, strict=True):
+        out[name] = None if math.isnan(v) else v
+    out["mean"] = None if sk is None or math.isnan(sk.mean) else sk.mean
+    return out
+
+
+def _ratio_cells(inc: dict[str, float | None], cand: dict[str, float | None]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name in QUANTILES:
+        a, b = inc.get(name), cand.get(name)
+        out[name] = b / a if a and b is not None else None
+    return out
+
+
+def _period_table(
+    sketches: dict[SketchKey, LogSketch], kind: str, label: str
+) -> list[dict[str, Any]]:
+    periods = sorted({k[1] for k in sketches if k[0] == kind})
+    table = []
+    for period in periods:
+        for metric in METRICS:
+            inc = _qs(sketches.get((kind, period, "incumbent", metric, "all")))
+            cand = _qs(sketches.get((kind, period, "candidate", metric, "all")))
+            if not inc["n"] and not cand["n"]:
+                continue
+            table.append(
+                {
+                    label: period,
+                    "metric": metric,
+                    "incumbent": inc,
+                    "candidate": cand,
+                    "ratio": _ratio_cells(inc, cand),
+                }
+            )
+    return table
+
+
+def _bucket_table(sketches: dict[SketchKey, LogSketch], dim: str) -> list[dict[str, Any]]:
+    labels = bucket_labels(SLICES[dim][1])
+    table = []
+    for i, bucket in enumerate(labels):
+        for metric in METRICS:
+            inc = _qs(sketches.get(("all", "", "incumbent", metric, f"{dim}:{i}")))
+            cand = _qs(sketches.get(("all", "", "candidate", metric, f"{dim}:{i}")))
+            if not inc["n"] and not cand["n"]:
+                continue
+            table.append(
+                {
+                    "bucket": bucket,
+                    "metric": metric,
+                    "incumbent": inc,
+                    "candidate": cand,
+                    "ratio": _ratio_cells(inc, cand),
+                }
+            )
+    return table
+
+
+def _in_any(ts: Sequence[datetime], spans: Sequence[tuple[datetime, datetime]]) -> np.ndarray:
+    mask = np.zeros(len(ts), dtype=bool)
+    if not spans:
+        return mask
+    for i, t in enumerate(ts):
+        mask[i] = any(a <= t < b for a, b in spans)
+    return mask
+
+
+def _floats(values: Sequence[Any]) -> npt.NDArray[np.float64]:
+    return np.array([np.nan if v is None else float(v) for v in values], dtype=np.float64)
+
+
+def _cold_start(
+    engine: Engine,
+    deployment: str,
+    warmup: Sequence[WarmupWindow],
+    window: tuple[datetime, datetime],
+    steady: dict[str, float],
+) -> list[dict[str, Any]]:
+    out = []
+    for w in sorted(warmup, key=lambda w: (w.start, w.role)):
+        start = w.start.astimezone(UTC)
+        if not (window[0] <= start < window[1]):
+            continue
+        end = start + max(w.end - w.start, COLD_LOOKAHEAD)
+        rows = raw_role_rows(engine, deployment, w.role, start, min(end, window[1]))
+        firsts = [t if t is not None else e for _, t, e in rows]
+        ttfts = [v for v in firsts if v is not None]
+        entry: dict[str, Any] = {
+            "role": w.role,
+            "start": start.isoformat(),
+            "warmup_end": w.end.astimezone(UTC).isoformat(),
+            "first_ttft_s": ttfts[:COLD_FIRST],
+            "median_first_ttft_s": float(np.median(ttfts[:COLD_FIRST])) if ttfts else None,
+            "steady_ttft_p50_s": steady.get(w.role),
+            "time_to_normal_s": None,
+        }
+        normal = steady.get(w.role)
+        if normal is not None and len(rows) >= COLD_FIRST:
+            vals = np.array([np.nan if v is None else v for v in firsts], dtype=np.float64)
+            for i in range(len(vals) - COLD_FIRST + 1):
+                window_vals = vals[i : i + COLD_FIRST]
+                window_vals = window_vals[np.isfinite(window_vals)]
+                if window_vals.size and np.median(window_vals) <= NORMAL_FACTOR * normal:
+                    entry["time_to_normal_s"] = (rows[i][0] - start).total_seconds()
+                    break
+        out.append(entry)
+    return out
+
+
+def _measurement(
+    key: str, est: Estimate, unit: str, detail: str, *, with_interval: bool = True
+) -> Measurement:
+    value = est.value if est.ok else None
+    interval = None
+    if with_interval and est.ok and not (math.isnan(est.low) or math.isnan(est.high)):
+        interval = Interval(est.low, est.high)
+    return Measurement(key, value, interval, est.n, unit, detail)
+
+
 def analyze_latency(
     engine: Engine,
     deployment: str,
@@ -125,6 +366,270 @@ def analyze_latency(
     warmup: Sequence[WarmupWindow] = (),
     slo: SLO = SLO(),
     progress: Progress | None = None,
+    config: BootstrapConfig = DEFAULT_BOOTSTRAP,
+    now: datetime | None = None,
 ) -> LatencySection:
-    """The latency section of ``deployment`` over ``window`` (see the module docstring)."""
-    raise NotImplementedError("analyze_latency: being built (B1)")
+    """The latency section of ``deployment`` over ``window`` (see the module docstring).
+
+    Refreshes the hourly rollups first (only hours not rolled up yet, and the open hour), so it
+    can be called on a live deployment. ``config`` sets the bootstrap sizes; ``now`` the clock
+    that decides which hours are closed."""
+    lo, hi = _check(window, warmup)
+
+    def report(stage: str, fraction: float) -> None:
+        if progress:
+            progress(stage, fraction)
+
+    refresh_rollups(
+        engine,
+        deployment,
+        (lo, hi),
+        progress=(lambda _s, f: report("latency: rollups", 0.5 * f)),
+        now=now,
+    )
+    exclude: dict[str, list[tuple[datetime, datetime]]] = {}
+    for w in warmup:
+        exclude.setdefault(w.role, []).append((w.start.astimezone(UTC), w.end.astimezone(UTC)))
+    rows = load_sketches(engine, deployment, (lo, hi), exclude=exclude)
+    sketches = group_sketches(rows)
+    report("latency: sketches", 0.6)
+
+    sample = load_sample(engine, deployment, (lo, hi), target=config.max_pairs)
+    cols = sample.columns
+    all_spans = merge_intervals(s for spans in exclude.values() for s in spans)
+    in_warmup = _in_any([as_utc(t) for t in cols["sent_at"]], all_spans)
+    status_ok = np.array(
+        [
+            a == "ok" and b == "ok"
+            for a, b in zip(cols["incumbent_status"], cols["candidate_status"], strict=True)
+        ],
+        dtype=bool,
+    )
+    keep_pairs = ~in_warmup
+    paired = keep_pairs & status_ok
+    n_paired = int(paired.sum())
+
+    measurements: list[Measurement] = []
+    overall: list[dict[str, Any]] = []
+    sample_note = (
+        f"paired statistics from a random sample of {n_paired} pairs (both ok, warm-up left"
+        f" out) of {sample.n_pairs_total} in the window, drawn in SQL per hour in proportion to"
+        f" the hour's traffic; percentile bootstrap, {config.n_resamples} resamples"
+    )
+    for mi, metric in enumerate(METRICS):
+        report("latency: bootstrap", 0.6 + 0.35 * mi / len(METRICS))
+        column = _SAMPLE_COLUMN[metric]
+        inc_vals = _floats(cols[f"incumbent_{column}"])[paired]
+        cand_vals = _floats(cols[f"candidate_{column}"])[paired]
+        comp = paired_comparison(inc_vals, cand_vals, config)
+        ratios, spread = comp.ratios, comp.spread_ratio
+        detail = sample_note
+        if metric == "itl":
+            ids = [p for p, k in zip(cols["pair_id"], paired, strict=True) if k]
+            rng = np.random.default_rng(config.seed)
+            pick = [ids[i] for i in subsample(len(ids), config.pooled_max_pairs, rng)]
+            gaps = load_itl(engine, deployment, pick)
+            both = [p for p in pick if (p, "incumbent") in gaps and (p, "candidate") in gaps]
+            ratios, spread = pooled_comparison(
+                [gaps[(p, "incumbent")] for p in both],
+                [gaps[(p, "candidate")] for p in both],
+                config,
+            )
+            detail = (
+                f"ITL gaps pooled per pair over {len(both)} sampled pairs, cluster bootstrap"
+                f" ({config.pooled_resamples} resamples of whole pairs); the median delta and"
+                " rank test compare each pair's mean ITL"
+            )
+        for q in QUANTILES:
+            measurements.append(
+                _measurement(f"latency.{metric}.{q}.ratio", ratios[q], "ratio", detail)
+            )
+        measurements.append(
+            _measurement(
+                f"latency.{metric}.median_delta",
+                comp.median_delta,
+                UNITS[metric],
+                "median over pairs of candidate - incumbent; " + sample_note,
+            )
+        )
+        measurements.append(
+            _measurement(
+                f"latency.{metric}.spread_ratio",
+                spread,
+                "ratio",
+                "candidate / incumbent (p99 - p50): catches a wider spread at the same median",
+            )
+        )
+        measurements.append(
+            Measurement(
+                f"latency.{metric}.rank_test_p",
+                None if math.isnan(comp.rank_test_p) else comp.rank_test_p,
+                None,
+                comp.n,
+                "p-value",
+                "paired Wilcoxon signed-rank test (two-sided) on the sampled pairs",
+            )
+        )
+        overall.append(
+            {
+                "metric": metric,
+                "unit": UNITS[metric],
+                "incumbent": _qs(sketches.get(("all", "", "incumbent", metric, "all"))),
+                "candidate": _qs(sketches.get(("all", "", "candidate", metric, "all"))),
+                "ratio": {q: ratios[q].to_dict() for q in QUANTILES},
+                "spread_ratio": spread.to_dict(),
+                "median_delta": comp.median_delta.to_dict(),
+                "rank_test_p": None if math.isnan(comp.rank_test_p) else comp.rank_test_p,
+            }
+        )
+
+    # goodput: every sampled pair outside warm-up, failed requests are not good
+    report("latency: goodput", 0.95)
+    good = {}
+    for role in ROLES:
+        good[role] = goodput_mask(
+            np.array([s == "ok" for s in cols[f"{role}_status"]], dtype=bool),
+            _floats(cols[f"{role}_ttft_s"]),
+            _floats(cols[f"{role}_tpot_s"]),
+            _floats(cols[f"{role}_e2e_s"]),
+            ttft_slo=slo.ttft_s,
+            tpot_slo=slo.tpot_s,
+            e2e_slo=slo.e2e_s,
+        )[keep_pairs]
+    n_good = int(keep_pairs.sum())
+    delta = share_delta(good["incumbent"], good["candidate"], config)
+    goodput: dict[str, Any] = {"slo": slo.to_dict(), "delta": delta.to_dict()}
+    for role in ROLES:
+        k = int(good[role].sum())
+        low, high = wilson_interval(k, n_good)
+        goodput[role] = {
+            "good": k,
+            "n": n_good,
+            "share": k / n_good if n_good else None,
+            "low": None if math.isnan(low) else low,
+            "high": None if math.isnan(high) else high,
+        }
+    measurements.append(
+        _measurement(
+            "latency.goodput.delta",
+            delta,
+            "share",
+            "candidate - incumbent share of requests meeting every SLO (vLLM's goodput"
+            f" rule: completed and <= {slo.to_dict()}), on {n_good} sampled pairs, paired"
+            " bootstrap",
+        )
+    )
+    hours_with_pairs = {
+        as_utc(h).date()
+        for h, p in zip(cols["hour"], cols["pair_id"], strict=True)
+        if p is not None
+    }
+    measurements.append(
+        Measurement(
+            "data.pairs",
+            float(sample.n_pairs_total),
+            None,
+            sample.n_pairs_total,
+            "count",
+            "pairs (incumbent and candidate) sent in the window's hours",
+        )
+    )
+    measurements.append(
+        Measurement(
+            "data.days",
+            float(len(hours_with_pairs)),
+            None,
+            len(hours_with_pairs),
+            "count",
+            "UTC days with sampled pairs in the window",
+        )
+    )
+
+    steady: dict[str, float] = {}
+    for role in ROLES:
+        sk = sketches.get(("all", "", role, "ttft", "all"))
+        if sk is not None and sk.count:
+            steady[role] = sk.quantile(0.5)
+    cold = _cold_start(engine, deployment, warmup, (lo, hi), steady)
+
+    excluded = {}
+    for role in ROLES:
+        removed = sum(
+            r.count
+            for r in rows
+            if r.sign < 0 and r.role == role and r.metric == "e2e" and r.slice == "all"
+        )
+        excluded[role] = removed
+
+    cdf: dict[str, Any] = {}
+    weekly: dict[str, Any] = {}
+    weeks = sorted({k[1] for k in sketches if k[0] == "week"})
+    for metric in METRICS:
+        cdf[metric] = {}
+        weekly[metric] = {}
+        for role in ROLES:
+            sk = sketches.get(("all", "", role, metric, "all"))
+            values, probs = sk.cdf_points() if sk else ([], [])
+            cdf[metric][role] = {"values": values, "probs": probs}
+            series = []
+            for wk in weeks:
+                wsk = sketches.get(("week", wk, role, metric, "all"))
+                p95 = wsk.quantile(0.95) if wsk and wsk.count else math.nan
+                series.append(None if math.isnan(p95) else p95)
+            weekly[metric][role] = {"weeks": weeks, "values": series}
+
+    n_role = {
+        role: (sk.count if (sk := sketches.get(("all", "", role, "e2e", "all"))) else 0)
+        for role in ROLES
+    }
+    tables: dict[str, Any] = {
+        "method": {
+            "sketch_relative_accuracy": RELATIVE_ACCURACY,
+            "bootstrap": {
+                "method": "percentile",
+                "n_resamples": config.n_resamples,
+                "max_pairs": config.max_pairs,
+                "pooled_resamples": config.pooled_resamples,
+                "pooled_max_pairs": config.pooled_max_pairs,
+                "level": config.level,
+            },
+            "sample": "per hour, pairs ordered by random() in SQL; hours weighted by traffic",
+        },
+        "n": {
+            **n_role,
+            "pairs": sample.n_pairs_total,
+            "pairs_sampled": n_paired,
+            "warmup_excluded": excluded,
+        },
+        "overall": overall,
+        "by_day": _period_table(sketches, "day", "day"),
+        "by_week": _period_table(sketches, "week", "week"),
+        "by_load": _bucket_table(sketches, "load"),
+        "by_prompt_length": _bucket_table(sketches, "prompt"),
+        "by_output_length": _bucket_table(sketches, "output"),
+        "goodput": goodput,
+        "cold_start": cold,
+    }
+    notes = [
+        "Only status = ok exchanges count for latency; quantiles per role come from hourly"
+        f" log-bucketed sketches (within {RELATIVE_ACCURACY:.0%} of the exact values).",
+        sample_note + ".",
+        "Load level = requests in flight at the incumbent at dispatch; prompt and output"
+        " length buckets use each exchange's own token counts.",
+    ]
+    if warmup:
+        notes.append(
+            f"{len(all_spans)} warm-up span(s) after engine (re)starts left out"
+            f" ({excluded['incumbent']} incumbent and {excluded['candidate']} candidate"
+            " exchanges); see cold_start."
+        )
+    report("latency: done", 1.0)
+    return LatencySection(
+        deployment=deployment,
+        window=(lo, hi),
+        slo=slo,
+        measurement_list=tuple(measurements),
+        tables=tables,
+        plots={"cdf": cdf, "weekly_p95": weekly},
+        notes=tuple(notes),
+    )

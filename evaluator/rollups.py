@@ -1,0 +1,659 @@
+"""Hourly latency rollups, so a month-long report never rescans the raw exchanges.
+
+:func:`refresh_rollups` fills, per deployment and UTC hour (tables in migration 0003):
+
+- ``latency_rollups``: per role (incumbent, candidate), metric (ttft, tpot, itl, e2e,
+  tokens_per_s) and slice (``all``, ``load:<i>``, ``prompt:<i>``, ``output:<i>``, see
+  :data:`SLICES`) a :class:`~evaluator.sketch.LogSketch` of the ``status = 'ok'`` values: the
+  bucket index ``floor(ln(x) / ln(gamma))`` is computed in SQL and counted with GROUP BY, so the
+  rows never travel to Python (ITL: every gap, ``unnest(itl_s)`` / ``json_each``; tokens/s:
+  ``completion_tokens / (e2e_s - ttft_s)``);
+- ``latency_samples``: up to ``sample_per_hour`` random pairs of the hour (incumbent and
+  candidate side by side, ordered by ``random()`` in SQL), for the paired statistics;
+- ``latency_rollup_hours``: which hours are done. Hours that ended more than ``grace`` before
+  ``now`` are *closed* and never recomputed (unless ``recompute=True``); the still-open hour and
+  the hours within the grace period (late rows from a lagging ingester) are recomputed by every
+  refresh. Work goes in chunks of at most a day of hours, one transaction per chunk.
+
+Readers: :func:`load_sketches` (rolled-up hours plus, for the window's partial edge hours and
+for warm-up exclusions, the same aggregation run over the raw rows of just that range),
+:func:`load_sample` (each hour's first k sampled pairs, k proportional to the hour's pairs, up
+to a total) and :func:`load_itl` (the ITL gaps of a few sampled pairs).
+
+The same SQL runs on PostgreSQL and SQLite (>= 3.35 with its math functions; the dialect
+differences are the hour truncation, the ITL unnest and the array aggregation).
+
+Errors: SQLAlchemy's, as the store raises them.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import orjson
+from sqlalchemy import Connection, Engine, bindparam, delete, insert, select, text
+from sqlalchemy.sql.elements import TextClause
+
+from evaluator.sketch import LN_GAMMA
+from storage.models import Exchange, LatencyRollup, LatencyRollupHour, LatencySample
+
+Window = tuple[datetime, datetime]
+Progress = Callable[[str, float], None]
+
+HOUR = timedelta(hours=1)
+CHUNK_HOURS = 24
+DEFAULT_GRACE = timedelta(minutes=10)
+SAMPLE_PER_HOUR = 2000
+LATENCY_METRICS = ("ttft", "tpot", "itl", "e2e", "tokens_per_s")
+
+LOAD_EDGES = (1, 2, 4, 8, 16, 32, 64)
+"""inflight_incumbent at dispatch: buckets 0, 1, 2-3, 4-7, ..., 64+."""
+PROMPT_EDGES = (128, 512, 2048, 8192)
+OUTPUT_EDGES = (16, 64, 256, 1024)
+SLICES: dict[str, tuple[str, tuple[int, ...]]] = {
+    "load": ("inflight_incumbent", LOAD_EDGES),
+    "prompt": ("prompt_tokens", PROMPT_EDGES),
+    "output": ("completion_tokens", OUTPUT_EDGES),
+}
+"""Breakdown dimension -> (exchanges column, bucket edges). Not applied to ITL (its gaps are
+many per exchange; the whole-window ITL sketch is enough)."""
+
+
+def bucket_labels(edges: Sequence[int]) -> list[str]:
+    """Human labels of the buckets ``CASE`` puts values in: "0-127", ..., "8192+"."""
+    labels = []
+    lo = 0
+    for e in edges:
+        labels.append(f"{lo}" if e - 1 == lo else f"{lo}-{e - 1}")
+        lo = e
+    labels.append(f"{lo}+")
+    return labels
+
+
+def floor_hour(ts: datetime) -> datetime:
+    ts = ts.astimezone(UTC)
+    return ts.replace(minute=0, second=0, microsecond=0)
+
+
+def ceil_hour(ts: datetime) -> datetime:
+    f = floor_hour(ts)
+    return f if f == ts.astimezone(UTC) else f + HOUR
+
+
+def _check_window(window: Window) -> tuple[datetime, datetime]:
+    lo, hi = window
+    if lo.tzinfo is None or hi.tzinfo is None:
+        raise ValueError("window bounds must be timezone-aware (UTC)")
+    if hi <= lo:
+        raise ValueError(f"empty window: {lo} .. {hi}")
+    return lo.astimezone(UTC), hi.astimezone(UTC)
+
+
+# --- SQL -----------------------------------------------------------------------------------
+
+
+def _is_pg(conn: Connection) -> bool:
+    return conn.dialect.name == "postgresql"
+
+
+def _ts(conn: Connection, value: datetime) -> Any:
+    """A timestamp bind value as the dialect compares it (SQLAlchemy's SQLite text form)."""
+    value = value.astimezone(UTC)
+    if _is_pg(conn):
+        return value
+    return value.strftime("%Y-%m-%d %H:%M:%S.%f")
+
+
+def _case(column: str, edges: Sequence[int]) -> str:
+    whens = " ".join(f"WHEN {column} < {e} THEN {i}" for i, e in enumerate(edges))
+    return f"CASE WHEN {column} IS NULL THEN NULL {whens} ELSE {len(edges)} END"
+
+
+def _hour_expr(pg: bool, column: str) -> str:
+    if pg:
+        return f"date_trunc('hour', {column})"
+    return f"strftime('%Y-%m-%d %H:00:00.000000', {column})"
+
+
+def _sketch_select_sql(pg: bool, *, roles: Sequence[str] = ("incumbent", "candidate")) -> str:
+    """SELECT of sketch rows (hour, role, metric, slice, count, zero_count, sum, min, max, keys,
+    counts) of the ok exchanges of :deployment in [:lo, :hi). Every value's bucket index is
+    computed here; the rows aggregate in the database."""
+    role_list = ", ".join(f"'{r}'" for r in roles)
+    slice_cols = ", ".join(
+        f"{_case(col, edges)} AS b_{dim}" for dim, (col, edges) in SLICES.items()
+    )
+    tps = (
+        "CASE WHEN completion_tokens > 0 AND e2e_s > ttft_s"
+        " THEN completion_tokens / (e2e_s - ttft_s) END"
+    )
+    scalar = {"ttft": "ttft_s", "tpot": "tpot_s", "e2e": "e2e_s", "tokens_per_s": "tps"}
+    dims = ", ".join(f"b_{d}" for d in SLICES)
+    nulls = ", ".join(f"NULL AS b_{d}" for d in SLICES)
+    parts = [
+        f"SELECT hour, role, '{m}' AS metric, {col} AS val, {dims} FROM x WHERE {col} IS NOT NULL"
+        for m, col in scalar.items()
+    ]
+    if pg:
+        parts.append(
+            f"SELECT hour, role, 'itl' AS metric, g AS val, {nulls}"
+            " FROM x CROSS JOIN LATERAL unnest(x.itl_s) AS g"
+        )
+    else:
+        parts.append(
+            f"SELECT hour, role, 'itl' AS metric, je.value AS val, {nulls}"
+            " FROM x, json_each(x.itl_s) AS je"
+        )
+    values = "\nUNION ALL ".join(parts)
+    idx = "CAST(floor(ln(val) / :ln_gamma) AS INTEGER)"
+    grouped = [
+        "SELECT hour, role, metric, 'all' AS slice, k, count(*) AS c, sum(val) AS sm,"
+        " min(val) AS mn, max(val) AS mx FROM b GROUP BY hour, role, metric, k"
+    ]
+    for d in SLICES:
+        grouped.append(
+            f"SELECT hour, role, metric, '{d}:' || b_{d} AS slice, k, count(*), sum(val),"
+            f" min(val), max(val) FROM b WHERE b_{d} IS NOT NULL"
+            f" GROUP BY hour, role, metric, b_{d}, k"
+        )
+    grouped_sql = "\nUNION ALL ".join(grouped)
+    if pg:
+        keys_agg = "coalesce(to_jsonb(array_agg(k ORDER BY k) FILTER (WHERE k IS NOT NULL)), '[]')"
+        counts_agg = (
+            "coalesce(to_jsonb(array_agg(c ORDER BY k) FILTER (WHERE k IS NOT NULL)), '[]')"
+        )
+        materialized = "MATERIALIZED"
+    else:
+        # keys and counts come out in the same row order (one pass over the group's rows)
+        keys_agg = "json_group_array(k) FILTER (WHERE k IS NOT NULL)"
+        counts_agg = "json_group_array(c) FILTER (WHERE k IS NOT NULL)"
+        materialized = "MATERIALIZED"
+    return f"""
+WITH x AS {materialized} (
+    SELECT {_hour_expr(pg, "sent_at")} AS hour, role, ttft_s, tpot_s, e2e_s, {tps} AS tps,
+           itl_s, {slice_cols}
+    FROM exchanges
+    WHERE deployment = :deployment AND sent_at >= :lo AND sent_at < :hi
+      AND status = 'ok' AND role IN ({role_list})
+),
+v AS (
+{values}
+),
+b AS (
+    SELECT hour, role, metric, {dims}, val,
+           CASE WHEN val > 0 THEN {idx} END AS k
+    FROM v
+),
+s AS (
+{grouped_sql}
+)
+SELECT hour, role, metric, slice, sum(c) AS count,
+       coalesce(sum(CASE WHEN k IS NULL THEN c END), 0) AS zero_count,
+       sum(sm) AS sum, min(mn) AS min, max(mx) AS max,
+       {keys_agg} AS keys, {counts_agg} AS counts
+FROM s GROUP BY hour, role, metric, slice
+"""
+
+
+ROLLUP_COLUMNS = (
+    "deployment, hour, role, metric, slice, count, zero_count, sum, min, max, keys, counts"
+)
+
+
+def _sample_insert_sql(pg: bool) -> str:
+    """INSERT of each hour's first :k pairs in random order (incumbent's hour), with the
+    hour's pair count in ``hour_pairs`` of the hours table (done separately)."""
+    tps = (
+        "CASE WHEN {r}.completion_tokens > 0 AND {r}.e2e_s > {r}.ttft_s"
+        " THEN {r}.completion_tokens / ({r}.e2e_s - {r}.ttft_s) END"
+    )
+    if pg:
+        itl_mean = "(SELECT avg(g) FROM unnest({r}.itl_s) AS g)"
+        margin_lo = "CAST(:lo AS timestamptz) - interval '1 hour'"
+        margin_hi = "CAST(:hi AS timestamptz) + interval '1 hour'"
+    else:
+        itl_mean = "(SELECT avg(je.value) FROM json_each({r}.itl_s) AS je)"
+        margin_lo = "strftime('%Y-%m-%d %H:%M:%f000', :lo, '-1 hour')"
+        margin_hi = "strftime('%Y-%m-%d %H:%M:%f000', :hi, '+1 hour')"
+    per_role = []
+    for r, alias in (("incumbent", "i"), ("candidate", "c")):
+        per_role += [
+            f"{alias}.status AS {r}_status",
+            f"{alias}.ttft_s AS {r}_ttft_s",
+            f"{alias}.tpot_s AS {r}_tpot_s",
+            f"{alias}.e2e_s AS {r}_e2e_s",
+            f"{tps.format(r=alias)} AS {r}_tokens_per_s",
+            f"{itl_mean.format(r=alias)} AS {r}_itl_mean_s",
+            f"{alias}.completion_tokens AS {r}_completion_tokens",
+        ]
+    cols = ",\n           ".join(per_role)
+    names = ", ".join(
+        f"{r}_{c}"
+        for r in ("incumbent", "candidate")
+        for c in (
+            "status",
+            "ttft_s",
+            "tpot_s",
+            "e2e_s",
+            "tokens_per_s",
+            "itl_mean_s",
+            "completion_tokens",
+        )
+    )
+    hour = _hour_expr(pg, "i.sent_at")
+    return f"""
+INSERT INTO latency_samples (deployment, hour, rank, pair_id, sent_at, inflight_incumbent,
+                             prompt_tokens, {names})
+SELECT :deployment, hour, rn, pair_id, sent_at, inflight_incumbent, prompt_tokens, {names}
+FROM (
+    SELECT {hour} AS hour,
+           row_number() OVER (PARTITION BY {hour} ORDER BY random()) AS rn,
+           i.pair_id, i.sent_at, i.inflight_incumbent, i.prompt_tokens,
+           {cols}
+    FROM exchanges i
+    JOIN exchanges c
+      ON c.pair_id = i.pair_id AND c.role = 'candidate' AND c.deployment = :deployment
+     AND c.sent_at >= {margin_lo} AND c.sent_at < {margin_hi}
+    WHERE i.deployment = :deployment AND i.role = 'incumbent'
+      AND i.sent_at >= :lo AND i.sent_at < :hi
+) t
+WHERE rn <= :k
+"""
+
+
+def _pair_counts_sql(pg: bool) -> str:
+    hour = _hour_expr(pg, "i.sent_at")
+    if pg:
+        margin = "c.sent_at >= CAST(:lo AS timestamptz) - interval '1 hour'"
+        margin += " AND c.sent_at < CAST(:hi AS timestamptz) + interval '1 hour'"
+    else:
+        margin = "c.sent_at >= strftime('%Y-%m-%d %H:%M:%f000', :lo, '-1 hour')"
+        margin += " AND c.sent_at < strftime('%Y-%m-%d %H:%M:%f000', :hi, '+1 hour')"
+    return f"""
+SELECT {hour} AS hour, count(*) AS n
+FROM exchanges i
+WHERE i.deployment = :deployment AND i.role = 'incumbent'
+  AND i.sent_at >= :lo AND i.sent_at < :hi
+  AND EXISTS (SELECT 1 FROM exchanges c WHERE c.pair_id = i.pair_id AND c.role = 'candidate'
+              AND c.deployment = :deployment AND {margin})
+GROUP BY {hour}
+"""
+
+
+# --- refresh ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RefreshResult:
+    hours_computed: int
+    hours_skipped: int
+    """Closed hours already rolled up (not recomputed)."""
+    chunks: int
+
+
+def _runs(hours: Sequence[datetime], max_len: int) -> list[tuple[datetime, datetime]]:
+    """Contiguous runs of hours as [lo, hi) ranges, each at most ``max_len`` hours."""
+    out: list[tuple[datetime, datetime]] = []
+    for h in hours:
+        if out and out[-1][1] == h and (out[-1][1] - out[-1][0]) < HOUR * max_len:
+            out[-1] = (out[-1][0], h + HOUR)
+        else:
+            out.append((h, h + HOUR))
+    return out
+
+
+def as_utc(value: Any) -> datetime:
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value)
+    assert isinstance(value, datetime)
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def closed_hours(conn: Connection, deployment: str, lo: datetime, hi: datetime) -> set[datetime]:
+    rows = conn.execute(
+        select(LatencyRollupHour.hour).where(
+            LatencyRollupHour.deployment == deployment,
+            LatencyRollupHour.hour >= lo,
+            LatencyRollupHour.hour < hi,
+            LatencyRollupHour.closed.is_(True),
+        )
+    ).scalars()
+    return {as_utc(h) for h in rows}
+
+
+def _compute_chunk(
+    conn: Connection,
+    deployment: str,
+    lo: datetime,
+    hi: datetime,
+    *,
+    closed_before: datetime,
+    sample_per_hour: int,
+) -> None:
+    pg = _is_pg(conn)
+    for table in (LatencyRollup, LatencySample, LatencyRollupHour):
+        conn.execute(
+            delete(table).where(table.deployment == deployment, table.hour >= lo, table.hour < hi)
+        )
+    params = {"deployment": deployment, "lo": _ts(conn, lo), "hi": _ts(conn, hi)}
+    conn.execute(
+        text(
+            f"INSERT INTO latency_rollups ({ROLLUP_COLUMNS})\n"
+            f"SELECT :deployment, hour, role, metric, slice, count, zero_count, sum, min, max,"
+            f" keys, counts FROM ({_sketch_select_sql(pg)}) q"
+        ),
+        {**params, "ln_gamma": LN_GAMMA},
+    )
+    conn.execute(text(_sample_insert_sql(pg)), {**params, "k": sample_per_hour})
+    pairs = {as_utc(h): int(n) for h, n in conn.execute(text(_pair_counts_sql(pg)), params).all()}
+    sampled = {
+        as_utc(h): int(n)
+        for h, n in conn.execute(
+            text(
+                "SELECT hour, count(*) FROM latency_samples"
+                " WHERE deployment = :deployment AND hour >= :lo AND hour < :hi GROUP BY hour"
+            ),
+            params,
+        ).all()
+    }
+    rows = []
+    h = lo
+    while h < hi:
+        rows.append(
+            {
+                "deployment": deployment,
+                "hour": h,
+                "n_pairs": pairs.get(h, 0),
+                "n_sampled": sampled.get(h, 0),
+                "closed": h + HOUR <= closed_before,
+            }
+        )
+        h += HOUR
+    conn.execute(insert(LatencyRollupHour), rows)
+
+
+def refresh_rollups(
+    engine: Engine,
+    deployment: str,
+    window: Window,
+    progress: Progress | None = None,
+    *,
+    now: datetime | None = None,
+    grace: timedelta = DEFAULT_GRACE,
+    recompute: bool = False,
+    sample_per_hour: int = SAMPLE_PER_HOUR,
+) -> RefreshResult:
+    """Roll up every hour overlapping ``window`` that is not rolled up and closed yet (see the
+    module docstring). ``now`` defaults to the wall clock; an hour is closed once it ended
+    ``grace`` before ``now``."""
+    lo, hi = _check_window(window)
+    now = (now or datetime.now(UTC)).astimezone(UTC)
+    first, last = floor_hour(lo), ceil_hour(hi)
+    with engine.connect() as conn:
+        done = set() if recompute else closed_hours(conn, deployment, first, last)
+    todo = []
+    h = first
+    while h < last:
+        if h not in done:
+            todo.append(h)
+        h += HOUR
+    runs = _runs(todo, CHUNK_HOURS)
+    closed_before = now - grace
+    for i, (a, b) in enumerate(runs):
+        if progress:
+            progress("rollups", i / max(len(runs), 1))
+        with engine.begin() as conn:
+            _compute_chunk(
+                conn,
+                deployment,
+                a,
+                b,
+                closed_before=closed_before,
+                sample_per_hour=sample_per_hour,
+            )
+    if progress:
+        progress("rollups", 1.0)
+    return RefreshResult(len(todo), len(done), len(runs))
+
+
+# --- readers ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SketchRow:
+    """One stored (or freshly aggregated) sketch row; ``sign`` -1 for rows to subtract."""
+
+    hour: datetime
+    role: str
+    metric: str
+    slice: str
+    count: int
+    zero_count: int
+    sum: float
+    min: float | None
+    max: float | None
+    keys: list[int]
+    counts: list[int]
+    sign: int = 1
+
+
+def _json_list(value: Any) -> list[int]:
+    if value is None:
+        return []
+    if isinstance(value, str | bytes):
+        loaded = orjson.loads(value)
+        return list(loaded) if loaded else []
+    return list(value)
+
+
+def _row(r: Any, sign: int = 1) -> SketchRow:
+    return SketchRow(
+        hour=as_utc(r.hour),
+        role=r.role,
+        metric=r.metric,
+        slice=r.slice,
+        count=int(r.count),
+        zero_count=int(r.zero_count),
+        sum=float(r.sum or 0.0),
+        min=None if r.min is None else float(r.min),
+        max=None if r.max is None else float(r.max),
+        keys=_json_list(r.keys),
+        counts=_json_list(r.counts),
+        sign=sign,
+    )
+
+
+def raw_sketch_rows(
+    conn: Connection,
+    deployment: str,
+    lo: datetime,
+    hi: datetime,
+    *,
+    roles: Sequence[str] = ("incumbent", "candidate"),
+    sign: int = 1,
+) -> list[SketchRow]:
+    """The rollup aggregation over the raw rows of [lo, hi), returned instead of stored."""
+    if hi <= lo:
+        return []
+    stmt: TextClause = text(_sketch_select_sql(_is_pg(conn), roles=roles))
+    rows = conn.execute(
+        stmt,
+        {"deployment": deployment, "lo": _ts(conn, lo), "hi": _ts(conn, hi), "ln_gamma": LN_GAMMA},
+    )
+    return [_row(r, sign) for r in rows]
+
+
+def merge_intervals(spans: Iterable[tuple[datetime, datetime]]) -> list[tuple[datetime, datetime]]:
+    out: list[tuple[datetime, datetime]] = []
+    for a, b in sorted(spans):
+        if b <= a:
+            continue
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
+
+
+def load_sketches(
+    engine: Engine,
+    deployment: str,
+    window: Window,
+    *,
+    exclude: dict[str, list[tuple[datetime, datetime]]] | None = None,
+) -> list[SketchRow]:
+    """Sketch rows covering exactly ``window``: stored rollups of the whole hours inside it,
+    raw aggregation of the partial hours at its edges, and (sign -1) the raw aggregation of
+    every ``exclude[role]`` span within the window, to subtract."""
+    lo, hi = _check_window(window)
+    inner_lo, inner_hi = ceil_hour(lo), floor_hour(hi)
+    out: list[SketchRow] = []
+    with engine.connect() as conn:
+        if inner_lo < inner_hi:
+            t = LatencyRollup.__table__
+            stored = conn.execute(
+                select(t).where(
+                    t.c.deployment == deployment, t.c.hour >= inner_lo, t.c.hour < inner_hi
+                )
+            )
+            out += [_row(r) for r in stored]
+            out += raw_sketch_rows(conn, deployment, lo, inner_lo)
+            out += raw_sketch_rows(conn, deployment, inner_hi, hi)
+        else:
+            out += raw_sketch_rows(conn, deployment, lo, hi)
+        for role, spans in (exclude or {}).items():
+            for a, b in merge_intervals(spans):
+                a, b = max(a, lo), min(b, hi)
+                if a < b:
+                    out += raw_sketch_rows(conn, deployment, a, b, roles=(role,), sign=-1)
+    return out
+
+
+@dataclass(frozen=True)
+class SampledPairs:
+    """Columns of the sampled pairs (lists of equal length), ``hours_pairs`` the number of
+    pairs behind the sample (sum over the window's hours)."""
+
+    columns: dict[str, list[Any]]
+    n_pairs_total: int
+
+    def __len__(self) -> int:
+        return len(self.columns.get("pair_id", []))
+
+
+SAMPLE_FIELDS = (
+    "hour",
+    "pair_id",
+    "sent_at",
+    "inflight_incumbent",
+    "prompt_tokens",
+    *(
+        f"{r}_{c}"
+        for r in ("incumbent", "candidate")
+        for c in (
+            "status",
+            "ttft_s",
+            "tpot_s",
+            "e2e_s",
+            "tokens_per_s",
+            "itl_mean_s",
+            "completion_tokens",
+        )
+    ),
+)
+
+
+def load_sample(
+    engine: Engine, deployment: str, window: Window, *, target: int = 20_000
+) -> SampledPairs:
+    """About ``target`` sampled pairs of ``window``: from each hour the first
+    ``ceil(target * hour_pairs / total_pairs)`` of its random order (a sample proportional to
+    the traffic), then only pairs whose incumbent was sent inside the window."""
+    lo, hi = _check_window(window)
+    first, last = floor_hour(lo), ceil_hour(hi)
+    with engine.connect() as conn:
+        hours = conn.execute(
+            select(LatencyRollupHour.hour, LatencyRollupHour.n_pairs).where(
+                LatencyRollupHour.deployment == deployment,
+                LatencyRollupHour.hour >= first,
+                LatencyRollupHour.hour < last,
+            )
+        ).all()
+        total = sum(int(n) for _, n in hours)
+        cols: dict[str, list[Any]] = {f: [] for f in SAMPLE_FIELDS}
+        if total == 0:
+            return SampledPairs(cols, 0)
+        take = {as_utc(h): math.ceil(target * int(n) / total) for h, n in hours if n}
+        # one query: rank <= k for each hour's own k, as a join against a VALUES-like list
+        by_k: dict[int, list[datetime]] = {}
+        for h, k in take.items():
+            by_k.setdefault(k, []).append(h)
+        table = LatencySample.__table__
+        fields = [table.c[f] for f in SAMPLE_FIELDS]
+        for k, hs in by_k.items():
+            stmt = (
+                select(*fields)
+                .where(
+                    table.c.deployment == deployment,
+                    table.c.hour.in_(bindparam("hours", expanding=True)),
+                    table.c.rank <= k,
+                    table.c.sent_at >= lo,
+                    table.c.sent_at < hi,
+                )
+                .order_by(table.c.hour, table.c.rank)
+            )
+            for row in conn.execute(stmt, {"hours": hs}):
+                for f, v in zip(SAMPLE_FIELDS, row, strict=True):
+                    cols[f].append(v)
+    return SampledPairs(cols, total)
+
+
+def load_itl(
+    engine: Engine, deployment: str, pair_ids: Sequence[uuid.UUID]
+) -> dict[tuple[uuid.UUID, str], list[float]]:
+    """ITL gaps of the given pairs' incumbent and candidate ok exchanges (by primary key)."""
+    out: dict[tuple[uuid.UUID, str], list[float]] = {}
+    t = Exchange.__table__
+    with engine.connect() as conn:
+        for start in range(0, len(pair_ids), 500):
+            chunk = list(pair_ids[start : start + 500])
+            stmt = select(t.c.pair_id, t.c.role, t.c.itl_s).where(
+                t.c.pair_id.in_(chunk),
+                t.c.role.in_(("incumbent", "candidate")),
+                t.c.deployment == deployment,
+                t.c.status == "ok",
+            )
+            for pid, role, itl in conn.execute(stmt):
+                out[(pid, role)] = list(itl or [])
+    return out
+
+
+def raw_role_rows(
+    engine: Engine,
+    deployment: str,
+    role: str,
+    lo: datetime,
+    hi: datetime,
+) -> list[tuple[datetime, float | None, float | None]]:
+    """(sent_at, ttft_s, e2e_s) of ``role``'s ok exchanges in [lo, hi), in time order (the
+    cold-start look at the first requests after a restart)."""
+    t = Exchange.__table__
+    with engine.connect() as conn:
+        rows = conn.execute(
+            select(t.c.sent_at, t.c.ttft_s, t.c.e2e_s)
+            .where(
+                t.c.deployment == deployment,
+                t.c.role == role,
+                t.c.status == "ok",
+                t.c.sent_at >= lo,
+                t.c.sent_at < hi,
+            )
+            .order_by(t.c.sent_at)
+            .limit(10_000)
+        ).all()
+    return [(as_utc(s), a, b) for s, a, b in rows]

@@ -1,0 +1,348 @@
+"""Pure statistics of the latency comparison: plain numpy arrays in, plain values out, no I/O.
+
+- :func:`paired_comparison`: for pairs (incumbent, candidate) of one metric, the ratios
+  candidate/incumbent of p50/p95/p99, the spread ratio (p99 - p50) and the median of the
+  per-pair deltas, each with a paired percentile bootstrap interval (``scipy.stats.bootstrap``:
+  pairs are resampled together), and the paired Wilcoxon signed-rank p-value;
+- :func:`pooled_comparison`: the same ratios for a metric with many values per pair (ITL: the
+  gaps of every pair pooled, as vLLM's benchmark pools them), resampling whole pairs (a cluster
+  bootstrap, each resample a weighted quantile);
+- :func:`share_delta`: candidate - incumbent share of a paired yes/no outcome (goodput), with a
+  paired bootstrap interval, and :func:`wilson_interval` for one share;
+- :func:`goodput_mask`: which requests meet the SLOs, as vLLM's benchmark decides it.
+
+Sizes are capped for speed (:class:`BootstrapConfig`): at most ``max_pairs`` pairs (a random
+subsample, 20 000 by default) and ``n_resamples`` resamples (999; 199 for pooled metrics, which
+cost a pass over every value per resample). Percentile intervals, not BCa: BCa's jackknife is
+O(n^2) at these sizes.
+
+Errors: none of its own; a statistic without data is NaN (see :class:`Estimate`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+from scipy import stats as sps
+
+FloatArray = npt.NDArray[np.float64]
+QS = (0.50, 0.95, 0.99)
+
+
+@dataclass(frozen=True)
+class BootstrapConfig:
+    """How the intervals are computed: resamples, pair cap, confidence level and seed."""
+
+    n_resamples: int = 999
+    max_pairs: int = 20_000
+    pooled_resamples: int = 199
+    pooled_max_pairs: int = 2_000
+    level: float = 0.95
+    seed: int = 20261130
+    batch: int = 50
+    """Resamples computed at once (memory: batch x pairs x 8 bytes per array)."""
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A statistic with its interval; NaN value when there was no data, NaN bounds when no
+    interval could be computed (fewer than 2 pairs, or every resample the same)."""
+
+    value: float
+    low: float
+    high: float
+    n: int
+
+    @property
+    def ok(self) -> bool:
+        return not math.isnan(self.value)
+
+    def to_dict(self) -> dict[str, float | int | None]:
+        return {
+            "value": _json_float(self.value),
+            "low": _json_float(self.low),
+            "high": _json_float(self.high),
+            "n": self.n,
+        }
+
+
+NAN_ESTIMATE = Estimate(math.nan, math.nan, math.nan, 0)
+
+
+@dataclass(frozen=True)
+class PairedComparison:
+    """Candidate vs incumbent on one metric, from pairs."""
+
+    ratios: dict[str, Estimate]
+    """"p50"/"p95"/"p99": candidate quantile / incumbent quantile."""
+    spread_ratio: Estimate
+    """(p99 - p50) candidate / (p99 - p50) incumbent."""
+    median_delta: Estimate
+    """Median over pairs of candidate - incumbent (the metric's unit)."""
+    rank_test_p: float
+    """Paired Wilcoxon signed-rank test, two-sided; NaN when it cannot be computed."""
+    n: int
+
+
+def _json_float(x: float) -> float | None:
+    return None if math.isnan(x) or math.isinf(x) else float(x)
+
+
+def quantiles(values: npt.ArrayLike, qs: Sequence[float] = QS) -> FloatArray:
+    """Quantiles with linear interpolation (numpy's default, as vLLM's benchmark uses)."""
+    arr = np.asarray(values, dtype=np.float64)
+    if arr.size == 0:
+        return np.full(len(qs), np.nan)
+    return np.asarray(np.quantile(arr, qs), dtype=np.float64)
+
+
+def _finite_pairs(inc: npt.ArrayLike, cand: npt.ArrayLike) -> tuple[FloatArray, FloatArray]:
+    a = np.asarray(inc, dtype=np.float64)
+    b = np.asarray(cand, dtype=np.float64)
+    if a.shape != b.shape:
+        raise ValueError(f"paired arrays differ in length: {a.shape} vs {b.shape}")
+    keep = np.isfinite(a) & np.isfinite(b)
+    return a[keep], b[keep]
+
+
+def subsample(n: int, cap: int, rng: np.random.Generator) -> npt.NDArray[np.intp]:
+    """Indexes of a random subsample of at most ``cap`` of ``n`` items (all when n <= cap)."""
+    if n <= cap:
+        return np.arange(n)
+    return np.sort(rng.choice(n, size=cap, replace=False))
+
+
+def _ratio(num: FloatArray | float, den: FloatArray | float) -> FloatArray:
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.asarray(np.divide(num, den), dtype=np.float64)
+
+
+def _paired_statistic(a: FloatArray, b: FloatArray, axis: int = -1) -> FloatArray:
+    """[r50, r95, r99, spread ratio, median delta] along ``axis``."""
+    qa = np.quantile(a, QS, axis=axis)
+    qb = np.quantile(b, QS, axis=axis)
+    ratios = _ratio(qb, qa)
+    spread = _ratio(qb[2] - qb[0], qa[2] - qa[0])
+    delta = np.median(b - a, axis=axis)
+    return np.concatenate([ratios, spread[None], np.asarray(delta)[None]], axis=0)
+
+
+def _bootstrap(
+    n: int,
+    statistic: object,
+    *,
+    n_resamples: int,
+    config: BootstrapConfig,
+    rng: np.random.Generator,
+    vectorized: bool = True,
+) -> tuple[FloatArray, FloatArray]:
+    """Percentile bootstrap over indexes 0..n-1 (pairs resampled together): (low, high)."""
+    res = sps.bootstrap(
+        (np.arange(n),),
+        statistic,
+        vectorized=vectorized,
+        n_resamples=n_resamples,
+        batch=config.batch if vectorized else None,
+        confidence_level=config.level,
+        method="percentile",
+        rng=rng,
+    )
+    low = np.asarray(res.confidence_interval.low, dtype=np.float64)
+    high = np.asarray(res.confidence_interval.high, dtype=np.float64)
+    return low, high
+
+
+def _estimates(point: FloatArray, low: FloatArray, high: FloatArray, n: int) -> list[Estimate]:
+    out = []
+    for v, lo, hi in zip(point, low, high, strict=True):
+        lo_, hi_ = float(lo), float(hi)
+        if not (math.isnan(lo_) or math.isnan(hi_)) and lo_ > hi_:
+            lo_, hi_ = hi_, lo_
+        out.append(Estimate(float(v), lo_, hi_, n))
+    return out
+
+
+def wilcoxon_p(inc: FloatArray, cand: FloatArray) -> float:
+    """Two-sided paired Wilcoxon signed-rank p-value; 1.0 when every delta is zero, NaN with
+    fewer than 2 pairs."""
+    if inc.size < 2:
+        return math.nan
+    d = cand - inc
+    if not np.any(d != 0):
+        return 1.0
+    res = sps.wilcoxon(cand, inc, zero_method="wilcox", alternative="two-sided")
+    return float(res.pvalue)
+
+
+def paired_comparison(
+    inc: npt.ArrayLike,
+    cand: npt.ArrayLike,
+    config: BootstrapConfig = BootstrapConfig(),
+) -> PairedComparison:
+    """Candidate vs incumbent on one metric from paired values (non-finite pairs dropped)."""
+    a, b = _finite_pairs(inc, cand)
+    rng = np.random.default_rng(config.seed)
+    keep = subsample(a.size, config.max_pairs, rng)
+    a, b = a[keep], b[keep]
+    n = int(a.size)
+    if n == 0:
+        return PairedComparison(
+            {k: NAN_ESTIMATE for k in ("p50", "p95", "p99")},
+            NAN_ESTIMATE,
+            NAN_ESTIMATE,
+            math.nan,
+            0,
+        )
+    point = _paired_statistic(a, b)
+    if n >= 2:
+
+        def statistic(idx: npt.NDArray[np.intp], axis: int = -1) -> FloatArray:
+            return _paired_statistic(a[idx], b[idx], axis=axis)
+
+        low, high = _bootstrap(n, statistic, n_resamples=config.n_resamples, config=config, rng=rng)
+    else:
+        low = high = np.full(point.shape, np.nan)
+    est = _estimates(point, low, high, n)
+    return PairedComparison(
+        ratios={"p50": est[0], "p95": est[1], "p99": est[2]},
+        spread_ratio=est[3],
+        median_delta=est[4],
+        rank_test_p=wilcoxon_p(a, b),
+        n=n,
+    )
+
+
+def weighted_quantiles(
+    sorted_values: FloatArray, weights: FloatArray, qs: Sequence[float] = QS
+) -> FloatArray:
+    """Quantiles (inverted CDF) of ``sorted_values`` (ascending) repeated ``weights`` times."""
+    cum = np.cumsum(weights)
+    total = cum[-1] if cum.size else 0.0
+    if total <= 0:
+        return np.full(len(qs), np.nan)
+    targets = np.asarray(qs) * total
+    idx = np.searchsorted(cum, targets, side="left")
+    return sorted_values[np.minimum(idx, sorted_values.size - 1)]
+
+
+def pooled_comparison(
+    inc_groups: Sequence[npt.ArrayLike],
+    cand_groups: Sequence[npt.ArrayLike],
+    config: BootstrapConfig = BootstrapConfig(),
+) -> tuple[dict[str, Estimate], Estimate]:
+    """Ratios of pooled quantiles (p50/p95/p99) and the spread ratio for a metric with many
+    values per pair (ITL gaps): pair i's incumbent values are ``inc_groups[i]``, its candidate
+    values ``cand_groups[i]``. The interval resamples whole pairs (cluster bootstrap): each
+    resample weighs every value by how often its pair was drawn."""
+    if len(inc_groups) != len(cand_groups):
+        raise ValueError("pooled_comparison: one group per pair on each side")
+    rng = np.random.default_rng(config.seed)
+    keep = subsample(len(inc_groups), config.pooled_max_pairs, rng)
+    sides = []
+    for groups in (inc_groups, cand_groups):
+        parts = [np.asarray(groups[i], dtype=np.float64) for i in keep]
+        values = np.concatenate(parts) if parts else np.empty(0)
+        owner = np.repeat(np.arange(len(parts)), [p.size for p in parts])
+        finite = np.isfinite(values)
+        values, owner = values[finite], owner[finite]
+        order = np.argsort(values, kind="stable")
+        sides.append((values[order], owner[order]))
+    n = len(keep)
+    (va, oa), (vb, ob) = sides
+
+    def stat_for(weights_per_pair: FloatArray) -> FloatArray:
+        qa = weighted_quantiles(va, weights_per_pair[oa])
+        qb = weighted_quantiles(vb, weights_per_pair[ob])
+        return np.concatenate([_ratio(qb, qa), [_ratio(qb[2] - qb[0], qa[2] - qa[0])]])
+
+    if va.size == 0 or vb.size == 0:
+        nan = {k: NAN_ESTIMATE for k in ("p50", "p95", "p99")}
+        return nan, NAN_ESTIMATE
+    point = stat_for(np.ones(n))
+    if n >= 2:
+
+        def statistic(idx: npt.NDArray[np.intp]) -> FloatArray:
+            return stat_for(np.bincount(idx, minlength=n).astype(np.float64))
+
+        low, high = _bootstrap(
+            n,
+            statistic,
+            n_resamples=config.pooled_resamples,
+            config=config,
+            rng=rng,
+            vectorized=False,
+        )
+    else:
+        low = high = np.full(point.shape, np.nan)
+    est = _estimates(point, low, high, n)
+    return {"p50": est[0], "p95": est[1], "p99": est[2]}, est[3]
+
+
+def share_delta(
+    inc_ok: npt.ArrayLike, cand_ok: npt.ArrayLike, config: BootstrapConfig = BootstrapConfig()
+) -> Estimate:
+    """mean(cand_ok) - mean(inc_ok) for paired yes/no outcomes, paired bootstrap interval."""
+    a = np.asarray(inc_ok, dtype=np.float64)
+    b = np.asarray(cand_ok, dtype=np.float64)
+    if a.shape != b.shape:
+        raise ValueError("share_delta: paired arrays differ in length")
+    rng = np.random.default_rng(config.seed)
+    keep = subsample(a.size, config.max_pairs, rng)
+    a, b = a[keep], b[keep]
+    n = int(a.size)
+    if n == 0:
+        return NAN_ESTIMATE
+    point = float(b.mean() - a.mean())
+    d = b - a
+    if n < 2 or not np.any(d != d[0]):
+        # every resample gives the same delta: the interval is that point
+        return Estimate(point, point, point, n)
+
+    def statistic(idx: npt.NDArray[np.intp], axis: int = -1) -> FloatArray:
+        return np.asarray(d[idx].mean(axis=axis))[None]
+
+    low, high = _bootstrap(n, statistic, n_resamples=config.n_resamples, config=config, rng=rng)
+    return Estimate(point, float(low[0]), float(high[0]), n)
+
+
+def wilson_interval(successes: int, n: int, level: float = 0.95) -> tuple[float, float]:
+    """Wilson score interval of a share ``successes / n``; (nan, nan) when n == 0."""
+    if n <= 0:
+        return math.nan, math.nan
+    z = float(sps.norm.ppf(0.5 + level / 2))
+    p = successes / n
+    den = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / den
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def goodput_mask(
+    completed: npt.ArrayLike,
+    ttft: npt.ArrayLike,
+    tpot: npt.ArrayLike,
+    e2e: npt.ArrayLike,
+    *,
+    ttft_slo: float | None,
+    tpot_slo: float | None,
+    e2e_slo: float | None,
+) -> npt.NDArray[np.bool_]:
+    """Good requests as vLLM's benchmark judges them (``calculate_metrics``): completed, and
+    every configured metric <= its SLO. A missing TPOT (one-token answer) counts as 0, as vLLM
+    records it; a missing TTFT or E2E fails its SLO."""
+    good = np.asarray(completed, dtype=bool).copy()
+    for values, slo, missing in (
+        (ttft, ttft_slo, np.inf),
+        (tpot, tpot_slo, 0.0),
+        (e2e, e2e_slo, np.inf),
+    ):
+        if slo is None:
+            continue
+        arr = np.asarray(values, dtype=np.float64)
+        arr = np.where(np.isnan(arr), missing, arr)
+        good &= arr <= slo
+    return good
