@@ -1,0 +1,214 @@
+"""Counts and rates of events, and exact comparisons of two rates: pure functions, no I/O.
+
+- :func:`compare_poisson_rates`: two Poisson counts ``x1`` over exposure ``t1`` and ``x2`` over
+  ``t2`` compared exactly by conditioning on the total: given ``n = x1 + x2``,
+  ``x1 ~ Binomial(n, t1*r1 / (t1*r1 + t2*r2))``. Under equal rates the proportion is
+  ``t1 / (t1 + t2)``, so the two-sided p-value is :func:`scipy.stats.binomtest`'s; the
+  Clopper-Pearson interval ``(pl, pu)`` of the proportion becomes the rate-ratio interval
+  ``(pl / (1 - pl) * t2 / t1, pu / (1 - pu) * t2 / t1)`` (Przyborowski & Wilenski 1940; the
+  method of ``poisson.test`` in R). Sparse counts are fine: that is why it is exact.
+- :func:`compare_failure_shares`: ``errors.rate_ratio``: failed exchanges are rare events over
+  the exposure "exchanges sent", compared the same way (the conditional test is then the exact
+  test of two rare proportions).
+- :func:`bucket_start` / :func:`count_by_bucket`: UTC days and ISO weeks (Monday 00:00 UTC).
+- :func:`wilson_interval`, :func:`newcombe_interval`: a share's score interval and the
+  difference of two shares (Newcombe's hybrid score method 10), for the divergence rates.
+
+Errors: ``ValueError`` for negative counts or non-positive exposures (a caller's bug).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, time, timedelta
+from typing import Any, Literal
+
+from scipy import stats
+
+from evaluator.results import Interval
+
+By = Literal["day", "week"]
+BUCKETS: tuple[By, ...] = ("day", "week")
+
+
+@dataclass(frozen=True)
+class RateComparison:
+    """``x1 / t1`` against ``x2 / t2`` (side 1 = candidate, side 2 = incumbent by convention)."""
+
+    x1: int
+    t1: float
+    x2: int
+    t2: float
+    ratio: float | None
+    """(x1 / t1) / (x2 / t2); None when both counts are 0, inf when only x2 is 0."""
+    interval: Interval
+    """Exact conditional interval of the ratio; (0, inf) when both counts are 0."""
+    p_value: float
+    """Two-sided exact p-value of equal rates (1.0 when both counts are 0)."""
+
+    @property
+    def rate1(self) -> float:
+        return self.x1 / self.t1
+
+    @property
+    def rate2(self) -> float:
+        return self.x2 / self.t2
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "x1": self.x1,
+            "t1": self.t1,
+            "x2": self.x2,
+            "t2": self.t2,
+            "rate1": self.rate1,
+            "rate2": self.rate2,
+            "ratio": self.ratio,
+            "interval": self.interval.to_dict(),
+            "p_value": self.p_value,
+            "method": "exact conditional binomial (Clopper-Pearson)",
+        }
+
+
+def _check(x: int, t: float, name: str) -> None:
+    if x < 0:
+        raise ValueError(f"count {name} must be >= 0, got {x}")
+    if not t > 0 or math.isinf(t):
+        raise ValueError(f"exposure of {name} must be positive and finite, got {t}")
+
+
+def compare_poisson_rates(
+    x1: int, t1: float, x2: int, t2: float, level: float = 0.95
+) -> RateComparison:
+    """Exact comparison of two Poisson rates (see the module docstring)."""
+    _check(x1, t1, "x1")
+    _check(x2, t2, "x2")
+    n = x1 + x2
+    if n == 0:
+        return RateComparison(x1, t1, x2, t2, None, Interval(0.0, math.inf, level), 1.0)
+    p0 = t1 / (t1 + t2)
+    test = stats.binomtest(x1, n, p0)
+    ci = test.proportion_ci(confidence_level=level, method="exact")
+    scale = t2 / t1
+    low = _odds(float(ci.low)) * scale
+    high = _odds(float(ci.high)) * scale
+    ratio = math.inf if x2 == 0 else (x1 / t1) / (x2 / t2)
+    return RateComparison(
+        x1, t1, x2, t2, ratio, Interval(low, high, level), min(1.0, float(test.pvalue))
+    )
+
+
+def _odds(p: float) -> float:
+    return math.inf if p >= 1.0 else p / (1.0 - p)
+
+
+def compare_failure_shares(
+    failed1: int, total1: int, failed2: int, total2: int, level: float = 0.95
+) -> RateComparison | None:
+    """``errors.rate_ratio``: failure share of side 1 over side 2, exact (rare-event)
+    conditional test with the exchanges sent as exposures; None when a side sent nothing."""
+    if total1 <= 0 or total2 <= 0:
+        return None
+    if not (0 <= failed1 <= total1 and 0 <= failed2 <= total2):
+        raise ValueError(
+            f"failures must be within 0..total: {failed1}/{total1}, {failed2}/{total2}"
+        )
+    return compare_poisson_rates(failed1, float(total1), failed2, float(total2), level)
+
+
+# -- buckets ------------------------------------------------------------------------------
+
+
+def as_utc(ts: datetime) -> datetime:
+    """``ts`` in UTC; naive timestamps (SQLite hands them back so) are taken as UTC."""
+    return ts.replace(tzinfo=UTC) if ts.tzinfo is None else ts.astimezone(UTC)
+
+
+def bucket_start(ts: datetime, by: By) -> datetime:
+    """Start of the UTC day, or of the ISO week (Monday 00:00 UTC), that holds ``ts``."""
+    day: date = as_utc(ts).date()
+    if by == "week":
+        day = day - timedelta(days=day.weekday())
+    elif by != "day":
+        raise ValueError(f"bucket must be 'day' or 'week', got {by!r}")
+    return datetime.combine(day, time.min, tzinfo=UTC)
+
+
+def bucket_length(by: By) -> timedelta:
+    return timedelta(days=7 if by == "week" else 1)
+
+
+def bucket_label(start: datetime, by: By) -> str:
+    if by == "week":
+        year, week, _ = start.isocalendar()
+        return f"{year}-W{week:02d}"
+    return start.date().isoformat()
+
+
+def buckets_between(start: datetime, end: datetime, by: By) -> list[datetime]:
+    """Starts of every bucket that overlaps ``[start, end)``, in order."""
+    out: list[datetime] = []
+    b = bucket_start(start, by)
+    step = bucket_length(by)
+    end = as_utc(end)
+    while b < end:
+        out.append(b)
+        b += step
+    return out
+
+
+def count_by_bucket(times: Iterable[datetime], by: By) -> dict[datetime, int]:
+    """How many of ``times`` fall in each bucket (only buckets with at least one)."""
+    return dict(sorted(Counter(bucket_start(t, by) for t in times).items()))
+
+
+# -- shares -------------------------------------------------------------------------------
+
+
+def wilson_interval(k: int, n: int, level: float = 0.95) -> Interval | None:
+    """Wilson score interval of the share ``k / n``; None when ``n`` is 0."""
+    if n <= 0:
+        return None
+    z = float(stats.norm.ppf(0.5 + level / 2))
+    p = k / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return Interval(max(0.0, centre - half), min(1.0, centre + half), level)
+
+
+def newcombe_interval(k1: int, n1: int, k2: int, n2: int, level: float = 0.95) -> Interval | None:
+    """Interval of ``k1/n1 - k2/n2`` by Newcombe's hybrid score method (his method 10, from
+    the two Wilson intervals); None when either side has no data."""
+    w1 = wilson_interval(k1, n1, level)
+    w2 = wilson_interval(k2, n2, level)
+    if w1 is None or w2 is None:
+        return None
+    p1, p2 = k1 / n1, k2 / n2
+    d = p1 - p2
+    low = d - math.sqrt((p1 - w1.low) ** 2 + (w2.high - p2) ** 2)
+    high = d + math.sqrt((w1.high - p1) ** 2 + (p2 - w2.low) ** 2)
+    return Interval(max(-1.0, low), min(1.0, high), level)
+
+
+# -- exposure -----------------------------------------------------------------------------
+
+
+def observed_intervals(times: Iterable[float], max_gap_s: float) -> list[tuple[float, float]]:
+    """The time an engine was watched, as merged ``(start, end)`` Unix-second intervals: its
+    observations (health scrapes, requests) joined wherever consecutive ones are at most
+    ``max_gap_s`` apart; a longer silence is time nobody was looking (not exposure)."""
+    out: list[tuple[float, float]] = []
+    for t in sorted(times):
+        if out and t - out[-1][1] <= max_gap_s:
+            out[-1] = (out[-1][0], t)
+        else:
+            out.append((t, t))
+    return out
+
+
+def overlap_s(intervals: Iterable[tuple[float, float]], start: float, end: float) -> float:
+    """Seconds of ``intervals`` inside ``[start, end)``."""
+    return sum(max(0.0, min(b, end) - max(a, start)) for a, b in intervals)
