@@ -1,23 +1,45 @@
 """Incidents for the API: a thin adapter over :mod:`evaluator.incidents_query`, the module
 ``shadow-ab incidents`` uses too, so both show the same incidents and the same figures.
 
-The adapter only turns the evaluator's plain dicts into the API's response models; it computes
-nothing itself.
+The adapter computes nothing: it turns the evaluator's plain dicts into the response models
+(infinite floats, which JSON cannot carry, become null) and its errors into the API's.
 """
 
 from __future__ import annotations
 
 import importlib
+import math
 from datetime import datetime
 from typing import Any, Literal
 
 from sqlalchemy import Engine
 
+from api.errors import BadParameter, NotFound
 from api.models import Incident, IncidentComparison
 
 
 def _query() -> Any:
     return importlib.import_module("evaluator.incidents_query")
+
+
+def finite(value: Any) -> Any:
+    """``value`` with every non-finite float (nested in dicts and lists) replaced by None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite(v) for v in value]
+    return value
+
+
+def _translate(exc: Exception) -> Exception:
+    q = _query()
+    if isinstance(exc, q.UnknownDeployment):
+        return NotFound(str(exc))
+    if isinstance(exc, q.BadQuery):
+        return BadParameter(str(exc))
+    return exc
 
 
 def list_incidents(
@@ -29,18 +51,14 @@ def list_incidents(
     since: datetime | None,
     until: datetime | None,
 ) -> list[Incident]:
-    rows = _query().query_incidents(
-        engine, deployment, engine_role=engine_role, kind=kind, since=since, until=until
-    )
-    return [Incident.model_validate(_incident_fields(row, deployment)) for row in rows]
-
-
-def _incident_fields(row: dict[str, Any], deployment: str) -> dict[str, Any]:
-    fields = dict(row)
-    fields.setdefault("deployment", deployment)
-    fields.setdefault("role", None)
-    fields.setdefault("detected_at", None)
-    return fields
+    q = _query()
+    try:
+        rows = q.query_incidents(
+            engine, deployment, engine_role=engine_role, kind=kind, since=since, until=until
+        )
+    except q.IncidentQueryError as exc:
+        raise _translate(exc) from exc
+    return [Incident.model_validate(finite(row)) for row in rows]
 
 
 def compare(
@@ -52,9 +70,9 @@ def compare(
     since: datetime | None,
     until: datetime | None,
 ) -> IncidentComparison:
-    result = _query().compare_incidents(
-        engine, deployment, by=by, kind=kind, since=since, until=until
-    )
-    return IncidentComparison.model_validate(
-        {"deployment": deployment, "by": by, "kind": kind, "since": since, "until": until} | result
-    )
+    q = _query()
+    try:
+        result = q.compare_incidents(engine, deployment, by=by, kind=kind, since=since, until=until)
+    except q.IncidentQueryError as exc:
+        raise _translate(exc) from exc
+    return IncidentComparison.model_validate(finite(result))

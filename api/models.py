@@ -80,14 +80,21 @@ class Report(ReportSummary):
     )
 
 
-class Incident(_Out):
+class _Passthrough(_Out):
+    """Shapes computed by the evaluator: keys it adds later pass through unchanged."""
+
+    model_config = ConfigDict(frozen=True, extra="allow")
+
+
+class Incident(_Passthrough):
     id: int
     deployment: str
-    engine: str
+    engine: str = Field(description="engine id, e.g. `trtllm@candidate`")
     role: str | None = Field(description="incumbent, candidate or replay, when known")
     kind: str = Field(description="crash, version_change, leak, error_burst or hang")
     started_at: datetime
     ended_at: datetime | None
+    duration_s: float | None
     evidence: dict[str, Any]
     detected_at: datetime | None
 
@@ -101,24 +108,68 @@ class IncidentList(_Out):
     items: list[Incident]
 
 
-class IncidentComparison(_Out):
-    """Incident counts per day or week per engine role, and the candidate / incumbent rate
-    ratio with its exact interval: the figures `shadow-ab incidents --compare` prints."""
+UNBOUNDED = " Null when infinite or undefined (JSON has no infinity)."
 
-    model_config = ConfigDict(frozen=True, extra="allow")
+
+class RateInterval(_Passthrough):
+    low: float | None
+    high: float | None = Field(description="upper bound." + UNBOUNDED)
+    level: float
+
+
+class RateComparison(_Passthrough):
+    """Candidate (x1 incidents over t1 observed days) against incumbent (x2 over t2): exact
+    conditional binomial test and interval of the rate ratio."""
+
+    x1: int
+    t1: float
+    x2: int
+    t2: float
+    rate1: float
+    rate2: float
+    ratio: float | None = Field(description="rate1 / rate2." + UNBOUNDED)
+    interval: RateInterval
+    p_value: float
+    method: str
+
+
+class RoleIncidents(_Passthrough):
+    engines: list[str]
+    count: int
+    counts: dict[str, int] = Field(description="per kind")
+    exposure_days: float = Field(description="days the role was observed")
+    rate_per_day: float | None
+
+
+class BucketRole(_Passthrough):
+    counts: dict[str, int] = Field(description="per kind")
+    total: int
+    exposure_days: float
+    rate_per_day: float | None
+
+
+class IncidentBucket(_Passthrough):
+    bucket: str = Field(description="2026-11-30 or 2026-W49")
+    start: datetime
+    incumbent: BucketRole
+    candidate: BucketRole
+    comparison: RateComparison | None
+
+
+class IncidentComparison(_Passthrough):
+    """Incident counts per day or ISO week per role, rates per observed day, and the exact
+    candidate / incumbent rate comparison: what `shadow-ab incidents` shows, from
+    `evaluator.incidents_query.compare_incidents`."""
 
     deployment: str
     by: Literal["day", "week"]
     kind: str | None
-    since: datetime | None
-    until: datetime | None
-    buckets: list[dict[str, Any]] = Field(description="one row per day/week: counts per role")
-    counts: dict[str, int] = Field(description="total incidents per role")
-    exposure_days: dict[str, float] = Field(description="days observed per role")
-    rates: dict[str, float | None] = Field(description="incidents per day per role")
-    rate_ratio: float | None = Field(description="candidate rate / incumbent rate")
-    interval: dict[str, float] | None = Field(description="exact conditional-binomial interval")
-    p_value: float | None
+    kinds: list[str]
+    since: datetime
+    until: datetime
+    roles: dict[str, RoleIncidents]
+    comparison: RateComparison | None
+    buckets: list[IncidentBucket]
 
 
 class Timings(_Out):

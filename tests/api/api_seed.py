@@ -195,7 +195,7 @@ def seed(engine: Engine) -> None:
                     "kind": kind,
                     "started_at": start,
                     "ended_at": start + timedelta(minutes=5),
-                    "evidence": {"note": f"{kind} of {eng}"},
+                    "evidence": {"role": eng.split("@")[1], "note": f"{kind} of {eng}"},
                 }
                 for eng, kind, start in INCIDENTS
             ],
