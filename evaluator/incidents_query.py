@@ -73,7 +73,7 @@ def known_deployments(engine: Engine) -> list[str]:
         return [r[0] for r in conn.execute(select(DEPLOYMENTS.c.name).order_by(DEPLOYMENTS.c.name))]
 
 
-def _check_deployment(engine: Engine, deployment: str) -> None:
+def check_deployment(engine: Engine, deployment: str) -> None:
     with translate(), engine.connect() as conn:
         found = conn.execute(
             select(DEPLOYMENTS.c.name).where(DEPLOYMENTS.c.name == deployment)
@@ -125,7 +125,7 @@ def query_incidents(
     if kind is not None and kind not in KINDS:
         raise BadQuery(f"unknown incident kind {kind!r}: use one of {', '.join(KINDS)}")
     since, until = _utc(since, "since"), _utc(until, "until")
-    _check_deployment(engine, deployment)
+    check_deployment(engine, deployment)
     c = INCIDENTS.c
     q = select(INCIDENTS).where(c.deployment == deployment)
     if kind is not None:
@@ -141,7 +141,7 @@ def query_incidents(
     return rows
 
 
-def _data_span(engine: Engine, deployment: str) -> tuple[datetime, datetime] | None:
+def data_span(engine: Engine, deployment: str) -> tuple[datetime, datetime] | None:
     """First and last moment of the deployment's health samples, exchanges and incidents."""
     firsts, lasts = [], []
     with translate(), engine.connect() as conn:
@@ -245,7 +245,7 @@ def compare_incidents(
     rows = query_incidents(engine, deployment, kind=kind, since=since, until=until)
     since_u, until_u = _utc(since, "since"), _utc(until, "until")
     if since_u is None or until_u is None:
-        span = _data_span(engine, deployment)
+        span = data_span(engine, deployment)
         if span is None:
             span = (since_u or datetime.now(UTC), until_u or datetime.now(UTC))
         since_u = since_u or span[0]

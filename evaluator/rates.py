@@ -58,6 +58,7 @@ class RateComparison:
         return self.x2 / self.t2
 
     def to_dict(self) -> dict[str, Any]:
+        """Strict JSON: an infinite ratio or upper bound is null (``unbounded`` says which)."""
         return {
             "x1": self.x1,
             "t1": self.t1,
@@ -65,11 +66,21 @@ class RateComparison:
             "t2": self.t2,
             "rate1": self.rate1,
             "rate2": self.rate2,
-            "ratio": self.ratio,
-            "interval": self.interval.to_dict(),
+            "ratio": finite_or_none(self.ratio),
+            "interval": {
+                "low": finite_or_none(self.interval.low),
+                "high": finite_or_none(self.interval.high),
+                "level": self.interval.level,
+            },
+            "unbounded": self.ratio is not None and math.isinf(self.ratio),
             "p_value": self.p_value,
             "method": "exact conditional binomial (Clopper-Pearson)",
         }
+
+
+def finite_or_none(x: float | None) -> float | None:
+    """``x``, or None when it is None, infinite or NaN (strict JSON has no such numbers)."""
+    return x if x is not None and math.isfinite(x) else None
 
 
 def _check(x: int, t: float, name: str) -> None:
