@@ -1,30 +1,75 @@
-"""The Kafka sink: records to Kafka without ever blocking the mirror (first version).
+"""The Kafka sink: records to Kafka without ever blocking the mirror, spooled while Kafka is away.
+
+:meth:`KafkaSink.submit` (called on the mirror's request path) only appends the record to a
+bounded in-memory queue -- when the queue is full the record is dropped and counted. One
+background thread does the rest:
+
+- **direct**: while Kafka answers and the spool is empty, each record is encoded
+  (``record.to_json()``; key = ``pair_id`` for exchanges, ``engine`` for health samples) and
+  handed to a kafka-python ``KafkaProducer`` (acks=all, idempotent, ``linger_ms`` batching,
+  ``max_block_ms`` small). Send futures are resolved with callbacks, which only queue the
+  outcome for the thread; at most ``max_in_flight`` records are unacknowledged at once.
+- **spooling**: when a send fails (the broker is unreachable, a delivery timed out, the producer
+  cannot even be built), Kafka is marked away and every record -- the failed ones and all new
+  ones -- goes to the on-disk spool (:mod:`mirror.spool`, bounded by bytes; a full spool drops
+  and counts). New records keep going to the spool while it holds anything, so spooled records
+  are sent before newer ones.
+- **draining**: after ``retry_backoff_s`` (doubling up to ``retry_backoff_max_s`` while Kafka
+  stays away) one spooled record is sent as a probe; once Kafka acknowledges it, the spool is
+  drained in order with up to ``max_in_flight`` records outstanding. A spooled record is deleted
+  only after Kafka acknowledged it (and every record before it); on a failure the unacked ones
+  are sent again. Delivery is at least once: the ingester is idempotent on (pair_id, role,
+  sent_at) and on (engine, ts).
+- :meth:`KafkaSink.close` sends what is queued (to Kafka, or to the spool), waits for the
+  producer's acknowledgements until its timeout, and closes the spool; records still spooled
+  are sent by the next process started on the same ``spool_dir``.
+
+The mirror in Kafka mode cannot reach the store's ``drops`` table, so drops are counted in
+``shadow_ab_mirror_records_dropped_total`` (reasons: ``queue_full``, ``closed``, ``spool_full``,
+``encode_error``, ``spool_corrupt``) and summarised in a warning log at most every 10 s.
 
 Errors::
 
-    KafkaSinkError              the sink could not be started (bad configuration)
+    KafkaSinkError                  the sink cannot start (its spool folder is unusable)
 """
 
 from __future__ import annotations
 
 import logging
-import queue
+import socket
+import struct
 import threading
 import time
+from collections import Counter, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from mirror.metrics import RECORDS, RECORDS_DROPPED, SINK_ERRORS
-from shadow_ab.records import TOPIC_EXCHANGES, TOPIC_HEALTH, ExchangeRecord, Record
+from mirror.spool import Spool, SpoolError
+from shadow_ab.records import TOPIC_EXCHANGES, TOPIC_HEALTH, ExchangeRecord, HealthSample, Record
 from shadow_ab.settings import state_dir
 
 log = logging.getLogger(__name__)
 
+SINK = "kafka"
+# Drop reasons (label values of shadow_ab_mirror_records_dropped_total).
+QUEUE_FULL = "queue_full"
+CLOSED = "closed"
+SPOOL_FULL = "spool_full"
+ENCODE_ERROR = "encode_error"
+SPOOL_CORRUPT = "spool_corrupt"
+DROP_LOG_INTERVAL_S = 10.0
+
+_FRAME = struct.Struct("<HH")
+
 
 class KafkaSinkError(Exception):
-    """The Kafka sink could not be started."""
+    """The Kafka sink cannot start."""
 
 
 def _default_spool_dir() -> Path:
@@ -40,84 +85,535 @@ class KafkaSinkConfig(BaseModel):
     topic_exchanges: str = Field(default=TOPIC_EXCHANGES, min_length=1)
     topic_health: str = Field(default=TOPIC_HEALTH, min_length=1)
     client_id: str = Field(default="shadow-ab-mirror", min_length=1)
-    spool_dir: Path = Field(default_factory=_default_spool_dir)
+    spool_dir: Path = Field(
+        default_factory=_default_spool_dir,
+        description="spool folder (one per mirror process; survives restarts)",
+    )
     spool_max_bytes: int = Field(default=1024**3, ge=1024, description="on-disk spool bound")
-    spool_segment_bytes: int = Field(default=16 * 1024**2, ge=1024)
+    spool_segment_bytes: int = Field(default=16 * 1024**2, ge=1024, description="segment size")
+    spool_fsync: bool = Field(default=False, description="fsync every spooled record")
     queue_max: int = Field(default=50_000, ge=1, description="records held in memory")
-    linger_ms: int = Field(default=5, ge=0)
+    linger_ms: int = Field(default=5, ge=0, description="producer batching delay")
     batch_size: int = Field(default=256 * 1024, ge=1024, description="producer batch bytes")
-    max_in_flight: int = Field(default=5_000, ge=1, description="records sent, not yet acked")
+    compression_type: str | None = Field(default=None, description="gzip, lz4, zstd or none")
+    max_in_flight: int = Field(
+        default=10_000, ge=1, description="records sent and not yet acknowledged, at most"
+    )
     request_timeout_ms: int = Field(default=5_000, ge=100)
-    delivery_timeout_ms: int = Field(default=15_000, ge=1000)
-    max_block_ms: int = Field(default=200, ge=1)
-    retry_backoff_s: float = Field(default=1.0, gt=0, description="wait before re-trying Kafka")
+    delivery_timeout_ms: int = Field(
+        default=15_000, ge=200, description="a record not acknowledged by then is spooled"
+    )
+    max_block_ms: int = Field(default=200, ge=1, description="longest a send may wait")
+    bootstrap_timeout_ms: int = Field(default=2_000, ge=100, description="producer start")
+    reconnect_backoff_max_ms: int = Field(default=1_000, ge=50)
+    retry_backoff_s: float = Field(default=1.0, gt=0, description="first wait to retry Kafka")
+    retry_backoff_max_s: float = Field(default=10.0, gt=0, description="longest wait")
+
+    @model_validator(mode="after")
+    def _timeouts(self) -> KafkaSinkConfig:
+        if self.delivery_timeout_ms < self.linger_ms + self.request_timeout_ms:
+            raise ValueError(
+                f"kafka delivery_timeout_ms ({self.delivery_timeout_ms}) must be at least"
+                f" linger_ms + request_timeout_ms ({self.linger_ms + self.request_timeout_ms})"
+            )
+        return self
+
+
+@dataclass
+class KafkaSinkStats:
+    """Counts of one sink since it started."""
+
+    submitted: int = 0
+    sent: int = 0
+    """Records Kafka acknowledged (direct or from the spool)."""
+    spooled: int = 0
+    """Records written to the spool (a record may be spooled once per failed send)."""
+    from_spool: int = 0
+    """Spooled records Kafka acknowledged."""
+    errors: int = 0
+    dropped: Counter[str] = field(default_factory=Counter)
+
+
+def encode_frame(topic: str, key: bytes, value: bytes) -> bytes:
+    """A spool payload: topic and key lengths, then topic, key and value."""
+    t = topic.encode()
+    return _FRAME.pack(len(t), len(key)) + t + key + value
+
+
+def decode_frame(payload: bytes) -> tuple[str, bytes, bytes]:
+    tlen, klen = _FRAME.unpack_from(payload)
+    start = _FRAME.size
+    if start + tlen + klen > len(payload):
+        raise ValueError("spool payload shorter than its header says")
+    topic = payload[start : start + tlen].decode()
+    key = payload[start + tlen : start + tlen + klen]
+    return topic, key, payload[start + tlen + klen :]
+
+
+def any_reachable(bootstrap: str, timeout_s: float) -> bool:
+    """Whether any of the HOST:PORT bootstrap servers accepts a TCP connection."""
+    for part in bootstrap.split(","):
+        host, _, port = part.strip().rpartition(":")
+        try:
+            with socket.create_connection((host, int(port)), timeout=timeout_s):
+                return True
+        except (OSError, ValueError):
+            continue
+    return False
+
+
+def make_producer(config: KafkaSinkConfig) -> Any:
+    """A kafka-python producer as the sink wants it (raises kafka's errors when unreachable)."""
+    from kafka import KafkaProducer
+    from kafka.errors import KafkaTimeoutError
+
+    # kafka-python leaks its client's sockets when a producer cannot bootstrap: check first.
+    if not any_reachable(config.bootstrap, config.bootstrap_timeout_ms / 1000):
+        raise ConnectionError(f"no Kafka broker accepts connections at {config.bootstrap}")
+    producer = KafkaProducer(
+        bootstrap_servers=config.bootstrap,
+        client_id=config.client_id,
+        acks="all",
+        enable_idempotence=True,
+        linger_ms=config.linger_ms,
+        batch_size=config.batch_size,
+        compression_type=config.compression_type,
+        max_block_ms=config.max_block_ms,
+        request_timeout_ms=config.request_timeout_ms,
+        delivery_timeout_ms=config.delivery_timeout_ms,
+        bootstrap_timeout_ms=config.bootstrap_timeout_ms,
+        reconnect_backoff_max_ms=config.reconnect_backoff_max_ms,
+    )
+    # Fetch the topics' metadata now, so the first sends do not wait for it (a send waits at
+    # most max_block_ms, then the record takes the detour through the spool).
+    deadline = time.monotonic() + config.bootstrap_timeout_ms / 1000
+    for topic in (config.topic_exchanges, config.topic_health):
+        while True:
+            try:
+                producer.partitions_for(topic)
+                break
+            except KafkaTimeoutError:
+                if time.monotonic() >= deadline:
+                    log.warning("no metadata for Kafka topic %s yet (does it exist?)", topic)
+                    break
+    return producer
+
+
+# What the producer's callbacks report to the thread: (what, spool generation, number, error)
+_Outcome = tuple[str, int, int, BaseException | None]
 
 
 class KafkaSink:
-    """Records to Kafka from a background thread; ``submit`` never blocks."""
+    """Records to Kafka from a background thread, through an on-disk spool while Kafka is away.
 
-    def __init__(self, config: KafkaSinkConfig, *, producer: Any = None) -> None:
+    ``producer_factory`` builds the kafka-python producer (default :func:`make_producer`); it is
+    called on the sink's thread, again after a failure to build one.
+    """
+
+    def __init__(
+        self,
+        config: KafkaSinkConfig,
+        *,
+        producer_factory: Callable[[KafkaSinkConfig], Any] = make_producer,
+        clock: Callable[[], float] = time.monotonic,
+        poll_s: float = 0.05,
+    ) -> None:
         self.config = config
-        self._queue: queue.Queue[Record | None] = queue.Queue(maxsize=config.queue_max)
-        self._producer = producer
-        self._closed = False
+        self._factory = producer_factory
+        self._clock = clock
+        self._poll_s = poll_s
+        try:
+            self.spool = Spool(
+                config.spool_dir,
+                max_bytes=config.spool_max_bytes,
+                segment_bytes=config.spool_segment_bytes,
+                fsync=config.spool_fsync,
+                clock=clock,
+            )
+        except (SpoolError, OSError) as exc:
+            raise KafkaSinkError(
+                f"cannot use the spool folder {config.spool_dir}: {exc}; set kafka.spool_dir"
+                " to a writable folder"
+            ) from exc
+
+        self._cond = threading.Condition()
+        self._queue: deque[Record] = deque()
+        self._outcomes: deque[_Outcome] = deque()
+        self._closing = False
+        self._deadline = 0.0
+        self._stats = KafkaSinkStats()
+        self._dropped_logged: Counter[str] = Counter()
+        self._drops_logged_at = clock()
+        # Owned by the thread (read elsewhere only as hints):
+        self._producer: Any = None
+        self._kafka_ok = True
+        self._retry_at = 0.0
+        self._backoff = config.retry_backoff_s
+        self._gen = 0  # spool generation: bumped by every rewind
+        self._inflight_direct = 0
+        self._inflight_spool = 0
+        self._direct_frames: dict[int, bytes] = {}  # unacknowledged direct sends, by number
+        self._direct_seq = 0
+        self._closed_ok = False
         self._thread = threading.Thread(target=self._run, name="shadow-ab-kafka-sink", daemon=True)
         self._thread.start()
 
+    # -- request path -------------------------------------------------------------------------
+
     def submit(self, record: Record) -> bool:
-        if self._closed:
-            RECORDS_DROPPED.labels(reason="closed").inc()
-            return False
-        try:
-            self._queue.put_nowait(record)
-        except queue.Full:
-            RECORDS_DROPPED.labels(reason="queue_full").inc()
-            return False
-        RECORDS.labels(sink="kafka", kind=record.kind).inc()
+        """Queue ``record`` for Kafka; False (and counted) when it had to be dropped."""
+        with self._cond:
+            if self._closing:
+                self._drop(CLOSED)
+                return False
+            if len(self._queue) >= self.config.queue_max:
+                self._drop(QUEUE_FULL)
+                return False
+            if not self._queue:
+                self._cond.notify()
+            self._queue.append(record)
+            self._stats.submitted += 1
+        RECORDS.labels(sink=SINK, kind=record.kind).inc()
         return True
 
+    # -- control ------------------------------------------------------------------------------
+
     def flush(self, timeout: float = 30.0) -> bool:
+        """Wait until everything submitted so far was acknowledged by Kafka; False when records
+        are still queued, in flight or spooled after ``timeout`` seconds."""
         end = time.monotonic() + timeout
-        while self._queue.unfinished_tasks and time.monotonic() < end:
-            time.sleep(0.01)
-        if self._producer is not None:
-            self._producer.flush(max(0.0, end - time.monotonic()))
-        return self._queue.unfinished_tasks == 0
+        while True:
+            if self._idle():
+                return True
+            if time.monotonic() >= end or not self._thread.is_alive():
+                return False
+            with self._cond:
+                self._cond.notify()
+                self._cond.wait(self._poll_s)
 
     def close(self, timeout: float = 30.0) -> bool:
-        ok = self.flush(timeout)
-        self._closed = True
-        self._queue.put(None)
-        self._thread.join(timeout)
-        if self._producer is not None:
-            self._producer.close(timeout=1)
-        return ok
+        """Stop accepting records, send what is queued (to Kafka or the spool), wait up to
+        ``timeout`` seconds for Kafka's acknowledgements and close the spool. True when every
+        accepted record is acknowledged or safely in the spool."""
+        with self._cond:
+            if not self._closing:
+                self._closing = True
+                self._deadline = time.monotonic() + timeout
+            self._cond.notify_all()
+        self._thread.join(timeout + 10.0)
+        return not self._thread.is_alive() and self._closed_ok
+
+    def stats(self) -> KafkaSinkStats:
+        with self._cond:
+            s = self._stats
+            return KafkaSinkStats(
+                submitted=s.submitted,
+                sent=s.sent,
+                spooled=s.spooled,
+                from_spool=s.from_spool,
+                errors=s.errors,
+                dropped=Counter(s.dropped),
+            )
+
+    @property
+    def kafka_ok(self) -> bool:
+        """Whether the last send went through (False while records go to the spool)."""
+        return self._kafka_ok
+
+    def __enter__(self) -> KafkaSink:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # -- helpers shared with the thread -------------------------------------------------------
+
+    def _idle(self) -> bool:
+        with self._cond:
+            busy = self._queue or self._outcomes or self._inflight_direct or self._inflight_spool
+        return not busy and len(self.spool) == 0
+
+    def _drop(self, reason: str, n: int = 1) -> None:
+        """Count dropped records (caller holds the lock)."""
+        self._stats.dropped[reason] += n
+        RECORDS_DROPPED.labels(reason=reason).inc(n)
+
+    def _count_drop(self, reason: str, n: int = 1) -> None:
+        with self._cond:
+            self._drop(reason, n)
+
+    def _error(self, kind: str) -> None:
+        with self._cond:
+            self._stats.errors += 1
+        SINK_ERRORS.labels(sink=SINK, error=kind).inc()
+
+    def _report(self, outcome: _Outcome) -> None:
+        """Called by the producer's I/O thread: hand the outcome to the sink's thread."""
+        with self._cond:
+            self._outcomes.append(outcome)
+            self._cond.notify()
+
+    # -- the thread ---------------------------------------------------------------------------
 
     def _run(self) -> None:
-        from kafka import KafkaProducer
+        try:
+            self._ensure_producer()
+            while True:
+                with self._cond:
+                    if not (self._queue or self._outcomes or self._closing):
+                        self._cond.wait(self._poll_s)
+                    records = [self._queue.popleft() for _ in range(min(len(self._queue), 1000))]
+                    outcomes = list(self._outcomes)
+                    self._outcomes.clear()
+                    closing = self._closing and not self._queue
+                self._handle(outcomes)
+                for rec in records:
+                    self._route(rec)
+                self._drain()
+                self._log_drops()
+                if closing:
+                    self._finish()
+                    return
+        except Exception:
+            log.exception("the Kafka sink's thread failed; records are no longer sent")
+            self._finish_after_crash()
 
-        while True:
-            rec = self._queue.get()
-            if rec is None:
-                self._queue.task_done()
+    def _ensure_producer(self) -> bool:
+        if self._producer is not None:
+            return True
+        try:
+            self._producer = self._factory(self.config)
+        except Exception as exc:
+            self._error("connect_failed")
+            self._mark_down(f"cannot connect to Kafka at {self.config.bootstrap}: {exc}")
+            return False
+        return True
+
+    def _mark_down(self, why: str, *, probe: bool = True) -> None:
+        """Kafka is away: records go to the spool; try again after the backoff."""
+        now = self._clock()
+        if self._kafka_ok:
+            log.warning("Kafka unreachable, spooling records to %s: %s", self.spool.directory, why)
+            self._kafka_ok = False
+            self._backoff = self.config.retry_backoff_s
+            self._retry_at = now + self._backoff
+        elif probe:
+            self._backoff = min(self._backoff * 2, self.config.retry_backoff_max_s)
+            self._retry_at = now + self._backoff
+
+    def _mark_up(self) -> None:
+        if not self._kafka_ok:
+            log.warning("Kafka is back: sending %d spooled records", len(self.spool))
+            self._kafka_ok = True
+            self._backoff = self.config.retry_backoff_s
+
+    def _encode(self, rec: Record) -> bytes | None:
+        try:
+            if isinstance(rec, ExchangeRecord):
+                topic, key = self.config.topic_exchanges, str(rec.pair_id).encode()
+            elif isinstance(rec, HealthSample):
+                topic, key = self.config.topic_health, rec.engine.encode()
+            else:
+                raise TypeError(f"not a record: {type(rec).__name__}")
+            return encode_frame(topic, key, rec.to_json())
+        except Exception as exc:
+            log.error("cannot encode a record, dropping it: %s", exc)
+            self._count_drop(ENCODE_ERROR)
+            return None
+
+    def _route(self, rec: Record) -> None:
+        frame = self._encode(rec)
+        if frame is None:
+            return
+        direct = (
+            self._kafka_ok
+            and self._producer is not None
+            and self._inflight_direct < self.config.max_in_flight
+            and len(self.spool) == 0
+        )
+        if direct:
+            self._direct_seq += 1
+            if self._send(frame, "direct", 0, self._direct_seq):
+                self._direct_frames[self._direct_seq] = frame
                 return
-            try:
-                if self._producer is None:
-                    self._producer = KafkaProducer(
-                        bootstrap_servers=self.config.bootstrap,
-                        client_id=self.config.client_id,
-                        acks="all",
-                        enable_idempotence=True,
-                        linger_ms=self.config.linger_ms,
-                    )
-                if isinstance(rec, ExchangeRecord):
-                    topic, key = self.config.topic_exchanges, str(rec.pair_id)
+        self._to_spool(frame)
+
+    def _to_spool(self, frame: bytes) -> None:
+        if self.spool.append(frame):
+            with self._cond:
+                self._stats.spooled += 1
+        else:
+            self._count_drop(SPOOL_FULL)
+
+    def _send(self, frame: bytes, origin: str, gen: int, entry_id: int) -> bool:
+        """Hand one frame to the producer; False when the producer refused it synchronously."""
+        topic, key, value = decode_frame(frame)
+        try:
+            future = self._producer.send(topic, key=key, value=value)
+        except Exception as exc:
+            self._error(type(exc).__name__)
+            self._mark_down(f"send failed: {exc}", probe=origin == "spool")
+            return False
+        with self._cond:
+            if origin == "direct":
+                self._inflight_direct += 1
+            else:
+                self._inflight_spool += 1
+        future.add_callback(lambda _md: self._report((origin + "_ok", gen, entry_id, None)))
+        future.add_errback(lambda exc: self._report((origin + "_fail", gen, entry_id, exc)))
+        return True
+
+    def _handle(self, outcomes: list[_Outcome]) -> None:
+        for what, gen, entry_id, exc in outcomes:
+            with self._cond:
+                if what.startswith("direct"):
+                    self._inflight_direct -= 1
                 else:
-                    topic, key = self.config.topic_health, rec.engine
-                self._producer.send(topic, key=key.encode(), value=rec.to_json())
-            except Exception as exc:
-                SINK_ERRORS.labels(sink="kafka", error=type(exc).__name__).inc()
-                RECORDS_DROPPED.labels(reason="send_failed").inc()
-                log.warning("kafka sink dropped a record: %s", exc)
-            finally:
-                self._queue.task_done()
+                    self._inflight_spool -= 1
+                if what.endswith("_ok"):
+                    self._stats.sent += 1
+                    if what == "spool_ok":
+                        self._stats.from_spool += 1
+            if what == "direct_ok":
+                self._direct_frames.pop(entry_id, None)
+                self._mark_up()
+            elif what == "direct_fail":
+                self._error(type(exc).__name__)
+                self._mark_down(f"delivery failed: {exc}", probe=False)
+                failed = self._direct_frames.pop(entry_id, None)
+                if failed is not None:
+                    self._to_spool(failed)
+            elif what == "spool_ok":
+                self._mark_up()
+                if gen == self._gen:
+                    self.spool.ack(entry_id)
+            elif what == "spool_fail" and gen == self._gen:
+                self._error(type(exc).__name__)
+                self._mark_down(f"delivery from the spool failed: {exc}")
+                self._rewind()
+
+    def _rewind(self) -> None:
+        self.spool.rewind()
+        self._gen += 1
+
+    def _drain(self) -> None:
+        if self.spool.unread() == 0:
+            return
+        if not self._kafka_ok:
+            if self._clock() < self._retry_at or self._inflight_spool > 0:
+                return
+            if not self._ensure_producer():
+                return
+            limit = 1  # a probe: is Kafka back?
+        else:
+            if not self._ensure_producer():
+                return
+            limit = min(1000, self.config.max_in_flight - self._inflight_spool)
+        if limit <= 0:
+            return
+        for entry in self.spool.read(limit):
+            try:
+                decode_frame(entry.payload)
+            except (ValueError, struct.error, UnicodeDecodeError):
+                log.error("a spooled record is malformed; dropping it")
+                self._count_drop(SPOOL_CORRUPT)
+                self.spool.ack(entry.id)
+                continue
+            if not self._send(entry.payload, "spool", self._gen, entry.id):
+                self._rewind()
+                return
+
+    def _log_drops(self) -> None:
+        now = self._clock()
+        if now - self._drops_logged_at < DROP_LOG_INTERVAL_S:
+            return
+        self._drops_logged_at = now
+        with self._cond:
+            new = self._stats.dropped - self._dropped_logged
+            self._dropped_logged = Counter(self._stats.dropped)
+        if new:
+            detail = ", ".join(f"{n} {reason}" for reason, n in sorted(new.items()))
+            log.warning(
+                "Kafka sink dropped records in the last %.0fs: %s", DROP_LOG_INTERVAL_S, detail
+            )
+
+    # -- shutting down ------------------------------------------------------------------------
+
+    def _finish(self) -> None:
+        """Everything queued is routed: wait for acknowledgements (and drain the spool while
+        Kafka answers) until the deadline, then close the producer and the spool."""
+        while time.monotonic() < self._deadline:
+            with self._cond:
+                outcomes = list(self._outcomes)
+                self._outcomes.clear()
+                waiting = self._inflight_direct + self._inflight_spool
+            self._handle(outcomes)
+            if not outcomes and waiting == 0 and (len(self.spool) == 0 or not self._kafka_ok):
+                break
+            self._drain()
+            with self._cond:
+                if not self._outcomes:
+                    self._cond.wait(self._poll_s)
+        # Direct sends still unacknowledged go to the spool: they may reach Kafka as well (at
+        # least once), but are never lost.
+        unacked = list(self._direct_frames.values())
+        self._direct_frames.clear()
+        for frame in unacked:
+            self._to_spool(frame)
+        if unacked:
+            log.warning("Kafka sink closing: %d unacknowledged records spooled", len(unacked))
+        if self._producer is not None:
+            _close_producer(self._producer, max(0.0, self._deadline - time.monotonic()))
+            self._producer = None
+        with self._cond:
+            lost = sum(self._stats.dropped[r] for r in (SPOOL_FULL, ENCODE_ERROR, SPOOL_CORRUPT))
+        self._closed_ok = lost == 0
+        self._log_drops_now()
+        self.spool.close()
+        left = len(self.spool)
+        if left:
+            log.warning(
+                "Kafka sink closed with %d records in the spool %s; the next mirror process on"
+                " that folder sends them",
+                left,
+                self.spool.directory,
+            )
+
+    def _log_drops_now(self) -> None:
+        self._drops_logged_at = -DROP_LOG_INTERVAL_S * 2
+        self._log_drops()
+
+    def _finish_after_crash(self) -> None:
+        with self._cond:
+            self._closing = True
+            left = list(self._queue)
+            self._queue.clear()
+        frames = list(self._direct_frames.values())
+        self._direct_frames.clear()
+        frames += [f for f in map(self._encode, left) if f is not None]
+        for frame in frames:
+            self._to_spool(frame)
+        self.spool.close()
+
+
+def _close_producer(producer: Any, timeout: float) -> None:
+    """Close a kafka-python producer within ``timeout`` even when sends are pending.
+
+    ``KafkaProducer.close(t)`` first flushes and raises KafkaTimeoutError when that does not
+    finish in ``t``, leaving the producer open; then its sender thread is force-closed (the
+    pending records were spooled by the caller).
+    """
+    try:
+        producer.close(timeout=min(timeout, 5.0))
+        return
+    except Exception as exc:
+        log.info("Kafka producer did not flush before closing (%s); force-closing it", exc)
+    sender = getattr(producer, "_sender", None)  # no public force-close in kafka-python 3
+    if sender is not None:
+        sender.force_close()
+        sender.join(1.0)

@@ -1,0 +1,258 @@
+"""The Kafka sink against the shared local broker (never stopped here: an unreachable broker is
+a closed port; the real outage test is test_mirror_kafka_outage.py with a private broker)."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mirror.kafka_sink import (
+    KafkaSink,
+    KafkaSinkConfig,
+    KafkaSinkError,
+    decode_frame,
+    encode_frame,
+    make_producer,
+)
+from mirror.spool import Spool
+from shadow_ab.records import (
+    Endpoint,
+    ExchangeRecord,
+    HealthSample,
+    Role,
+    Status,
+    parse_record,
+)
+from shadow_ab.topics import TopicSpec, delete_topics, ensure_topics
+
+BASE = datetime(2026, 11, 30, 6, 0, tzinfo=UTC)
+
+
+def exchange(i: int, deployment: str = "sink-test") -> ExchangeRecord:
+    return ExchangeRecord(
+        deployment=deployment,
+        pair_id=uuid.uuid5(uuid.NAMESPACE_URL, f"{deployment}/{i}"),
+        role=Role.INCUMBENT,
+        engine="vllm@incumbent",
+        endpoint=Endpoint.CHAT,
+        stream=True,
+        sent_at=BASE + timedelta(milliseconds=i),
+        status=Status.OK,
+        output_text=f"answer {i}",
+    )
+
+
+def health(i: int, deployment: str = "sink-test") -> HealthSample:
+    return HealthSample(
+        deployment=deployment,
+        engine="trtllm@candidate",
+        role=Role.CANDIDATE,
+        ts=BASE + timedelta(seconds=i),
+        up=True,
+    )
+
+
+@dataclass(frozen=True)
+class Topics:
+    exchanges: str
+    health: str
+
+
+@pytest.fixture
+def topics(kafka_bootstrap: str) -> Iterator[Topics]:
+    tag = uuid.uuid4().hex[:10]
+    t = Topics(f"mirror-sink-{tag}.exchanges", f"mirror-sink-{tag}.health")
+    ensure_topics(kafka_bootstrap, [TopicSpec(t.exchanges, 3), TopicSpec(t.health, 1)])
+    yield t
+    delete_topics(kafka_bootstrap, [t.exchanges, t.health])
+
+
+def config(bootstrap: str, topics: Topics, spool_dir: Path, **extra: Any) -> KafkaSinkConfig:
+    return KafkaSinkConfig(
+        bootstrap=bootstrap,
+        topic_exchanges=topics.exchanges,
+        topic_health=topics.health,
+        spool_dir=spool_dir,
+        retry_backoff_s=0.2,
+        bootstrap_timeout_ms=1000,
+        **extra,
+    )
+
+
+def consume(bootstrap: str, topic: str, expected: int, timeout_s: float = 60.0) -> list[Any]:
+    """Every message of ``topic`` (from the start) once ``expected`` arrived, plus whatever
+    follows within a short grace period (so duplicates would be seen)."""
+    from kafka import KafkaConsumer
+
+    consumer = KafkaConsumer(
+        topic,
+        bootstrap_servers=bootstrap,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+    )
+    messages: list[Any] = []
+    try:
+        deadline = time.monotonic() + timeout_s
+        grace_until: float | None = None
+        while time.monotonic() < deadline:
+            for batch in consumer.poll(timeout_ms=200).values():
+                messages.extend(batch)
+            if len(messages) >= expected and grace_until is None:
+                grace_until = time.monotonic() + 1.0
+            if grace_until is not None and time.monotonic() >= grace_until:
+                break
+    finally:
+        consumer.close()
+    return messages
+
+
+def closed_port() -> str:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"127.0.0.1:{port}"
+
+
+def test_frame_round_trip() -> None:
+    frame = encode_frame("shadow.exchanges", b"k\x00ey", b'{"a": 1}')
+    assert decode_frame(frame) == ("shadow.exchanges", b"k\x00ey", b'{"a": 1}')
+    with pytest.raises(ValueError):
+        decode_frame(frame[:8])
+
+
+def test_config_rejects_delivery_timeout_below_request_timeout(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="delivery_timeout_ms"):
+        KafkaSinkConfig(
+            bootstrap="x:1", spool_dir=tmp_path, request_timeout_ms=5000, delivery_timeout_ms=1000
+        )
+
+
+def test_unusable_spool_folder_fails_at_start(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    with pytest.raises(KafkaSinkError, match="spool_dir"):
+        KafkaSink(KafkaSinkConfig(bootstrap="x:1", spool_dir=blocker / "spool"))
+
+
+@pytest.mark.services
+def test_records_reach_their_topics_with_their_keys(
+    kafka_bootstrap: str, topics: Topics, tmp_path: Path
+) -> None:
+    sink = KafkaSink(config(kafka_bootstrap, topics, tmp_path / "spool"))
+    records = [exchange(i) for i in range(200)]
+    samples = [health(i) for i in range(5)]
+    for r in records:
+        assert sink.submit(r)
+    for h in samples:
+        assert sink.submit(h)
+    assert sink.flush(60)
+    assert sink.close(10)
+    stats = sink.stats()
+    assert stats.sent == 205
+    assert stats.dropped == {}
+
+    got = consume(kafka_bootstrap, topics.exchanges, 200)
+    assert sorted(m.key for m in got) == sorted(str(r.pair_id).encode() for r in records)
+    assert sorted(m.value for m in got) == sorted(r.to_json() for r in records)
+    got_h = consume(kafka_bootstrap, topics.health, 5)
+    assert [m.key for m in got_h] == [b"trtllm@candidate"] * 5
+    assert [parse_record(m.value) for m in got_h] == samples  # one partition: in order
+
+
+@pytest.mark.services
+def test_unreachable_broker_spools_then_next_process_drains(
+    kafka_bootstrap: str, topics: Topics, tmp_path: Path
+) -> None:
+    spool_dir = tmp_path / "spool"
+    away = KafkaSink(config(closed_port(), topics, spool_dir))
+    records = [exchange(i) for i in range(300)]
+    assert all(away.submit(r) for r in records)
+    assert not away.flush(1.0)  # nothing can be acknowledged
+    assert away.close(10)  # ...but nothing is lost: it is all in the spool
+    assert away.stats().spooled == 300
+    assert away.stats().sent == 0
+
+    # A new mirror process on the same spool folder, Kafka reachable: everything goes out,
+    # spooled records first.
+    back = KafkaSink(config(kafka_bootstrap, topics, spool_dir))
+    later = [exchange(i) for i in range(300, 350)]
+    for r in later:
+        back.submit(r)
+    assert back.flush(60)
+    assert back.close(10)
+    assert back.stats().from_spool >= 300
+    with Spool(spool_dir, max_bytes=10**9, publish_metrics=False) as left:
+        assert len(left) == 0
+
+    got = consume(kafka_bootstrap, topics.exchanges, 350)
+    values = [parse_record(m.value) for m in got]
+    assert len(values) == 350  # none lost, none doubled
+    assert sorted(m.value for m in got) == sorted(r.to_json() for r in records + later)
+    # Within a partition the spooled records come before the newer ones.
+    by_partition: dict[int, list[int]] = {}
+    for m, v in zip(got, values, strict=True):
+        assert isinstance(v, ExchangeRecord) and v.output_text is not None
+        by_partition.setdefault(m.partition, []).append(int(v.output_text.split()[1]))
+    for seq in by_partition.values():
+        first_new = next((k for k, i in enumerate(seq) if i >= 300), len(seq))
+        assert all(i < 300 for i in seq[:first_new])
+        assert all(i >= 300 for i in seq[first_new:])
+
+
+def test_full_queue_drops_and_counts(tmp_path: Path) -> None:
+    release = threading.Event()
+
+    def stuck_factory(_cfg: KafkaSinkConfig) -> Any:
+        release.wait(30)  # the sink's thread is busy: nothing leaves the queue meanwhile
+        raise ConnectionError("no broker here")
+
+    sink = KafkaSink(
+        KafkaSinkConfig(bootstrap="x:1", spool_dir=tmp_path / "spool", queue_max=10),
+        producer_factory=stuck_factory,
+    )
+    results = [sink.submit(exchange(i)) for i in range(15)]
+    assert results == [True] * 10 + [False] * 5
+    assert sink.stats().dropped == {"queue_full": 5}
+    release.set()
+    assert sink.close(5)
+    assert sink.stats().spooled == 10
+    assert not sink.submit(exchange(99))
+    assert sink.stats().dropped["closed"] == 1
+
+
+def test_full_spool_drops_counts_and_close_reports_it(tmp_path: Path) -> None:
+    def no_broker(_cfg: KafkaSinkConfig) -> Any:
+        raise ConnectionError("no broker here")
+
+    sink = KafkaSink(
+        KafkaSinkConfig(bootstrap="x:1", spool_dir=tmp_path / "spool", spool_max_bytes=4096),
+        producer_factory=no_broker,
+    )
+    for i in range(40):  # ~400 bytes each
+        assert sink.submit(exchange(i))
+    assert not sink.close(5)
+    stats = sink.stats()
+    assert stats.spooled + stats.dropped["spool_full"] == 40
+    assert stats.dropped["spool_full"] > 0
+    with Spool(tmp_path / "spool", max_bytes=4096, publish_metrics=False) as left:
+        assert left.size_bytes <= 4096
+
+
+@pytest.mark.services
+def test_make_producer_is_idempotent_acks_all(kafka_bootstrap: str, topics: Topics) -> None:
+    producer = make_producer(KafkaSinkConfig(bootstrap=kafka_bootstrap, spool_dir=Path("unused")))
+    try:
+        assert producer.config["acks"] in (-1, "all")
+        assert producer.config["enable_idempotence"] is True
+    finally:
+        producer.close(timeout=5)
