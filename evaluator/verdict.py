@@ -11,7 +11,8 @@ Per criterion (``op`` ``<=``; ``>=`` mirrors it):
   counts fool a judge). Observed counts (unit ``count``) are exact and judged on their value.
 
 Sparse events: a criterion with ``pass_if_zero`` PASSes when nothing was seen (the value is 0,
-or the ratio has no value because neither engine had an event).
+or the ratio has no value because neither engine had an event: ``n`` 0, or the exact interval
+of 0 vs 0 events, ``0 .. inf``).
 
 Overall: **NO-GO** if any criterion FAILs; else **INCONCLUSIVE** if any is INCONCLUSIVE or the
 window holds fewer pairs or days than the policy asks; else **GO**. Pure functions, no I/O.
@@ -123,7 +124,8 @@ def judge(criterion: Criterion, m: Measurement | None) -> CriterionResult:
         return result(
             Outcome.INCONCLUSIVE, f"no analysis produced {c.key}: nothing to judge {c.text} on"
         )
-    if c.pass_if_zero and (m.value == 0 or (m.value is None and m.n == 0)):
+    no_events = m.value is None and (m.n == 0 or m.interval is None or m.interval.low == 0)
+    if c.pass_if_zero and (m.value == 0 or no_events):
         seen = "no events on either engine" if m.value is None else "none on the candidate"
         return result(Outcome.PASS, f"{seen} in the window ({m.detail or m.key})".rstrip())
     if m.value is None or (isinstance(m.value, float) and math.isnan(m.value)):

@@ -80,6 +80,8 @@ def test_pass_if_zero_for_sparse_events() -> None:
     c = Criterion(key="incidents.crash.rate_ratio", op="<=", threshold=2, pass_if_zero=True)
     none_at_all = Measurement(c.key, None, None, 0, "ratio")
     assert judge(c, none_at_all).outcome is Outcome.PASS
+    zero_vs_zero = Measurement(c.key, None, Interval(0.0, float("inf")), 20000, "ratio")
+    assert judge(c, zero_vs_zero).outcome is Outcome.PASS
     none_on_candidate = Measurement(c.key, 0.0, Interval(0.0, 4.0), 3, "ratio")
     assert judge(c, none_on_candidate).outcome is Outcome.PASS
     strict = Criterion(key=c.key, op="<=", threshold=2)

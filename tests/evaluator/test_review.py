@@ -1,0 +1,204 @@
+"""build_review: the analyses in order, the verdict on their measurements, the stored report
+(SQLite, the embedded default, and PostgreSQL), and errors that say what to do."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from pg_throwaway import PgDatabases
+from review_factories import (
+    T0,
+    analyses,
+    divergence_section,
+    incident_section,
+    latency_section,
+)
+from sqlalchemy import Engine, select, update
+
+from evaluator.policy import default_policy
+from evaluator.render import render
+from evaluator.review import (
+    SIMULATOR_NOTE,
+    EmptyWindow,
+    UnknownDeployment,
+    build_review,
+    jsonable,
+    resolve_window,
+)
+from shadow_ab.records import ExchangeRecord
+from storage.db import make_engine
+from storage.migrate import upgrade
+from storage.models import Deployment, Report
+from storage.write import write_exchanges
+
+DEP = "llama3-trtllm"
+WINDOW = (T0, T0 + timedelta(days=7))
+
+
+def records(n_pairs: int = 20, days: float = 7.0) -> list[ExchangeRecord]:
+    out = []
+    for i in range(n_pairs):
+        sent = T0 + timedelta(days=days * i / max(1, n_pairs - 1)) - timedelta(microseconds=1)
+        sent = max(sent, T0)
+        pair = uuid.uuid4()
+        for role in ("incumbent", "candidate"):
+            out.append(
+                ExchangeRecord(
+                    deployment=DEP,
+                    pair_id=pair,
+                    role=role,
+                    engine=f"e@{role}",
+                    endpoint="chat",
+                    stream=True,
+                    sent_at=sent,
+                    status="ok",
+                    ttft_s=0.04,
+                    e2e_s=0.5,
+                )
+            )
+    return out
+
+
+def _fill(engine: Engine, hardware: str | None = None) -> None:
+    write_exchanges(engine, records())
+    with engine.begin() as conn:
+        conn.execute(
+            update(Deployment)
+            .where(Deployment.name == DEP)
+            .values(incumbent_engine="vllm", candidate_engine="trtllm", hardware=hardware)
+        )
+
+
+@pytest.fixture
+def sqlite_engine(tmp_path: Path) -> Iterator[Engine]:
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    upgrade(url)
+    engine = make_engine(url)
+    yield engine
+    engine.dispose()
+
+
+def test_review_runs_the_analyses_in_order_and_stores_the_report(sqlite_engine: Engine) -> None:
+    _fill(sqlite_engine, hardware="simulated (shadow-ab sim, no GPU)")
+    calls: list[str] = []
+    incidents = incident_section(candidate_crashes=0)
+    incidents.findings = ["crash-1"]
+    progress: list[tuple[str, float]] = []
+    review = build_review(
+        sqlite_engine,
+        DEP,
+        WINDOW,
+        default_policy().with_minimums(min_pairs=10, note="test minimums"),
+        lambda stage, f: progress.append((stage, f)),
+        analyses=analyses(incidents=incidents, calls=calls),
+    )
+    # Incidents first; their restarts become latency's warm-up windows; then divergence.
+    assert calls == ["incidents", "latency warmup=['warmup-after-crash-1']", "divergence"]
+    assert review.data["pairs"] == 20 and review.data["days"] == pytest.approx(7, abs=0.01)
+    assert review.decision == "GO", review.verdict.reason
+    assert SIMULATOR_NOTE in review.notes
+    fractions = [f for _, f in progress]
+    assert fractions == sorted(fractions) and fractions[-1] == pytest.approx(1.0)
+    assert {s for s, _ in progress} >= {"incidents", "latency", "divergence", "render", "store"}
+    assert set(review.timings) >= {"incidents", "latency", "divergence", "render", "store"}
+    with sqlite_engine.connect() as conn:
+        row = conn.execute(select(Report.__table__).where(Report.id == review.report_id)).one()
+    assert row.verdict == "GO" and row.deployment == DEP
+    assert row.body["verdict"]["decision"] == "GO"
+    assert row.body["sections"]["latency"]["plots"]["cdf"]["ttft"]["incumbent"]["values"]
+    assert row.html is not None and "<svg" in row.html and ">GO<" in row.html
+    # The stored body renders again without the database, in every format.
+    assert "Migration review: llama3-trtllm" in render(row.body, "md")
+
+
+def test_a_failing_criterion_is_no_go_with_its_reason(sqlite_engine: Engine) -> None:
+    _fill(sqlite_engine)
+    review = build_review(
+        sqlite_engine,
+        DEP,
+        WINDOW,
+        default_policy().with_minimums(min_pairs=10),
+        analyses=analyses(latency=latency_section(slower_tail=True)),
+        store=False,
+    )
+    assert review.decision == "NO-GO"
+    assert "latency.e2e.spread_ratio" in review.verdict.reason
+    assert review.report_id is None
+    assert SIMULATOR_NOTE not in review.notes
+
+
+def test_thin_data_is_inconclusive(sqlite_engine: Engine) -> None:
+    _fill(sqlite_engine)
+    review = build_review(
+        sqlite_engine, DEP, WINDOW, default_policy(), analyses=analyses(), store=False
+    )
+    assert review.decision == "INCONCLUSIVE"
+    assert "only 20 pairs; the policy asks for 1000" in review.verdict.reason
+
+
+def test_unknown_deployment_lists_the_known_ones(sqlite_engine: Engine) -> None:
+    _fill(sqlite_engine)
+    with pytest.raises(UnknownDeployment, match=f"known deployments: {DEP}"):
+        build_review(sqlite_engine, "nope", WINDOW, default_policy(), analyses=analyses())
+
+
+def test_empty_window_says_so(sqlite_engine: Engine) -> None:
+    _fill(sqlite_engine)
+    later = (T0 + timedelta(days=30), T0 + timedelta(days=31))
+    with pytest.raises(EmptyWindow, match="no mirrored pairs between"):
+        build_review(sqlite_engine, DEP, later, default_policy(), analyses=analyses())
+
+
+def test_default_window_covers_all_the_data(sqlite_engine: Engine) -> None:
+    _fill(sqlite_engine)
+    start, end = resolve_window(sqlite_engine, DEP)
+    assert start == T0 and timedelta(days=6.99) < end - start <= timedelta(days=7, seconds=1)
+    only_incumbent = records(1)[0].model_copy(update={"deployment": "x"})
+    write_exchanges(sqlite_engine, [only_incumbent])
+    with pytest.raises(EmptyWindow, match="no mirrored exchanges yet"):
+        resolve_window(sqlite_engine, "x")
+
+
+def test_jsonable_is_strict_json() -> None:
+    import numpy as np
+
+    body = jsonable({"a": float("nan"), "b": float("inf"), "c": np.float64(1.5), "d": (1, 2)})
+    assert body == {"a": None, "b": "inf", "c": 1.5, "d": [1, 2]}
+
+
+@pytest.mark.services
+def test_report_stored_on_postgresql(pg_databases: PgDatabases) -> None:
+    """jsonb refuses NaN and Infinity: the body (with an infinite interval) still goes in."""
+    name, url = pg_databases.create()
+    try:
+        upgrade(url)
+        engine = make_engine(url)
+        _fill(engine)
+        review = build_review(
+            engine,
+            DEP,
+            WINDOW,
+            default_policy().with_minimums(min_pairs=10),
+            analyses=analyses(
+                incidents=incident_section(candidate_crashes=2),
+                divergence=divergence_section(excess=0.05),
+            ),
+        )
+        assert review.decision == "NO-GO"
+        with engine.connect() as conn:
+            row = conn.execute(select(Report.__table__).where(Report.id == review.report_id)).one()
+        crash = next(
+            r
+            for r in row.body["verdict"]["criteria"]
+            if r["criterion"]["key"] == "incidents.crash.rate_ratio"
+        )
+        assert crash["measurement"]["interval"]["high"] == "inf"
+        assert crash["outcome"] == "INCONCLUSIVE"
+        assert row.html and "NO-GO" in row.html
+        engine.dispose()
+    finally:
+        pg_databases.drop(name)
