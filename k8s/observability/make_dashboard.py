@@ -193,8 +193,7 @@ ROWS: list[tuple[str, list[tuple[str, str, list[tuple[str, str]], str]]]] = [
                         "written {{table}}",
                     ),
                     (
-                        "sum by (table) "
-                        f"(rate(shadow_ab_ingest_duplicates_skipped_total[{RATE}]))",
+                        f"sum by (table) (rate(shadow_ab_ingest_duplicates_skipped_total[{RATE}]))",
                         "duplicates {{table}}",
                     ),
                     (

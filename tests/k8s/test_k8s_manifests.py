@@ -1,0 +1,230 @@
+"""What the rendered manifests promise: the engines share one GPU with an explicit memory split
+and the same model on both sides, Secrets are only referenced, the network is closed, and the
+overlays differ where they should."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import yaml
+from k8s_tools import find
+
+pytestmark = pytest.mark.timeout(900)
+
+Docs = dict[str, list[dict[str, Any]]]
+OVERLAYS = ["dev", "prod"]
+
+
+def _pod(doc: dict[str, Any]) -> dict[str, Any]:
+    if doc["kind"] == "CronJob":
+        return dict(doc["spec"]["jobTemplate"]["spec"]["template"]["spec"])
+    return dict(doc["spec"]["template"]["spec"])
+
+
+def _containers(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [
+        c
+        for d in docs
+        if d["kind"] in ("Deployment", "Job", "CronJob")
+        for c in _pod(d)["containers"]
+    ]
+
+
+def _config_data(docs: list[dict[str, Any]], prefix: str) -> dict[str, str]:
+    matches = [
+        d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].startswith(prefix)
+    ]
+    assert len(matches) == 1, [d["metadata"]["name"] for d in matches]
+    return dict(matches[0]["data"])
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_engines_share_one_gpu_with_an_explicit_split(overlay: str, docs: Docs) -> None:
+    engines = find(docs[overlay], "Deployment", "shadow-ab-engines")
+    pod = _pod(engines)
+    incumbent, candidate = pod["containers"]
+    assert (incumbent["name"], candidate["name"]) == ("incumbent", "candidate")
+    assert incumbent["image"].startswith("vllm/vllm-openai:v")
+    assert candidate["image"].startswith("nvcr.io/nvidia/tensorrt-llm/release:")
+    # Time-slicing: one replica of the same physical GPU per container, on one-GPU nodes.
+    for c in (incumbent, candidate):
+        assert c["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert pod["nodeSelector"]["nvidia.com/gpu.count"] == "1"
+    assert pod["nodeSelector"]["nvidia.com/gpu.replicas"] == "2"
+    assert "--gpu-memory-utilization=0.45" in incumbent["args"]
+    options = _config_data(docs[overlay], "shadow-ab-trtllm-config")
+    extra = yaml.safe_load(options["extra-llm-api-options.yaml"])
+    fraction = extra["kv_cache_config"]["free_gpu_memory_fraction"]
+    assert 0 < fraction < 1
+    # Same model, context length and dtype on both: both read the one ConfigMap.
+    model_cm = {ref["configMapRef"]["name"] for c in (incumbent, candidate) for ref in c["envFrom"]}
+    assert len(model_cm) == 1
+    assert {"--model=$(MODEL)", "--max-model-len=$(MAX_MODEL_LEN)", "--dtype=$(DTYPE)"} <= set(
+        incumbent["args"]
+    )
+    script = options["start-candidate.sh"]
+    for needle in ('"${MODEL}"', '--max_seq_len "${MAX_MODEL_LEN}"', "dtype: ${DTYPE}"):
+        assert needle in script
+    assert "127.0.0.1:8000/health" in script  # starts after the incumbent holds its share
+    model = _config_data(docs[overlay], "shadow-ab-engine-model")
+    assert model["MODEL"] and int(model["MAX_MODEL_LEN"]) >= 2048
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_engine_probes(overlay: str, docs: Docs) -> None:
+    pod = _pod(find(docs[overlay], "Deployment", "shadow-ab-engines"))
+    for c in pod["containers"]:
+        assert c["readinessProbe"]["httpGet"]["path"] == "/health"
+        startup = c["startupProbe"]
+        assert startup["httpGet"]["path"] == "/health"
+        # Model download/load (and engine build) take many minutes: allow at least 20.
+        assert startup["periodSeconds"] * startup["failureThreshold"] >= 20 * 60
+    # A candidate crash must not take the incumbent out of its Service.
+    for name in ("shadow-ab-incumbent", "shadow-ab-candidate"):
+        assert find(docs[overlay], "Service", name)["spec"]["publishNotReadyAddresses"] is True
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_secrets_are_referenced_never_inlined(overlay: str, docs: Docs) -> None:
+    assert not [d for d in docs[overlay] if d["kind"] == "Secret"]
+    for c in _containers(docs[overlay]):
+        for env in c.get("env", []):
+            name = env["name"]
+            if any(w in name for w in ("TOKEN", "PASSWORD", "SECRET")):
+                assert "secretKeyRef" in env.get("valueFrom", {}), name
+            if name == "SHADOW_AB_DATABASE_URL" and "value" in env:
+                # Built from secret-backed variables only (the API's read-only role).
+                assert "$(PGPASSWORD)" in env["value"]
+    cluster = find(docs[overlay], "Cluster", "shadow-ab-pg")
+    creds = cluster["spec"]["backup"]["barmanObjectStore"]["s3Credentials"]
+    assert creds["secretAccessKey"]["name"] == "shadow-ab-pg-backup-s3"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_images_are_pinned(overlay: str, docs: Docs) -> None:
+    for c in _containers(docs[overlay]):
+        image = c["image"]
+        assert ":" in image.rsplit("/", 1)[-1] and not image.endswith(":latest"), image
+
+
+def _peers(policy: dict[str, Any]) -> set[str]:
+    out = set()
+    for rule in policy["spec"]["ingress"]:
+        for peer in rule["from"]:
+            sel = peer.get("podSelector", {})
+            if "component" in str(sel):
+                labels = sel.get("matchLabels", {})
+                if "app.kubernetes.io/component" in labels:
+                    out.add(labels["app.kubernetes.io/component"])
+                for expr in sel.get("matchExpressions", []):
+                    out.update(expr["values"])
+            elif "namespaceSelector" in peer:
+                out.add("namespace:" + str(peer["namespaceSelector"]))
+    return out
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_network_is_closed(overlay: str, docs: Docs) -> None:
+    d = docs[overlay]
+    deny = find(d, "NetworkPolicy", "shadow-ab-default-deny-ingress")
+    assert deny["spec"]["podSelector"] == {} and "ingress" not in deny["spec"]
+    # Only the mirror and the health sampler reach the engines.
+    assert _peers(find(d, "NetworkPolicy", "shadow-ab-engines")) == {"mirror", "health-sampler"}
+    # PostgreSQL: the writers, the API (read-only role), CNPG itself and Prometheus.
+    pg_peers = _peers(find(d, "NetworkPolicy", "shadow-ab-postgres"))
+    components = {p for p in pg_peers if not p.startswith("namespace:")}
+    assert components == {"ingester", "migrate", "evaluator", "api"}
+    assert "mirror" not in pg_peers and "health-sampler" not in pg_peers
+    # Kafka: Strimzi generates the listener's policy from these peers.
+    kafka = find(d, "Kafka", "shadow-ab")
+    peers = kafka["spec"]["kafka"]["listeners"][0]["networkPolicyPeers"]
+    assert {p["podSelector"]["matchLabels"]["app.kubernetes.io/component"] for p in peers} == {
+        "mirror",
+        "health-sampler",
+        "ingester",
+    }
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_database_roles(overlay: str, docs: Docs) -> None:
+    d = docs[overlay]
+    writers = {"shadow-ab-ingester", "shadow-ab-migrate", "shadow-ab-evaluator"}
+    for doc in d:
+        if doc["kind"] not in ("Deployment", "Job", "CronJob"):
+            continue
+        env = {e["name"]: e for c in _pod(doc)["containers"] for e in c.get("env", [])}
+        url = env.get("SHADOW_AB_DATABASE_URL")
+        name = doc["metadata"]["name"]
+        if name in writers:
+            assert url is not None
+            assert url["valueFrom"]["secretKeyRef"]["name"] == "shadow-ab-pg-app", name
+        elif name == "shadow-ab-api":
+            assert url is not None and "@shadow-ab-pg-ro:" in url["value"]
+            assert env["PGUSER"]["valueFrom"]["secretKeyRef"]["name"] == "shadow-ab-pg-reader"
+        else:
+            assert url is None, f"{name} must not reach the store"
+    roles = find(d, "Cluster", "shadow-ab-pg")["spec"]["managed"]["roles"]
+    reader = next(r for r in roles if r["name"] == "shadow_ab_reader")
+    assert reader["inRoles"] == ["pg_read_all_data"]
+    assert reader["passwordSecret"]["name"] == "shadow-ab-pg-reader"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_kafka_topics(overlay: str, docs: Docs) -> None:
+    topics = {d["metadata"]["name"]: d["spec"] for d in docs[overlay] if d["kind"] == "KafkaTopic"}
+    assert set(topics) == {"shadow.exchanges", "shadow.health", "shadow.dlq"}
+    for spec in topics.values():
+        assert spec["partitions"] >= 1 and int(spec["config"]["retention.ms"]) >= 86_400_000
+        assert spec["config"]["min.insync.replicas"] <= spec["replicas"]
+
+
+def test_dev_is_small_and_prod_is_redundant(docs: Docs) -> None:
+    dev, prod = docs["dev"], docs["prod"]
+    assert find(dev, "Deployment", "shadow-ab-mirror")["spec"]["replicas"] == 1
+    assert not [d for d in dev if d["kind"] in ("HorizontalPodAutoscaler", "PodDisruptionBudget")]
+    assert find(dev, "Cluster", "shadow-ab-pg")["spec"]["instances"] == 1
+    assert "0.5B" in _config_data(dev, "shadow-ab-engine-model")["MODEL"]
+
+    hpa = find(prod, "HorizontalPodAutoscaler", "shadow-ab-mirror")["spec"]
+    assert hpa["minReplicas"] >= 3
+    assert hpa["metrics"][0]["resource"]["name"] == "cpu"
+    assert find(prod, "PodDisruptionBudget", "shadow-ab-mirror")["spec"]["minAvailable"] >= 2
+    pg = find(prod, "Cluster", "shadow-ab-pg")["spec"]
+    assert pg["instances"] == 3 and pg["minSyncReplicas"] == 1
+    assert all(
+        t["spec"]["replicas"] == 3 and t["spec"]["config"]["min.insync.replicas"] == 2
+        for t in prod
+        if t["kind"] == "KafkaTopic"
+    )
+    for doc in (dev, prod):
+        assert {d["metadata"]["namespace"] for d in doc if "namespace" in d["metadata"]} == {
+            "shadow-ab-dev" if doc is dev else "shadow-ab"
+        }
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_processes_run_the_cli(overlay: str, docs: Docs) -> None:
+    d = docs[overlay]
+
+    def args(kind: str, name: str) -> list[str]:
+        return list(_pod(find(d, kind, name))["containers"][0]["args"])
+
+    mirror = args("Deployment", "shadow-ab-mirror")
+    assert mirror[0] == "mirror" and "--health-only" not in mirror
+    for flag in (
+        "--incumbent=",
+        "--candidate=",
+        "--port=",
+        "--kafka=",
+        "--deployment=",
+        "--config=",
+    ):
+        assert any(a.startswith(flag) for a in mirror), flag
+    assert args("Deployment", "shadow-ab-health")[:2] == ["mirror", "--health-only"]
+    assert args("Deployment", "shadow-ab-ingester")[0] == "ingest"
+    assert args("Job", "shadow-ab-migrate") == ["db", "upgrade"]
+    assert args("CronJob", "shadow-ab-evaluator")[0] == "report"
+    assert args("Deployment", "shadow-ab-api")[0] == "api"
+    cron = find(d, "CronJob", "shadow-ab-evaluator")["spec"]
+    assert len(cron["schedule"].split()) == 5 and cron["concurrencyPolicy"] == "Forbid"
