@@ -1,0 +1,93 @@
+"""Shared helpers of the mirror tests (a module with a unique name, importable by tests)."""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Any
+
+import httpx
+from sqlalchemy import text
+
+from shadow_ab.records import Record
+from storage.db import make_engine
+
+MODEL = "sim-llama-3-8b-instruct"
+
+FAST: dict[str, Any] = {
+    "latency": {"decode_ms": 2.0, "prefill_base_ms": 2.0, "prefill_per_token_ms": 0.0},
+    "answers": {"min_tokens": 8, "max_tokens": 24},
+}
+"""Simulator overrides: short, quick answers (the tests are about bytes and records)."""
+
+
+class ListSink:
+    """A record sink (the mirror's RecordSink seam) that keeps what it is given."""
+
+    def __init__(self) -> None:
+        self.records: list[Record] = []
+
+    def submit(self, record: Record) -> bool:
+        self.records.append(record)
+        return True
+
+    def flush(self, timeout: float = 30.0) -> bool:
+        return True
+
+    def close(self, timeout: float = 30.0) -> bool:
+        return True
+
+
+_ID = re.compile(rb'"id":\s*"[^"]*"')
+_CREATED = re.compile(rb'"created":\s*\d+')
+
+
+def normalize(body: bytes) -> bytes:
+    """An answer's bytes with the per-request ``id`` and ``created`` values blanked out."""
+    return _CREATED.sub(b'"created":0', _ID.sub(b'"id":"-"', body))
+
+
+def post(
+    client: httpx.Client, url: str, body: dict[str, Any] | bytes, **headers: str
+) -> tuple[int, dict[str, str], bytes, float]:
+    """POST and read the whole answer: (status, headers, body bytes, seconds to the end)."""
+    content = body if isinstance(body, bytes) else None
+    t0 = time.monotonic()
+    with client.stream(
+        "POST",
+        url,
+        content=content,
+        json=None if content is not None else body,
+        headers={"content-type": "application/json", **headers},
+    ) as resp:
+        raw = resp.read()
+    return resp.status_code, dict(resp.headers), raw, time.monotonic() - t0
+
+
+def rows(database_url: str, where: str = "1=1", **params: Any) -> list[dict[str, Any]]:
+    engine = make_engine(database_url)
+    try:
+        with engine.connect() as conn:
+            result = conn.execute(text(f"SELECT * FROM exchanges WHERE {where}"), params)
+            return [dict(r._mapping) for r in result]
+    finally:
+        engine.dispose()
+
+
+def wait_rows(
+    database_url: str, count: int, where: str = "1=1", timeout: float = 15.0, **params: Any
+) -> list[dict[str, Any]]:
+    """Rows matching ``where`` once there are at least ``count`` (the sink batches writes)."""
+    deadline = time.monotonic() + timeout
+    found: list[dict[str, Any]] = []
+    while time.monotonic() < deadline:
+        found = rows(database_url, where, **params)
+        if len(found) >= count:
+            return found
+        time.sleep(0.1)
+    raise AssertionError(f"expected {count} rows where {where}, found {len(found)}: {found}")
+
+
+def pair_key(pair_id: str, database_url: str) -> str:
+    """``pair_id`` as the store keeps it (SQLite: 32 hex digits; PostgreSQL: a uuid)."""
+    return pair_id.replace("-", "") if database_url.startswith("sqlite") else pair_id
