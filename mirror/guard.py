@@ -4,10 +4,12 @@ The candidate shares the incumbent's GPUs, so shadow traffic can slow down the a
 client is waiting for. The guard watches the incumbent's rolling TTFT and E2E p95 and runs AIMD
 on a rate multiplier in ``[min_rate, max_rate]``:
 
-- **observe** (every finished incumbent exchange, cheap): the latencies go into a rolling window
-  (the last ``window_s`` seconds, at most ``max_samples``); exchanges dispatched with no shadow
-  request in flight (and those in a shadow-off window) also go into the *baseline* window
-  (``baseline_window_s``), unless absolute baselines are configured.
+- **observe** (every finished incumbent exchange, cheap: a deque append): exchanges dispatched
+  while a shadow request was in flight go into the *watched* rolling window (the last
+  ``window_s`` seconds, at most ``max_samples``); those dispatched with none in flight (which
+  includes every exchange in a shadow-off window) go into the *baseline* window
+  (``baseline_window_s``), unless absolute baselines are configured. Comparing the two is
+  comparing the incumbent with and without shadow work beside it: the interference itself.
 - **evaluate** (at most every ``evaluate_interval_s``, from observe or admit): with at least
   ``min_samples`` in the rolling window and in the baseline, the incumbent is *degraded* when a
   p95 exceeds ``baseline * (1 + bound)``. Degraded: multiply the rate by ``decrease_factor``
@@ -53,7 +55,9 @@ class GuardConfig(BaseModel):
     window_s: float = Field(default=30.0, gt=0, description="rolling window of the p95 watched")
     max_samples: int = Field(default=2000, ge=10, description="most samples a window keeps")
     min_samples: int = Field(default=30, ge=1, description="samples needed before judging")
-    evaluate_interval_s: float = Field(default=1.0, gt=0, description="how often to judge")
+    evaluate_interval_s: float = Field(
+        default=1.0, ge=0, description="how often to judge (0: on every observation)"
+    )
     decrease_factor: float = Field(
         default=0.5, gt=0.0, lt=1.0, description="multiplicative decrease"
     )
@@ -170,14 +174,15 @@ class InterferenceGuard:
         if not self.config.enabled:
             return
         now = self._clock()
-        alone = not shadow_active
-        if ttft_s is not None:
-            self._ttft.add(now, ttft_s)
-            if alone and self.config.baseline_ttft_s is None:
+        if shadow_active:
+            if ttft_s is not None:
+                self._ttft.add(now, ttft_s)
+            if e2e_s is not None:
+                self._e2e.add(now, e2e_s)
+        else:
+            if ttft_s is not None and self.config.baseline_ttft_s is None:
                 self._base_ttft.add(now, ttft_s)
-        if e2e_s is not None:
-            self._e2e.add(now, e2e_s)
-            if alone and self.config.baseline_e2e_s is None:
+            if e2e_s is not None and self.config.baseline_e2e_s is None:
                 self._base_e2e.add(now, e2e_s)
         if now - self._last_eval >= self.config.evaluate_interval_s:
             self._evaluate(now)
@@ -264,7 +269,7 @@ class InterferenceGuard:
             self._state = "backoff" if self._rate < cfg.max_rate else "steady"
         else:
             if self._rate < cfg.max_rate and now - self._last_raise >= cfg.recovery_interval_s:
-                self._rate = min(cfg.max_rate, self._rate + cfg.increase_step)
+                self._rate = min(cfg.max_rate, round(self._rate + cfg.increase_step, 9))
                 self._last_raise = now
                 self.raises += 1
             if self._rate >= cfg.max_rate:
