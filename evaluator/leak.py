@@ -16,7 +16,10 @@ How a leak is found:
    hour (MB = 2**20 bytes, as engines and the simulator report memory).
 4. Consecutive windows whose *lower* bound is above ``threshold_mb_h`` form a run; runs split
    only by a restart (next run within ``merge_gap_s``) are one leak (the memory reset, the leak
-   did not stop). A leak is reported when its runs span at least ``sustain_s``.
+   did not stop). A leak is reported when the lower bound stayed above the threshold for at
+   least ``sustain_s``: from the first qualifying window's start to the last one's start (plus
+   a step), plus a whole window when the leak is still on at the end of the data. (Window ends
+   would overstate a short growth by a window length.)
 5. The reported rate is the Theil-Sen slope (with its interval) over the bins of the leak's
    longest run from its first window's end on (the first window may start before the leak),
    or over the whole run when that leaves less than a window: more data than one window, so a
@@ -227,7 +230,9 @@ def find_leaks(
         first = int(np.searchsorted(t_sorted, start, side="left"))
         start = max(start, float(t_sorted[first])) if first < len(t_sorted) else start
         end = min(end, data_end)
-        if end - start < params.sustain_s:
+        ongoing = group[-1][-1][1] + w >= data_end - step
+        held = group[-1][-1][1] - group[0][0][1] + step + (w if ongoing else 0.0)
+        if held < params.sustain_s:
             continue
         run_slopes = []
         for run in group:
@@ -249,7 +254,7 @@ def find_leaks(
                 runs=run_slopes,
                 windows=sum(len(r) for r in group),
                 max_window_mb_h=max(s.mb_per_hour for r in group for _, _, s in r),
-                ongoing=group[-1][-1][1] + w >= data_end - step,
+                ongoing=ongoing,
             )
         )
     return out

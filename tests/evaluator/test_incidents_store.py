@@ -1,0 +1,194 @@
+"""Incidents through the store (SQLite and PostgreSQL): detect, store idempotently, query, compare."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, func, select
+
+from evaluator.incidents import INCIDENTS, analyze_incidents, detect_incidents, store_incidents
+from evaluator.incidents_query import (
+    BadQuery,
+    UnknownDeployment,
+    compare_incidents,
+    query_incidents,
+)
+from evaluator.leak import MB
+from shadow_ab.records import ExchangeRecord, HealthSample
+from storage.write import write_exchanges, write_health
+
+T0 = datetime(2026, 11, 30, 8, 0, tzinfo=UTC)
+PST = 1_796_000_000.0
+HOURS = 8
+STEP_S = 30
+CRASH_AT_S = 5 * 3600
+LEAK_MB_H = 120.0
+DEP = "dep-inc"
+
+
+def health_samples(
+    *, leak: bool = True, crash: bool = True, deployment: str = DEP
+) -> list[HealthSample]:
+    """8 h of scrapes every 30 s of both engines. The candidate (TensorRT-LLM flavor) leaks GPU
+    memory at LEAK_MB_H and crashes once at 5 h (a minute refusing connections, then a new
+    process whose memory starts over); the incumbent is clean."""
+    out = []
+    for i in range(HOURS * 3600 // STEP_S):
+        t = i * STEP_S
+        ts = T0 + timedelta(seconds=t)
+        out.append(
+            HealthSample(
+                deployment=deployment,
+                engine="vllm@incumbent",
+                role="incumbent",
+                flavor="vllm",
+                ts=ts,
+                up=True,
+                http_status=200,
+                latency_s=0.002,
+                version="0.11.0",
+                process_start_time=PST,
+                cpu_mem_bytes=int(6_000 * MB + (i % 7) * MB),
+            )
+        )
+        restarted = crash and t >= CRASH_AT_S
+        since = t - CRASH_AT_S if restarted else t
+        down = crash and CRASH_AT_S - 60 <= t < CRASH_AT_S
+        out.append(
+            HealthSample(
+                deployment=deployment,
+                engine="trtllm@candidate",
+                role="candidate",
+                flavor="trtllm",
+                ts=ts,
+                up=not down,
+                http_status=None if down else 200,
+                error="connection refused" if down else None,
+                latency_s=None if down else 0.003,
+                version="1.1.0",
+                process_start_time=None if down else (PST + CRASH_AT_S if restarted else PST),
+                gpu_mem_bytes=None
+                if down
+                else int(70_000 * MB + (since / 3600 * LEAK_MB_H * MB if leak else (i % 5) * MB)),
+            )
+        )
+    return out
+
+
+def exchanges(*, crash: bool = True, deployment: str = DEP) -> list[ExchangeRecord]:
+    """A pair every 60 s; the candidate's requests during the crash minute are refused."""
+    out = []
+    for k in range(HOURS * 60):
+        t = k * 60
+        pid = uuid.UUID(int=k + 1)
+        sent = T0 + timedelta(seconds=t)
+        for role, engine in (("incumbent", "vllm@incumbent"), ("candidate", "trtllm@candidate")):
+            down = crash and role == "candidate" and CRASH_AT_S - 60 <= t < CRASH_AT_S
+            fields: dict[str, Any] = {
+                "deployment": deployment,
+                "pair_id": pid,
+                "role": role,
+                "engine": engine,
+                "endpoint": "chat",
+                "stream": True,
+                "sent_at": sent,
+                "status": "connection_error" if down else "ok",
+                "error": "connection refused" if down else None,
+                "request": {"temperature": 0.0, "max_tokens": 8},
+            }
+            if not down:
+                fields.update(
+                    http_status=200,
+                    ttft_s=0.04,
+                    e2e_s=0.2,
+                    itl_s=[0.02] * 7,
+                    completion_tokens=8,
+                    finish_reason="length",
+                    output_text="a b c d e f g h",
+                )
+            out.append(ExchangeRecord(**fields))
+    return out
+
+
+WINDOW = (T0, T0 + timedelta(hours=HOURS))
+
+
+def test_leak_and_restart_found_stored_once_and_compared(store: Engine) -> None:
+    write_health(store, health_samples())
+    write_exchanges(store, exchanges())
+    stages: list[str] = []
+    section = analyze_incidents(store, DEP, WINDOW, progress=lambda s, f: stages.append(s))
+    assert stages[-1] == "incidents done"
+    found = [(f.role, f.kind) for f in section.findings]
+    assert sorted(found) == [("candidate", "crash"), ("candidate", "leak")]
+    crash = next(f for f in section.findings if f.kind == "crash")
+    assert crash.evidence["connection_errors"] == 1
+    leak = next(f for f in section.findings if f.kind == "leak")
+    assert leak.evidence["mb_per_hour"] == pytest.approx(LEAK_MB_H, rel=0.2)
+
+    m = {x.key: x for x in section.measurements()}
+    assert m["incidents.crash.candidate_count"].value == 1
+    assert m["incidents.leak.candidate_mb_per_hour"].value == pytest.approx(LEAK_MB_H, rel=0.2)
+    assert m["incidents.crash.rate_ratio"].value == float("inf")
+    assert m["incidents.hang.rate_ratio"].value is None  # 0 vs 0: nothing to compare
+    assert m["errors.rate_ratio"].value == float("inf")  # 1 refused vs none
+    assert section.exposure_days["candidate"] == pytest.approx(HOURS / 24, rel=0.02)
+    d = section.to_dict()
+    assert d["counts"]["candidate"]["crash"] == 1 and d["counts"]["incumbent"]["crash"] == 0
+    assert [r["bucket"] for r in d["per_day"]] == ["2026-11-30"]
+    assert d["per_day"][0]["candidate"]["total"] == 2
+    assert len(d["timeline"]) == 2 and d["stored_new"] == 2
+
+    # Idempotent: the same window, then a wider one, add nothing.
+    again = analyze_incidents(store, DEP, WINDOW)
+    assert again.stored_new == 0
+    wider = detect_incidents(store, DEP, (T0 - timedelta(hours=1), WINDOW[1]))
+    assert store_incidents(store, DEP, wider) == 0
+    with store.connect() as conn:
+        assert conn.execute(select(func.count()).select_from(INCIDENTS)).scalar_one() == 2
+
+    rows = query_incidents(store, DEP)
+    assert [r["kind"] for r in rows] == ["leak", "crash"]
+    assert rows[1]["role"] == "candidate" and rows[1]["duration_s"] > 0
+    assert query_incidents(store, DEP, engine_role="incumbent") == []
+    assert len(query_incidents(store, DEP, engine_role="trtllm@candidate", kind="crash")) == 1
+    later = query_incidents(store, DEP, since=T0 + timedelta(hours=4))
+    assert [r["kind"] for r in later] == ["crash"]
+
+    cmp = compare_incidents(store, DEP, by="week", since=WINDOW[0], until=WINDOW[1])
+    assert cmp["roles"]["candidate"]["count"] == 2
+    assert cmp["roles"]["incumbent"]["exposure_days"] == pytest.approx(HOURS / 24, rel=0.02)
+    assert cmp["comparison"]["unbounded"] is True
+    assert cmp["comparison"]["interval"]["low"] > 0
+    assert [b["bucket"] for b in cmp["buckets"]] == ["2026-W49"]
+    by_kind = compare_incidents(store, DEP, by="day", kind="crash")
+    assert by_kind["roles"]["candidate"]["counts"] == {"crash": 1}
+
+
+def test_a_a_run_has_no_incidents(store: Engine) -> None:
+    write_health(store, health_samples(leak=False, crash=False))
+    write_exchanges(store, exchanges(crash=False))
+    section = analyze_incidents(store, DEP, WINDOW)
+    assert section.findings == []
+    m = {x.key: x for x in section.measurements()}
+    assert m["errors.rate_ratio"].value is None  # no failures on either side
+    leak = m["incidents.leak.candidate_mb_per_hour"]
+    assert leak.value is not None and leak.interval is not None
+    assert abs(leak.value) < 5 and "no sustained leak" in leak.detail
+    assert query_incidents(store, DEP) == []
+
+
+def test_unknown_deployment_and_bad_arguments(store: Engine) -> None:
+    write_health(store, health_samples(leak=False, crash=False)[:10])
+    with pytest.raises(UnknownDeployment) as err:
+        query_incidents(store, "nope")
+    assert err.value.known == [DEP] and DEP in str(err.value)
+    with pytest.raises(BadQuery, match="kind"):
+        query_incidents(store, DEP, kind="meltdown")
+    with pytest.raises(BadQuery, match="timezone"):
+        query_incidents(store, DEP, since=datetime(2026, 11, 30))
+    with pytest.raises(BadQuery, match="--by"):
+        compare_incidents(store, DEP, by="month")  # type: ignore[arg-type]  # the point
