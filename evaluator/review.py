@@ -133,6 +133,8 @@ class Review:
     notes: list[str] = field(default_factory=list)
     generated_at: datetime = field(default_factory=lambda: datetime.now(UTC))
     report_id: int | None = None
+    html: str | None = field(default=None, repr=False)
+    """The rendered page, when :func:`build_review` stored the report (not part of the body)."""
 
     @property
     def decision(self) -> str:
@@ -340,13 +342,15 @@ def build_review(
     policy: Policy,
     progress: Progress | None = None,
     *,
+    with_html: bool = True,
     analyses: Analyses | None = None,
     store: bool = True,
     notes: Sequence[str] = (),
     clock: Callable[[], float] = time.perf_counter,
 ) -> Review:
-    """Analyse ``deployment`` over ``window``, judge ``policy``, store the report (unless
-    ``store`` is False). ``progress(stage, fraction of the whole review)`` as it goes."""
+    """Analyse ``deployment`` over ``window``, judge ``policy``, render the HTML page (unless
+    ``with_html`` is False) and store the report (unless ``store`` is False).
+    ``progress(stage, fraction of the whole review)`` as it goes."""
     stages = _Stages(progress, clock)
     info = deployment_info(engine, deployment)
     window = (_utc(window[0]) or window[0], _utc(window[1]) or window[1])
@@ -389,11 +393,11 @@ def build_review(
         notes=all_notes,
     )
     review.timings = dict(stages.timings)
-    html: str | None = None
-    if store:
+    if with_html:
         from evaluator.render.html import render_html
 
-        html = stages.run("render", lambda: render_html(review.to_dict()))
-        review.report_id = stages.run("store", lambda: store_report(engine, review, html))
-        review.timings = dict(stages.timings)
+        review.html = stages.run("render", lambda: render_html(review.to_dict()))
+    if store:
+        review.report_id = stages.run("store", lambda: store_report(engine, review, review.html))
+    review.timings = dict(stages.timings)
     return review

@@ -178,45 +178,73 @@ def incident_timeline(incidents: Mapping[str, Any]) -> str | None:
         return to_svg(fig)
 
 
-def _histograms(divergence: Mapping[str, Any]) -> tuple[list[float], dict[str, list[float]]]:
-    hist = (divergence.get("plots") or {}).get("histogram") or divergence.get("histogram") or {}
-    edges = _numbers(hist.get("edges") or hist.get("bins"))
+HISTOGRAM_LABELS = {
+    "edit_similarity": "edit similarity to the incumbent",
+    "first_divergence": "first divergence position (tokens)",
+}
+
+
+def _histogram_series(hist: Mapping[str, Any]) -> tuple[list[float], dict[str, list[float]]]:
+    """(edges, {series: counts}); an open last edge (null) is drawn as twice the one before."""
+    raw_edges = hist.get("edges") or hist.get("bins") or []
+    edges: list[float] = []
+    for e in raw_edges:
+        if isinstance(e, int | float) and not isinstance(e, bool) and math.isfinite(e):
+            edges.append(float(e))
+        elif edges and e is raw_edges[-1]:
+            edges.append(edges[-1] * 2 if edges[-1] > 0 else edges[-1] + 1)
     series: dict[str, list[float]] = {}
     for name, values in hist.items():
-        if name in ("edges", "bins", "metric", "title", "xlabel"):
-            continue
         counts = values.get("counts") if isinstance(values, Mapping) else values
         nums = _numbers(counts)
-        if edges and len(nums) == len(edges) - 1:
+        if name not in ("edges", "bins") and edges and len(nums) == len(edges) - 1:
             series[str(name)] = nums
     return edges, series
 
 
+def _histograms(divergence: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+    """The section's histograms by name: ``histograms: {name: {edges, candidate, replay}}``
+    (or a single ``plots.histogram``)."""
+    many = divergence.get("histograms")
+    if isinstance(many, Mapping) and many:
+        return {str(k): v for k, v in many.items() if isinstance(v, Mapping)}
+    one = (divergence.get("plots") or {}).get("histogram") or divergence.get("histogram")
+    return {"edit_similarity": one} if isinstance(one, Mapping) else {}
+
+
 def divergence_histogram(divergence: Mapping[str, Any]) -> str | None:
-    """Edit similarity to the incumbent: candidate pairs vs replay pairs (the noise floor)."""
-    edges, series = _histograms(divergence)
-    if not series:
+    """Candidate pairs vs replay pairs (the noise floor): edit similarity to the incumbent and
+    the first divergence position, as shares of each side's pairs."""
+    panels = []
+    for name, hist in _histograms(divergence).items():
+        edges, series = _histogram_series(hist)
+        if series and any(sum(c) > 0 for c in series.values()):
+            panels.append((name, edges, series))
+    if not panels:
         return None
-    hist = (divergence.get("plots") or {}).get("histogram") or divergence.get("histogram") or {}
     with _style():
-        fig = Figure(figsize=(6, 2.8))
-        ax = fig.subplots()
-        for name, counts in series.items():
-            total = sum(counts) or 1.0
-            shares = [c / total for c in counts]
-            ax.stairs(
-                shares,
-                edges,
-                label=f"{name} (n={total:.0f})",
-                color=ROLE_COLORS.get(name),
-                fill=name == "replay",
-                alpha=0.6,
-            )
-        ax.set_xlabel(str(hist.get("xlabel") or "edit similarity to the incumbent"))
-        ax.set_ylabel("share of pairs")
-        ax.grid(alpha=0.3)
-        ax.legend(loc="upper left")
-        ax.set_title(str(hist.get("title") or "Output divergence"))
+        fig = Figure(figsize=(4.5 * len(panels), 2.8))
+        axes = fig.subplots(1, len(panels), squeeze=False)[0]
+        for ax, (name, edges, series) in zip(axes, panels, strict=True):
+            for side, counts in series.items():
+                total = sum(counts)
+                if total <= 0:
+                    continue
+                ax.stairs(
+                    [c / total for c in counts],
+                    edges,
+                    label=f"{side} (n={total:.0f})",
+                    color=ROLE_COLORS.get(side),
+                    fill=side == "replay",
+                    alpha=0.6 if side == "replay" else 1.0,
+                )
+            if name == "first_divergence" and edges and edges[0] >= 0:
+                ax.set_xscale("symlog", linthresh=1)
+            ax.set_xlabel(HISTOGRAM_LABELS.get(name, name.replace("_", " ")))
+            ax.set_ylabel("share of pairs")
+            ax.grid(alpha=0.3)
+            ax.legend(loc="upper left")
+        fig.suptitle("Output divergence: candidate vs the incumbent's own noise (replay)")
         return to_svg(fig)
 
 

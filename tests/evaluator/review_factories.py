@@ -143,12 +143,17 @@ def divergence_section(excess: float = 0.0) -> FakeSection:
     edges = [i / 10 for i in range(11)]
     body = {
         "candidate": {"pairs": 4000, "diverged": int(4000 * (0.01 + excess))},
-        "plots": {
-            "histogram": {
+        "histograms": {
+            "edit_similarity": {
                 "edges": edges,
                 "candidate": [1, 0, 0, 2, 3, 5, 8, 10, 20, 3951],
                 "replay": [0, 0, 0, 0, 1, 1, 2, 3, 5, 988],
-            }
+            },
+            "first_divergence": {
+                "edges": [0, 1, 2, 4, 8, None],
+                "candidate": [3, 5, 10, 20, 11],
+                "replay": [0, 1, 2, 3, 4],
+            },
         },
         "worst": [{"pair_id": "0f" * 16, "edit_similarity": 0.1}],
     }

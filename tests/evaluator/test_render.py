@@ -118,9 +118,18 @@ def test_unknown_format() -> None:
 def test_plots_without_data_are_left_out() -> None:
     assert latency_cdfs({}) is None
     assert incident_timeline({"timeline": []}) is None
-    assert divergence_histogram({"plots": {"histogram": {"edges": [0, 1], "x": [1, 2]}}}) is None
+    assert divergence_histogram({"histograms": {"x": {"edges": [0, 1], "x": [1, 2]}}}) is None
+    zero = {"histograms": {"edit_similarity": {"edges": [0, 0.5, 1], "candidate": [0, 0]}}}
+    assert divergence_histogram(zero) is None
     page = render({"verdict": {"decision": "INCONCLUSIVE", "reason": "no data"}}, "html")
     assert "<svg" not in page and "INCONCLUSIVE" in page
+
+
+def test_divergence_histogram_has_both_panels() -> None:
+    svg = divergence_histogram(divergence_section().to_dict())
+    assert svg is not None
+    assert "edit similarity to the incumbent" in svg and "first divergence position" in svg
+    assert "replay (n=1000)" in svg and "candidate (n=4000)" in svg
 
 
 def test_incident_timeline_draws_each_incident() -> None:

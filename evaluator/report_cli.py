@@ -1,0 +1,182 @@
+"""``shadow-ab report``: the go/no-go review of one deployment, as HTML, Markdown or JSON.
+
+::
+
+    shadow-ab report --deployment D [--from T] [--to T] [--policy P|default]
+                     [--format html|md|json] [-o PATH] [--database-url URL] [--no-store]
+
+The window defaults to all of the deployment's mirrored traffic; the policy to the one stored
+with the deployment (``deployments.policy``), else the shipped default. A progress bar goes to
+stderr while the analyses run, then one line with the verdict; the report goes to ``-o PATH``
+or stdout. The review is stored in ``reports`` (``--no-store`` to skip).
+
+Exit status: 0 the report was written (whatever the verdict); 1 a store error; 2 a bad argument
+(unknown deployment, empty window, bad policy or time); 3 the database is unreachable.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from evaluator.incidents_cli import parse_time
+from evaluator.policy import Policy, PolicyError, load_policy, parse_policy
+from evaluator.render import FORMATS, render
+from evaluator.review import (
+    Review,
+    ReviewError,
+    build_review,
+    deployment_info,
+    resolve_window,
+)
+from storage.cli import resolve_url, storage_errors, url_option
+from storage.db import make_engine
+from storage.errors import translate
+from storage.models import Deployment
+
+PROGRESS_STEPS = 1000
+
+
+class ProgressBar:
+    """A click progress bar on stderr driven by ``(stage, fraction)`` callbacks."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self._bar: Any = None
+        self._done = 0
+
+    def __enter__(self) -> ProgressBar:
+        if self.enabled:
+            self._bar = click.progressbar(
+                length=PROGRESS_STEPS,
+                label="reviewing",
+                file=sys.stderr,
+                show_percent=True,
+                show_eta=False,
+                item_show_func=lambda stage: stage or "",
+            )
+            self._bar.__enter__()
+        return self
+
+    def __call__(self, stage: str, fraction: float) -> None:
+        if self._bar is None:
+            return
+        target = int(max(0.0, min(1.0, fraction)) * PROGRESS_STEPS)
+        if target > self._done:
+            self._bar.update(target - self._done, current_item=stage)
+            self._done = target
+        else:
+            self._bar.current_item = stage
+            self._bar.render_progress()
+
+    def __exit__(self, *exc: object) -> None:
+        if self._bar is not None:
+            self._bar.__exit__(*exc)
+
+
+def stored_policy(engine: Any, deployment: str) -> Policy | None:
+    """The policy kept with the deployment (``deployments.policy``), if any."""
+    table = Deployment.__table__
+    from sqlalchemy import select
+
+    with engine.connect() as conn:
+        raw = conn.execute(
+            select(table.c.policy).where(table.c.name == deployment)
+        ).scalar_one_or_none()
+    return parse_policy(raw, f"deployments.policy of {deployment}") if raw else None
+
+
+def summary_line(review: Review, target: str) -> str:
+    counts = review.verdict.counts()
+    tally = ", ".join(f"{n} {k}" for k, n in counts.items() if n)
+    stored = f" (report #{review.report_id})" if review.report_id is not None else ""
+    return (
+        f"{review.decision}: {review.verdict.reason}\n"
+        f"  {review.data['pairs']} pairs over {review.data['days']:.2f} days; criteria: {tally};"
+        f" {target}{stored}"
+    )
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--deployment", "-d", required=True, help="The deployment to review.")
+@click.option(
+    "--from", "from_", metavar="TIME", help="Window start, ISO 8601 (default: first pair)."
+)
+@click.option(
+    "--to",
+    "to",
+    metavar="TIME",
+    help="Window end, ISO 8601, exclusive (default: after the last pair).",
+)
+@click.option(
+    "--policy",
+    metavar="PATH|default",
+    help="Verdict policy YAML (default: the deployment's stored policy, else the shipped one).",
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(FORMATS),
+    default="html",
+    show_default=True,
+    help="html: a self-contained page with plots; md: Markdown; json: for automation.",
+)
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write here (default: stdout).",
+)
+@click.option("--no-store", is_flag=True, help="Do not keep the review in the reports table.")
+@click.option(
+    "--progress/--no-progress", default=True, show_default=True, help="Progress bar on stderr."
+)
+@url_option
+@storage_errors
+def report(
+    deployment: str,
+    from_: str | None,
+    to: str | None,
+    policy: str | None,
+    fmt: str,
+    output: Path | None,
+    no_store: bool,
+    progress: bool,
+    database_url: str | None,
+) -> None:
+    """Write the go/no-go review of a deployment (verdict, criteria, plots, tables)."""
+    url = resolve_url(database_url)
+    start, end = parse_time(from_, "--from"), parse_time(to, "--to")
+    engine = make_engine(url)
+    try:
+        with translate():
+            try:
+                deployment_info(engine, deployment)  # an unknown one lists the known ones
+                chosen = load_policy(policy) if policy else stored_policy(engine, deployment)
+                window = resolve_window(engine, deployment, start, end)
+                with ProgressBar(progress) as bar:
+                    review = build_review(
+                        engine,
+                        deployment,
+                        window,
+                        chosen or load_policy(None),
+                        bar,
+                        store=not no_store,
+                        with_html=fmt == "html" or not no_store,
+                    )
+            except (ReviewError, PolicyError) as exc:
+                raise click.UsageError(str(exc)) from None
+        text = review.html if fmt == "html" and review.html else render(review.to_dict(), fmt)
+        if output is None:
+            click.echo(text, nl=not text.endswith("\n"))
+            target = "report on stdout"
+        else:
+            output.parent.mkdir(parents=True, exist_ok=True)
+            output.write_text(text)
+            target = f"report written to {output}"
+        click.echo(summary_line(review, target), err=True)
+    finally:
+        engine.dispose()

@@ -1,0 +1,164 @@
+"""``shadow-ab report`` end to end on a SQLite store with the real analyses: formats, output,
+the stored report, the progress bar, and errors that say what to do."""
+
+from __future__ import annotations
+
+import random
+import uuid
+from datetime import timedelta
+from pathlib import Path
+
+import orjson
+import pytest
+from click.testing import CliRunner
+from review_factories import T0
+from sqlalchemy import func, select
+
+from evaluator.report_cli import ProgressBar, report
+from shadow_ab.records import ExchangeRecord
+from storage.db import make_engine
+from storage.migrate import upgrade
+from storage.models import Report
+from storage.write import write_exchanges
+
+DEP = "cli-dep"
+
+
+def _records(n: int = 240) -> list[ExchangeRecord]:
+    rng = random.Random(3)
+    out = []
+    for i in range(n):
+        sent = T0 + timedelta(minutes=7 * i)
+        pair = uuid.uuid4()
+        roles = ("incumbent", "candidate", "replay") if i % 4 == 0 else ("incumbent", "candidate")
+        for role in roles:
+            slow = 1.3 if role == "candidate" else 1.0
+            out.append(
+                ExchangeRecord(
+                    deployment=DEP,
+                    pair_id=pair,
+                    role=role,
+                    engine=f"sim@{role}",
+                    endpoint="chat",
+                    stream=True,
+                    sent_at=sent,
+                    status="ok",
+                    ttft_s=0.04 * slow * rng.lognormvariate(0, 0.1),
+                    e2e_s=0.5 * slow * rng.lognormvariate(0, 0.1),
+                    tpot_s=0.008 * slow * rng.lognormvariate(0, 0.1),
+                    itl_s=[0.008 * slow * rng.lognormvariate(0, 0.1) for _ in range(4)],
+                    prompt_tokens=100,
+                    completion_tokens=60,
+                    finish_reason="stop",
+                    output_text="the same answer",
+                    request={"temperature": 0, "max_tokens": 60},
+                )
+            )
+    return out
+
+
+@pytest.fixture(scope="module")
+def store_url(tmp_path_factory: pytest.TempPathFactory) -> str:
+    url = f"sqlite:///{tmp_path_factory.mktemp('report') / 'store.db'}"
+    upgrade(url)
+    engine = make_engine(url)
+    write_exchanges(engine, _records())
+    engine.dispose()
+    return url
+
+
+def _reports(url: str) -> int:
+    engine = make_engine(url)
+    with engine.connect() as conn:
+        n = int(conn.execute(select(func.count()).select_from(Report)).scalar_one())
+    engine.dispose()
+    return n
+
+
+def test_html_report_to_a_file(store_url: str, tmp_path: Path) -> None:
+    out = tmp_path / "out" / "review.html"
+    before = _reports(store_url)
+    result = CliRunner().invoke(
+        report, ["--deployment", DEP, "--database-url", store_url, "-o", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    page = out.read_text()
+    assert page.startswith("<!DOCTYPE html>") and "<svg" in page
+    # 30 % slower on every pair: the latency criteria fail on their whole interval.
+    assert 'class="banner NO-GO"' in page
+    assert "NO-GO: " in result.stderr and f"report written to {out}" in result.stderr
+    assert "latency.ttft.p95.ratio" in result.stderr
+    assert _reports(store_url) == before + 1
+
+
+def test_json_to_stdout_without_storing(store_url: str, tmp_path: Path) -> None:
+    policy = tmp_path / "lenient.yaml"
+    policy.write_text(
+        "name: lenient\nmin_pairs: 100\nmin_days: 0.5\ncriteria:\n"
+        "  - latency.ttft.p95.ratio <= 1.5\n"
+    )
+    before = _reports(store_url)
+    result = CliRunner().invoke(
+        report,
+        [
+            "-d",
+            DEP,
+            "--database-url",
+            store_url,
+            "--format",
+            "json",
+            "--no-store",
+            "--policy",
+            str(policy),
+            "--no-progress",
+            "--from",
+            T0.isoformat(),
+            "--to",
+            (T0 + timedelta(days=1)).isoformat(),
+        ],
+    )
+    assert result.exit_code == 0, result.stderr
+    body = orjson.loads(result.stdout)
+    assert body["policy"]["name"] == "lenient"
+    assert body["verdict"]["decision"] == "GO", body["verdict"]["reason"]
+    assert body["window"]["to"].startswith("2026-11-03")
+    assert 100 < body["data"]["pairs"] < 240  # only the first day's pairs
+    assert _reports(store_url) == before
+
+
+def test_markdown(store_url: str) -> None:
+    result = CliRunner().invoke(
+        report, ["-d", DEP, "--database-url", store_url, "--format", "md", "--no-store"]
+    )
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.startswith("# Migration review: cli-dep")
+    assert "| FAIL | latency.ttft.p95.ratio <= 1.1 |" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["-d", "nope"], f"known deployments: {DEP}"),
+        (["-d", DEP, "--from", "2027-01-01", "--to", "2027-01-02"], "no mirrored pairs between"),
+        (["-d", DEP, "--from", "2027-01-02", "--to", "2027-01-01"], "is not before"),
+        (["-d", DEP, "--from", "yesterday"], "is not a time"),
+        (["-d", DEP, "--policy", "/nonexistent.yaml"], "policy file /nonexistent.yaml not found"),
+    ],
+)
+def test_errors_say_what_to_do(store_url: str, args: list[str], message: str) -> None:
+    result = CliRunner().invoke(report, [*args, "--database-url", store_url])
+    assert result.exit_code == 2
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_progress_bar_follows_the_callbacks() -> None:
+    bar = ProgressBar(enabled=True)
+    with bar:
+        for stage, f in [("incidents", 0.1), ("latency", 0.5), ("latency", 0.4), ("store", 1.0)]:
+            bar(stage, f)
+    assert bar._done == 1000
+    silent = ProgressBar(enabled=False)
+    with silent:
+        silent("latency", 0.5)
+    assert silent._done == 0
