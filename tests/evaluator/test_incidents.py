@@ -90,7 +90,7 @@ def test_version_change_with_and_without_restart() -> None:
         "to_version": "1.2.0",
         "restart": False,
     }
-    restarting = series(10) + [refused(10), refused(11)]
+    restarting = [*series(10), refused(10), refused(11)]
     restarting += [hp(i, version="1.2.0", process_start_time=PST + 200) for i in range(12, 20)]
     found = detect_restarts(restarting)
     assert kinds(found) == ["version_change"]  # one incident, not also a crash

@@ -1,4 +1,4 @@
-"""Incidents through the store (SQLite and PostgreSQL): detect, store idempotently, query, compare."""
+"""Incidents through the store (SQLite and PostgreSQL): detect, store once, query, compare."""
 
 from __future__ import annotations
 
