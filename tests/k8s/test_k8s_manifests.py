@@ -88,12 +88,27 @@ def test_engine_probes(overlay: str, docs: Docs) -> None:
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_secrets_are_referenced_never_inlined(overlay: str, docs: Docs) -> None:
     assert not [d for d in docs[overlay] if d["kind"] == "Secret"]
+    for doc in docs[overlay]:
+        if doc["kind"] not in ("Deployment", "Job", "CronJob"):
+            continue
+        pod = _pod(doc)
+        secret_volumes = {v["name"] for v in pod.get("volumes", []) if "secret" in v}
+        for c in pod["containers"]:
+            secret_dirs = [
+                m["mountPath"] for m in c.get("volumeMounts", []) if m["name"] in secret_volumes
+            ]
+            for env in c.get("env", []):
+                name = env["name"]
+                if not any(w in name for w in ("TOKEN", "PASSWORD", "SECRET")):
+                    continue
+                if name.endswith("_FILE"):  # a file from a Secret volume
+                    assert any(env["value"].startswith(d + "/") for d in secret_dirs), name
+                else:
+                    assert "secretKeyRef" in env.get("valueFrom", {}), name
     for c in _containers(docs[overlay]):
         for env in c.get("env", []):
             name = env["name"]
-            if any(w in name for w in ("TOKEN", "PASSWORD", "SECRET")):
-                assert "secretKeyRef" in env.get("valueFrom", {}), name
-            if name == "SHADOW_AB_DATABASE_URL" and "value" in env:
+            if name.endswith("DATABASE_URL") and "value" in env:
                 # Built from secret-backed variables only (the API's read-only role).
                 assert "$(PGPASSWORD)" in env["value"]
     cluster = find(docs[overlay], "Cluster", "shadow-ab-pg")
@@ -160,7 +175,9 @@ def test_database_roles(overlay: str, docs: Docs) -> None:
             assert url is not None
             assert url["valueFrom"]["secretKeyRef"]["name"] == "shadow-ab-pg-app", name
         elif name == "shadow-ab-api":
-            assert url is not None and "@shadow-ab-pg-ro:" in url["value"]
+            assert url is None  # the API's own variable, below
+            url = env["SHADOW_AB_API_DATABASE_URL"]
+            assert "@shadow-ab-pg-ro:" in url["value"]
             assert env["PGUSER"]["valueFrom"]["secretKeyRef"]["name"] == "shadow-ab-pg-reader"
         else:
             assert url is None, f"{name} must not reach the store"
