@@ -1,9 +1,8 @@
 """What shadow-ab's mirror adds to the client's path, next to going direct and next to nginx.
 
     python bench/mirror_overhead.py [--duration 24 | --requests N] [--concurrency 1,32,128]
-                                    [--repeat 2] [--max-tokens 32] [--quick]
-                                    [--paths direct,mirror,mirror-slow,nginx,nginx-mirror]
-                                    [--database-url URL] [--json PATH]
+        [--repeat 2] [--max-tokens 32] [--quick] [--database-url URL] [--json PATH]
+        [--paths direct,mirror-off,mirror,mirror-slow,nginx,nginx-mirror]
 
 Engines (``shadow-ab sim`` subprocesses, real HTTP on 127.0.0.1):
 
@@ -19,6 +18,7 @@ Paths, side by side in one run, each with its own keep-alive client session:
   1.0, guard off so nothing is backed off, shadow cap 512) to the candidate; records to the
   direct sink on a temporary SQLite file (or ``--database-url``);
 - ``mirror-slow``: the same with the 10x slower candidate;
+- ``mirror-off``: the same mirror with shadow rate 0 (the serving path's own cost, for scale);
 - ``nginx``: a private Debian nginx (own prefix and config in a temp dir, free ports, one
   worker, ``proxy_buffering off``, upstream keep-alive) with ``proxy_pass`` only;
 - ``nginx-mirror``: the same plus nginx's ``mirror`` directive to the 10x slower candidate.
@@ -93,9 +93,11 @@ SLOW_CANDIDATE = {
     "answers": ANSWERS,
 }
 
-PATHS = ("direct", "mirror", "mirror-slow", "nginx", "nginx-mirror")
+PATHS = ("direct", "mirror-off", "mirror", "mirror-slow", "nginx", "nginx-mirror")
+MIRROR_PATHS = ("mirror-off", "mirror", "mirror-slow")
 LABELS = {
     "direct": "direct",
+    "mirror-off": "shadow-ab mirror, shadowing off",
     "mirror": "shadow-ab mirror, candidate",
     "mirror-slow": "shadow-ab mirror, 10x slow candidate",
     "nginx": "nginx proxy_pass",
@@ -185,15 +187,21 @@ class Proxy:
 
 @contextlib.contextmanager
 def running_mirror(
-    incumbent: str, candidate: str, workdir: Path, database_url: str | None, name: str
+    incumbent: str,
+    candidate: str,
+    workdir: Path,
+    database_url: str | None,
+    name: str,
+    rate: float = 1.0,
 ) -> Iterator[Proxy]:
-    """``shadow-ab mirror`` as a subprocess: shadow every request, guard off, direct sink."""
+    """``shadow-ab mirror`` as a subprocess: shadow ``rate`` of requests (default every one),
+    guard off, direct sink."""
     port = free_port()
     config = workdir / f"{name}.yaml"
     config.write_text(
         yaml.safe_dump(
             {
-                "shadow": {"rate": 1.0, "max_concurrent": 512, "timeout_s": 60.0},
+                "shadow": {"rate": rate, "max_concurrent": 512, "timeout_s": 60.0},
                 "guard": {"enabled": False},
             }
         )
@@ -526,7 +534,7 @@ def table(cells: dict[tuple[str, int], Cell], levels: list[int], paths: list[str
 def goal_lines(cells: dict[tuple[str, int], Cell]) -> list[str]:
     lines = []
     base = cells.get(("direct", GOAL_CONCURRENCY))
-    for path in ("mirror", "mirror-slow"):
+    for path in ("mirror", "mirror-slow", "mirror-off"):
         cell = cells.get((path, GOAL_CONCURRENCY))
         if base is None or cell is None:
             continue
@@ -609,9 +617,9 @@ def main() -> None:
     if "direct" not in wanted:
         wanted.insert(0, "direct")
     notes: list[str] = []
-    if {"mirror", "mirror-slow"} & set(wanted) and (why := mirror_available()):
+    if set(MIRROR_PATHS) & set(wanted) and (why := mirror_available()):
         notes.append(f"shadow-ab mirror paths skipped: {why}")
-        wanted = [p for p in wanted if p not in ("mirror", "mirror-slow")]
+        wanted = [p for p in wanted if p not in MIRROR_PATHS]
 
     def progress(msg: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
@@ -629,6 +637,12 @@ def main() -> None:
             running_sim("trtllm", "clean", overrides=SLOW_CANDIDATE, ledger=False)
         )
         targets: dict[str, Target] = {"direct": Target("direct", inc.base_url, None)}
+        if "mirror-off" in wanted:
+            progress("starting shadow-ab mirror (shadowing off)")
+            m = stack.enter_context(
+                running_mirror(inc.base_url, cand.base_url, tmp, args.database_url, "off", 0.0)
+            )
+            targets["mirror-off"] = Target("mirror-off", m.base_url, m.pid, m.metrics_url)
         if "mirror" in wanted:
             progress("starting shadow-ab mirror (candidate)")
             m = stack.enter_context(
