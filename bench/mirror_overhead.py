@@ -1,7 +1,7 @@
 """What shadow-ab's mirror adds to the client's path, next to going direct and next to nginx.
 
     python bench/mirror_overhead.py [--duration 24 | --requests N] [--concurrency 1,32,128]
-        [--repeat 2] [--max-tokens 32] [--quick] [--database-url URL] [--json PATH]
+        [--repeat 3] [--max-tokens 32] [--quick] [--database-url URL] [--json PATH]
         [--paths direct,mirror-off,mirror,mirror-slow,nginx,nginx-mirror]
 
 Engines (``shadow-ab sim`` subprocesses, real HTTP on 127.0.0.1):
@@ -598,7 +598,7 @@ def main() -> None:
     ap.add_argument("--concurrency", default="1,32,128", help="levels, comma-separated")
     ap.add_argument("--duration", type=float, default=24.0, help="seconds per path and level")
     ap.add_argument("--requests", type=int, default=None, help="requests per path and level")
-    ap.add_argument("--repeat", type=int, default=2, help="interleaved rounds (drift control)")
+    ap.add_argument("--repeat", type=int, default=3, help="interleaved rounds (drift control)")
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--paths", default=",".join(PATHS), help="which paths to run")
     ap.add_argument("--database-url", default=None, help="the mirror's store (default: SQLite)")
