@@ -11,13 +11,15 @@ Both never block ``submit``: it returns False when the record had to be dropped 
 
 Errors::
 
-    storage.errors.StorageError     the direct sink's store could not be opened or migrated
-    mirror.spool.SpoolError         the Kafka sink's spool folder is unusable
+    ValueError                              the database URL's dialect is not supported
+    storage.errors.StorageError             the embedded store could not be migrated
+    mirror.kafka_sink.KafkaSinkError        the Kafka sink's spool folder is unusable
 """
 
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from mirror.kafka_sink import KafkaSink, KafkaSinkConfig
@@ -64,8 +66,6 @@ def open_sink(*, kafka: KafkaSinkConfig | None, database_url: str | None) -> Rec
 
 
 def _migrate_sqlite(url: str) -> None:
-    from pathlib import Path
-
     from storage import migrate
 
     path = url.split("sqlite:///", 1)[1] if url.startswith("sqlite:///") else ""
