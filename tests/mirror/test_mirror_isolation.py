@@ -1,0 +1,129 @@
+"""Promise 1: the client's path is the incumbent's path, whatever the candidate does.
+
+For a candidate that hangs, crashes mid-stream, answers 500, or is 10x slower, the client's
+answers through the mirror are byte-identical to asking the incumbent directly (ids and
+timestamps aside), and their latencies are not shifted (a generous bound on the medians: the
+precise overhead is bench/mirror_overhead.py's job). The candidate's troubles are recorded.
+"""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from mirror_helpers import FAST, MODEL, normalize, post, rows
+
+from mirror.testing import running_mirror
+from simulator.scenario import _deep_merge
+from simulator.testing import RunningSim, running_sim
+
+SLOW = {"latency": {"decode_ms": 6.0, "prefill_base_ms": 6.0}}
+"""The candidate's streams last long enough to be cut by a crash."""
+
+CASES: dict[str, tuple[dict[str, Any], set[str]]] = {
+    "hangs": (
+        # hung 90% of the time (a hang that never ends would keep the simulator from stopping)
+        {"faults": [{"kind": "hang", "every_s": 3.0, "duration_s": 2.7}]},
+        {"timeout", "ok"},
+    ),
+    "crashes": (
+        _deep_merge(
+            SLOW,
+            {
+                "faults": [
+                    {"kind": "crash", "every_s": 0.6, "start_s": 0.3, "restart_delay_s": 0.15}
+                ]
+            },
+        ),
+        {"ok", "connection_error"},
+    ),
+    "answers-500": (
+        {"faults": [{"kind": "error_burst", "at_s": [0.0], "duration_s": 1e6, "status": 500}]},
+        {"http_error"},
+    ),
+    "10x-slower": (
+        {"latency": {"decode_ms": 20.0, "prefill_base_ms": 20.0}},
+        {"ok"},
+    ),
+}
+
+
+def bodies() -> list[tuple[str, dict[str, Any]]]:
+    out = []
+    for i in range(3):
+        base = {"model": MODEL, "temperature": 0, "max_tokens": 16, "ignore_eos": True}
+        chat = {**base, "messages": [{"role": "user", "content": f"question {i}"}]}
+        cmpl = {**base, "prompt": f"prompt {i}"}
+        out += [
+            ("/v1/chat/completions", {**chat, "stream": True}),
+            ("/v1/chat/completions", chat),
+            ("/v1/completions", {**cmpl, "stream": True}),
+            ("/v1/completions", cmpl),
+        ]
+    return out
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_candidate_trouble_does_not_reach_the_client(
+    case: str, engines: tuple[RunningSim, RunningSim], tmp_path: Path
+) -> None:
+    incumbent = engines[0]
+    scenario, expected_status = CASES[case]
+    db = f"sqlite:///{tmp_path / 'records.db'}"
+    with (
+        running_sim(
+            "trtllm",
+            "clean",
+            overrides=_deep_merge(FAST, scenario),
+            ledger=False,
+            wait_for="listening",
+        ) as candidate,
+        running_mirror(
+            incumbent.base_url,
+            candidate.base_url,
+            database_url=db,
+            shadow={"timeout_s": 1.0},
+            drain_timeout_s=3.0,
+            health_enabled=False,
+        ) as mirror,
+        httpx.Client(timeout=30.0) as http,
+    ):
+        direct_s: list[float] = []
+        mirror_s: list[float] = []
+        for i, (path, body) in enumerate(bodies()):
+            order = [(incumbent.base_url, direct_s), (mirror.base_url, mirror_s)]
+            answers = {}
+            for base, times in order if i % 2 else order[::-1]:
+                status, headers, raw, seconds = post(http, base + path, body)
+                times.append(seconds)
+                answers[base] = (status, headers["content-type"], normalize(raw))
+            assert answers[mirror.base_url] == answers[incumbent.base_url], (case, path, body)
+            assert answers[mirror.base_url][0] == 200
+        assert mirror.stop() == 0  # drained, records flushed
+
+    assert statistics.median(mirror_s) <= 2 * statistics.median(direct_s) + 0.05, (
+        case,
+        direct_s,
+        mirror_s,
+    )
+    found = rows(db)
+    by_role: dict[str, list[dict[str, Any]]] = {}
+    for r in found:
+        by_role.setdefault(r["role"], []).append(r)
+    assert len(by_role["incumbent"]) == len(bodies())
+    assert {r["status"] for r in by_role["incumbent"]} == {"ok"}
+    statuses = {r["status"] for r in by_role["candidate"]}
+    assert len(by_role["candidate"]) == len(bodies())
+    if case == "crashes":
+        assert "connection_error" in statuses and statuses <= expected_status
+    elif case == "hangs":
+        assert "timeout" in statuses and statuses <= expected_status
+    else:
+        assert statuses == expected_status
+    if case == "10x-slower":
+        inc = statistics.median(r["e2e_s"] for r in by_role["incumbent"])
+        cand = statistics.median(r["e2e_s"] for r in by_role["candidate"])
+        assert cand > 3 * inc  # measured as slower, yet the client did not wait for it
