@@ -1,0 +1,131 @@
+"""analyze_divergence through the store (SQLite and PostgreSQL): rates, noise floor, sampling."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine
+
+from evaluator.divergence import DivergenceConfig, analyze_divergence
+from shadow_ab.records import ExchangeRecord, TokenLogprob
+from simulator.generate import Departure, decode, prompt_state
+from storage.write import write_exchanges
+
+T0 = datetime(2026, 11, 30, 22, 0, tzinfo=UTC)  # two UTC days: 22:00 .. 02:00
+DEP = "dep-div"
+N_PAIRS = 200
+N_DIVERGED = 40  # candidate: every 5th pair, half of them near ties
+N_REPLAY = 100  # every 2nd pair replayed; every 40th pair's replay differs (5 of 100)
+
+
+def _logprobs(tokens: list[Any]) -> list[TokenLogprob]:
+    return [TokenLogprob(token=t.text, logprob=t.logprob, top=dict(t.top)) for t in tokens]
+
+
+def _rec(pid: uuid.UUID, role: str, sent: datetime, tokens: list[Any], **kw: Any) -> ExchangeRecord:
+    fields: dict[str, Any] = {
+        "deployment": DEP,
+        "pair_id": pid,
+        "role": role,
+        "engine": "trtllm@candidate" if role == "candidate" else "vllm@incumbent",
+        "endpoint": "chat",
+        "stream": True,
+        "sent_at": sent,
+        "status": "ok",
+        "http_status": 200,
+        "finish_reason": "length",
+        "completion_tokens": len(tokens),
+        "request": {"temperature": 0.0, "max_tokens": 24, "logprobs": True, "top_logprobs": 5},
+        "output_text": "".join(t.text for t in tokens),
+        "logprobs": _logprobs(tokens),
+    }
+    fields.update(kw)
+    return ExchangeRecord(**fields)
+
+
+def build() -> tuple[list[ExchangeRecord], set[str], set[str]]:
+    out: list[ExchangeRecord] = []
+    diverged: set[str] = set()
+    near: set[str] = set()
+    for k in range(N_PAIRS):
+        pid = uuid.UUID(int=(k * 7919 + 1) << 64)  # order by pair_id != order by time
+        sent = T0 + timedelta(seconds=k * 72)  # 200 pairs over 4 h
+        start = prompt_state("sim", f"prompt {k}", 1)
+        ref, _ = decode(start, 24, top_k=5)
+        out.append(_rec(pid, "incumbent", sent, ref))
+        if k % 5 == 0:
+            tie = k % 10 == 0
+            dep, _ = decode(start, 24, top_k=5, departure=Departure(4 + k % 13, tie))
+            out.append(_rec(pid, "candidate", sent, dep))
+            diverged.add(str(pid))
+            if tie:
+                near.add(str(pid))
+        else:
+            out.append(_rec(pid, "candidate", sent, ref))
+        if k % 2 == 0:
+            replay = ref
+            if k % 40 == 0:
+                replay, _ = decode(start, 24, top_k=5, departure=Departure(10, True))
+            out.append(_rec(pid, "replay", sent + timedelta(seconds=2), replay))
+    return out, diverged, near
+
+
+def test_rates_noise_floor_and_examples(store: Engine) -> None:
+    records, diverged, near = build()
+    write_exchanges(store, records)
+    seen: list[str] = []
+    window = (T0 - timedelta(hours=1), T0 + timedelta(hours=5))
+    section = analyze_divergence(store, DEP, window, progress=lambda s, f: seen.append(s))
+    assert seen[-1] == "divergence done" and len(seen) == 3  # two days, then done
+    m = {x.key: x for x in section.measurements()}
+    cand, noise, excess = (
+        m["divergence.candidate_rate"],
+        m["divergence.noise_rate"],
+        m["divergence.excess_rate"],
+    )
+    assert cand.value == N_DIVERGED / N_PAIRS and cand.n == N_PAIRS
+    assert noise.value == 5 / N_REPLAY and noise.n == N_REPLAY
+    assert excess.value == pytest.approx(N_DIVERGED / N_PAIRS - 5 / N_REPLAY)
+    assert cand.interval is not None and cand.interval.contains(0.2)
+    assert excess.interval is not None and 0 < excess.interval.low < 0.15 < excess.interval.high
+    assert m["divergence.near_tie_share"].value == 0.5
+    hard = m["divergence.hard_excess_rate"]
+    assert hard.value == pytest.approx(20 / N_PAIRS - 0.0)  # replay departures are near ties
+    assert m["divergence.finish_mismatch.excess"].value == 0.0
+    assert m["divergence.json_invalid.excess"].value is None  # no request asked for JSON
+    sim = m["divergence.edit_similarity.mean"]
+    assert sim.value is not None and 0.8 < sim.value < 1.0
+
+    d = section.to_dict()
+    assert {e["pair_id"] for e in d["examples"]["worst"]} <= diverged
+    assert d["examples"]["worst"][0]["near_tie"] is False  # real divergences first
+    assert {e["pair_id"] for e in d["examples"]["near_ties"]} <= near
+    assert sum(d["histograms"]["first_divergence"]["candidate"]) == N_DIVERGED
+    assert sum(d["histograms"]["edit_similarity"]["candidate"]) == N_PAIRS
+    days = [(r["day"], r["candidate"]["pairs"]) for r in d["per_day"]]
+    assert days == [("2026-11-30", 100), ("2026-12-01", 100)]
+
+
+def test_sample_is_bounded_per_day(store: Engine) -> None:
+    records, _, _ = build()
+    write_exchanges(store, records)
+    window = (T0, T0 + timedelta(hours=4))
+    section = analyze_divergence(store, DEP, window, DivergenceConfig(max_pairs_per_day=30))
+    summary = section.to_dict()["candidate"]
+    assert summary["pairs_total"] == N_PAIRS
+    assert summary["pairs_sampled"] == 60  # 30 per UTC day
+    rate = section.measurements()[0]
+    assert rate.n == 60 and rate.interval is not None and rate.interval.contains(0.2)
+
+
+def test_no_replay_means_no_noise_floor(store: Engine) -> None:
+    records, _, _ = build()
+    write_exchanges(store, [r for r in records if r.role != "replay"])
+    section = analyze_divergence(store, DEP, (T0, T0 + timedelta(hours=4)))
+    m = {x.key: x for x in section.measurements()}
+    assert m["divergence.candidate_rate"].value == 0.2
+    assert m["divergence.excess_rate"].value is None
+    assert "no replay pairs" in m["divergence.excess_rate"].detail
