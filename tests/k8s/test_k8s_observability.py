@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import yaml
-from k8s_tools import K8S, REPO
+from k8s_tools import K8S, REPO, Tools, promql_errors
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -108,6 +108,16 @@ def test_dashboard_covers_the_promised_views() -> None:
         assert needle in exprs, needle
     for expr in dashboard_exprs():
         assert expr.count("(") == expr.count(")"), expr
+
+
+def test_queries_parse_as_promql(tools: Tools) -> None:
+    # Grafana fills $__rate_interval in before Prometheus sees the query.
+    exprs = [e.replace("$__rate_interval", "5m") for e in dashboard_exprs()]
+    exprs += [r["expr"] for r in alert_rules()]
+    assert promql_errors(tools, exprs) == ""
+    # ...and the check does catch a broken one.
+    report = promql_errors(tools, ["sum(rate(shadow_ab_mirror_requests_total[5m]) by (code)"])
+    assert "parse error" in report
 
 
 def test_dashboard_is_what_the_script_makes() -> None:
