@@ -163,6 +163,9 @@ class HealthPoint:
     process_start_time: float | None = None
     gpu_mem_bytes: int | None = None
     cpu_mem_bytes: int | None = None
+    iteration: float | None = None
+    """TensorRT-LLM's iteration counter (``metrics["iter"]``): going back means a new process
+    (TensorRT-LLM reports no process start time)."""
 
     @classmethod
     def from_sample(cls, s: Any) -> HealthPoint:
@@ -179,6 +182,7 @@ class HealthPoint:
             process_start_time=s.process_start_time,
             gpu_mem_bytes=s.gpu_mem_bytes,
             cpu_mem_bytes=s.cpu_mem_bytes,
+            iteration=(s.metrics or {}).get("iter"),
         )
 
 
@@ -300,6 +304,7 @@ def detect_restarts(
     pts = sorted(points, key=lambda p: p.ts)
     out: list[Finding] = []
     prev_pst: float | None = None
+    prev_iter: float | None = None
     prev_version: str | None = None
     last_up: HealthPoint | None = None
     down: list[HealthPoint] = []
@@ -307,11 +312,13 @@ def detect_restarts(
         if not p.up:
             down.append(p)
             continue
-        restarted = (
+        new_pst = (
             p.process_start_time is not None
             and prev_pst is not None
             and abs(p.process_start_time - prev_pst) > 1.0
         )
+        iter_back = p.iteration is not None and prev_iter is not None and p.iteration < prev_iter
+        restarted = new_pst or iter_back
         same_process = (
             p.process_start_time is not None
             and prev_pst is not None
@@ -330,6 +337,15 @@ def detect_restarts(
                 "down_errors": sorted({d.error or f"HTTP {d.http_status}" for d in down})[:5],
                 "old_process_start_time": prev_pst,
                 "new_process_start_time": p.process_start_time,
+                "signals": [
+                    name
+                    for name, on in (
+                        ("new process start time", new_pst),
+                        ("iteration counter went back", iter_back),
+                        ("health refused connections, then answered", bool(down) and refused),
+                    )
+                    if on
+                ],
                 "restart": True,
             }
             if changed:
@@ -374,6 +390,8 @@ def detect_restarts(
             )
         if p.process_start_time is not None:
             prev_pst = p.process_start_time
+        if p.iteration is not None:
+            prev_iter = p.iteration
         if p.version:
             prev_version = p.version
         last_up = p
@@ -898,12 +916,15 @@ def load_detection_input(
     that failed, timed out or stalled."""
     lo, hi = utc_window(window)
     h = HEALTH.c
+    iteration = h.metrics["iter"].as_float()
     prev = {
         "up": func.lag(h.up).over(partition_by=h.engine, order_by=h.ts),
         "next_up": func.lead(h.up).over(partition_by=h.engine, order_by=h.ts),
         "pst": func.lag(h.process_start_time).over(partition_by=h.engine, order_by=h.ts),
         "version": func.lag(h.version).over(partition_by=h.engine, order_by=h.ts),
         "first": func.lag(h.ts).over(partition_by=h.engine, order_by=h.ts),
+        "iter": func.lag(iteration).over(partition_by=h.engine, order_by=h.ts),
+        "next_iter": func.lead(iteration).over(partition_by=h.engine, order_by=h.ts),
     }
     inner = (
         select(
@@ -916,6 +937,7 @@ def load_detection_input(
             h.error,
             h.version,
             h.process_start_time,
+            iteration.label("iteration"),
             *(v.label(f"prev_{k}") for k, v in prev.items()),
         )
         .where(h.deployment == deployment, h.ts >= lo, h.ts < hi)
@@ -933,6 +955,7 @@ def load_detection_input(
             q.error,
             q.version,
             q.process_start_time,
+            q.iteration,
         )
         .where(
             or_(
@@ -942,6 +965,8 @@ def load_detection_input(
                 q.prev_next_up.is_(False),
                 q.process_start_time.is_distinct_from(q.prev_pst),
                 q.version.is_distinct_from(q.prev_version),
+                q.iteration < q.prev_iter,
+                q.prev_next_iter < q.iteration,
                 q.latency_s >= config.hang_health_latency_s,
             )
         )
@@ -997,7 +1022,9 @@ def load_detection_input(
     )
     with translate(), engine.connect() as conn:
         health = [
-            HealthPoint(r[0], r[1], as_utc(r[2]), bool(r[3]), r[4], r[5], r[6], r[7], r[8])
+            HealthPoint(
+                r[0], r[1], as_utc(r[2]), bool(r[3]), r[4], r[5], r[6], r[7], r[8], iteration=r[9]
+            )
             for r in conn.execute(changes)
         ]
         memory = []

@@ -215,3 +215,15 @@ def test_leak_of_known_rate_within_20_percent_and_warmup_after_crash() -> None:
     assert windows[0].role == "candidate"
     assert windows[0].start == crash.ended_at
     assert windows[0].end == crash.ended_at + timedelta(seconds=60)
+
+
+def test_trtllm_iteration_counter_going_back_is_a_restart() -> None:
+    # TensorRT-LLM reports no process start time; a fast restart between scrapes shows only
+    # as its iteration counter starting over.
+    pts = [hp(i, process_start_time=None, iteration=100.0 * i) for i in range(20)]
+    pts += [hp(i, process_start_time=None, iteration=5.0 * (i - 19)) for i in range(20, 40)]
+    found = detect_restarts(pts)
+    assert kinds(found) == ["crash"]
+    assert found[0].evidence["signals"] == ["iteration counter went back"]
+    idle = [hp(i, process_start_time=None, iteration=7.0) for i in range(20)]
+    assert detect_restarts(idle) == []  # an idle engine's counter stands still

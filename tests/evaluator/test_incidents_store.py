@@ -192,3 +192,31 @@ def test_unknown_deployment_and_bad_arguments(store: Engine) -> None:
         query_incidents(store, DEP, since=datetime(2026, 11, 30))
     with pytest.raises(BadQuery, match="--by"):
         compare_incidents(store, DEP, by="month")  # type: ignore[arg-type]  # the point
+
+
+def test_trtllm_restart_seen_only_in_its_iteration_counter(store: Engine) -> None:
+    samples = []
+    for i in range(240):
+        ts = T0 + timedelta(seconds=i * 15)
+        restarted = i >= 150
+        samples.append(
+            HealthSample(
+                deployment=DEP,
+                engine="trtllm@candidate",
+                role="candidate",
+                flavor="trtllm",
+                ts=ts,
+                up=True,
+                http_status=200,
+                latency_s=6.0 if i == 140 else 0.003,  # a slow scrape shortly before
+                version="1.1.0",
+                gpu_mem_bytes=int(70_000 * MB),
+                metrics={"iter": float((i - 150) * 3 if restarted else 1_000 + i * 40)},
+            )
+        )
+    write_health(store, samples)
+    found = detect_incidents(store, DEP, (T0, T0 + timedelta(hours=1)))
+    assert sorted((f.kind, f.started_at) for f in found) == [
+        ("crash", T0 + timedelta(seconds=149 * 15)),
+        ("hang", T0 + timedelta(seconds=140 * 15)),
+    ]
