@@ -49,6 +49,7 @@ from mirror.headers import (
     PAIR_HEADER,
     client_headers,
     header_value,
+    override_headers,
     shadow_headers,
     upstream_headers,
 )
@@ -81,7 +82,6 @@ SKIPPED_CAP = "skipped_cap"
 SKIPPED_GUARD = "skipped_guard"
 SKIPPED_MALFORMED = "skipped_malformed"
 SKIPPED_TOO_LARGE = "skipped_too_large"
-SKIPPED_DRAINING = "skipped_draining"
 DECISIONS = (
     SAMPLED,
     SKIPPED_SAMPLE,
@@ -89,7 +89,6 @@ DECISIONS = (
     SKIPPED_GUARD,
     SKIPPED_MALFORMED,
     SKIPPED_TOO_LARGE,
-    SKIPPED_DRAINING,
 )
 ERROR_BODY_KEEP = 64 * 1024
 """Bytes of an engine's error answer kept for the record's ``error``."""
@@ -170,6 +169,7 @@ class Mirror:
         self.inc_engine = settings.incumbent_engine()
         self.cand_engine = settings.candidate_engine()
         self.deployment = settings.deployment
+        self._cand_extra = [(k.lower(), v) for k, v in settings.candidate.headers.items()]
         self._inflight = {Role.INCUMBENT: 0, Role.CANDIDATE: 0, Role.REPLAY: 0}
         self._shadow_inflight = 0
         self._shadow_tasks: set[asyncio.Task[None]] = set()
@@ -347,8 +347,6 @@ class Mirror:
         # The shadow decision: never queued, counted either way.
         if parsed is None:
             decision = SKIPPED_MALFORMED
-        elif self.draining:
-            decision = SKIPPED_DRAINING
         else:
             sampler = self.sampler
             hv = header_value(scope["headers"], sampler.header) if sampler.header else None
@@ -384,6 +382,7 @@ class Mirror:
         if decision == SAMPLED:
             assert parsed is not None
             sh_headers = _str_headers(shadow_headers(up_headers))
+            cand_headers = override_headers(sh_headers, self._cand_extra)
             cand_body, cand_rewrites = candidate_request(
                 parsed, chat=chat, rewrite=self.settings.candidate.rewrite
             )
@@ -396,7 +395,7 @@ class Mirror:
                 "guard": guard_state,
             }
             shadows.append(
-                self._fire(Role.CANDIDATE, route, cand_body, cand_rewrites, sh_headers, common)
+                self._fire(Role.CANDIDATE, route, cand_body, cand_rewrites, cand_headers, common)
             )
             if (
                 self.sampler.replay()

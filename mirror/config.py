@@ -95,6 +95,11 @@ class IncumbentConfig(EngineConfig):
 
 class CandidateConfig(EngineConfig):
     flavor: Flavor = "trtllm"
+    headers: dict[str, str] = Field(
+        default_factory=dict,
+        description="headers sent to the candidate instead of the client's of the same name"
+        " (e.g. the candidate's own Authorization)",
+    )
     rewrite: CandidateRewrite = Field(default_factory=CandidateRewrite)
 
 

@@ -81,3 +81,13 @@ def header_value(headers: Iterable[tuple[bytes, bytes]], name: bytes) -> bytes |
         if n == name:
             return v
     return None
+
+
+def override_headers(
+    headers: list[tuple[str, str]], extra: list[tuple[str, str]]
+) -> list[tuple[str, str]]:
+    """``headers`` with the ``extra`` ones (lower-case names) replacing any of the same name."""
+    if not extra:
+        return headers
+    names = {k for k, _ in extra}
+    return [(k, v) for k, v in headers if k.lower() not in names] + extra

@@ -8,7 +8,13 @@ from collections import Counter
 import pytest
 from pydantic import ValidationError
 
-from mirror.headers import PAIR_HEADER, client_headers, shadow_headers, upstream_headers
+from mirror.headers import (
+    PAIR_HEADER,
+    client_headers,
+    override_headers,
+    shadow_headers,
+    upstream_headers,
+)
 from mirror.rewrite import (
     CandidateRewrite,
     candidate_request,
@@ -132,3 +138,10 @@ def test_hop_by_hop_headers_stay_on_their_connection() -> None:
         (PAIR_HEADER, b"p"),
     ]
     assert (b"content-length", b"99") not in client_headers(resp, b"p", rechunked=True)
+
+
+def test_candidate_header_overrides_replace_the_clients() -> None:
+    client = [("Authorization", "Bearer client"), ("x-a", "1")]
+    extra = [("authorization", "Bearer candidate")]
+    assert override_headers(client, extra) == [("x-a", "1"), ("authorization", "Bearer candidate")]
+    assert override_headers(client, []) is client
