@@ -149,9 +149,15 @@ def test_ingester_settings_from_its_manifest(docs: Docs, monkeypatch: pytest.Mon
         kafka_bootstrap=flags["kafka"], ingest_metrics_port=int(flags["metrics-port"])
     )
     assert settings.ingest_metrics_host == "0.0.0.0"
-    assert settings.ingest_metrics_port == container["ports"][0]["containerPort"]
     assert settings.ingest_create_topics is False
     assert settings.ingest_workers == 2
+    # Worker i serves on --metrics-port + i: one named, scraped port per worker.
+    ports = sorted(p["containerPort"] for p in container["ports"])
+    first = settings.ingest_metrics_port
+    assert ports == list(range(first, first + settings.ingest_workers))
+    monitor = find(docs["prod"], "PodMonitor", "shadow-ab-workers")["spec"]
+    scraped = {e["port"] for e in monitor["podMetricsEndpoints"]}
+    assert {p["name"] for p in container["ports"]} <= scraped
 
 
 def test_api_settings_from_its_manifest(
