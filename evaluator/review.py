@@ -378,8 +378,11 @@ def build_review(
         lambda: run.divergence(engine, deployment, window, progress=stages.sub("divergence")),
     )
     sections = {"latency": latency, "incidents": incidents, "divergence": divergence}
-    measurements = [m for s in sections.values() for m in s.measurements()]
-    measurements += data_measurements(data)
+    # The window's size is judged on one definition (pairs = mirrored pairs, days = the span
+    # from the first to the last of them); a section's own data.* figures are left out.
+    measurements = data_measurements(data) + [
+        m for s in sections.values() for m in s.measurements() if not m.key.startswith("data.")
+    ]
     verdict: Verdict = stages.run("verdict", lambda: decide(policy, measurements))
     all_notes = ([SIMULATOR_NOTE] if _simulated(info) else []) + list(notes)
     review = Review(
