@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from datetime import datetime
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import Depends, Path, Request
+from pydantic import BeforeValidator
 from sqlalchemy import Connection, Engine
 
 from api import queries
@@ -16,10 +17,40 @@ from api.queries import AnyRow
 
 MAX_PAGE = 500
 
-DeploymentName = Annotated[
-    str, Path(min_length=1, max_length=200, description="the deployment's name")
-]
+DeploymentName = Annotated[str, Path(description="the deployment's name")]
 Format = Literal["json", "html"]
+
+
+def _declared_query(dependant: Any) -> set[str]:
+    names = {p.alias for p in dependant.query_params}
+    for sub in dependant.dependencies:
+        names |= _declared_query(sub)
+    return names
+
+
+def reject_unknown_query(request: Request) -> None:
+    """422 for a query parameter the endpoint does not take: a typo (``?role=`` for
+    ``?engine_role=``) must not silently widen the answer."""
+    dependant = getattr(request.scope.get("route"), "dependant", None)
+    if dependant is None or not request.query_params:
+        return
+    declared = _declared_query(dependant)
+    unknown = sorted(set(request.query_params) - declared)
+    if unknown:
+        shown = ", ".join(repr(u[:40]) for u in unknown[:5])
+        takes = ", ".join(sorted(declared)) or "none"
+        raise BadParameter(f"unknown query parameter {shown}: this endpoint takes {takes}")
+
+
+def _iso_time(value: Any) -> Any:
+    # Pydantic would read a bare number as Unix seconds; the API documents ISO 8601 only.
+    if isinstance(value, str) and not any(c in value for c in "-:T"):
+        raise ValueError("expected an ISO 8601 time such as 2026-11-30T00:00:00Z")
+    return value
+
+
+Time = Annotated[datetime, BeforeValidator(_iso_time)]
+"""A time query parameter: ISO 8601 only (no zone means UTC)."""
 
 
 def get_engine(request: Request) -> Engine:

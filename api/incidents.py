@@ -7,7 +7,6 @@ The adapter computes nothing: it turns the evaluator's plain dicts into the resp
 
 from __future__ import annotations
 
-import importlib
 import math
 from datetime import datetime
 from typing import Any, Literal
@@ -16,10 +15,7 @@ from sqlalchemy import Engine
 
 from api.errors import BadParameter, NotFound
 from api.models import Incident, IncidentComparison
-
-
-def _query() -> Any:
-    return importlib.import_module("evaluator.incidents_query")
+from evaluator import incidents_query as q
 
 
 def finite(value: Any) -> Any:
@@ -34,7 +30,6 @@ def finite(value: Any) -> Any:
 
 
 def _translate(exc: Exception) -> Exception:
-    q = _query()
     if isinstance(exc, q.UnknownDeployment):
         return NotFound(str(exc))
     if isinstance(exc, q.BadQuery):
@@ -51,7 +46,6 @@ def list_incidents(
     since: datetime | None,
     until: datetime | None,
 ) -> list[Incident]:
-    q = _query()
     try:
         rows = q.query_incidents(
             engine, deployment, engine_role=engine_role, kind=kind, since=since, until=until
@@ -70,7 +64,6 @@ def compare(
     since: datetime | None,
     until: datetime | None,
 ) -> IncidentComparison:
-    q = _query()
     try:
         result = q.compare_incidents(engine, deployment, by=by, kind=kind, since=since, until=until)
     except q.IncidentQueryError as exc:

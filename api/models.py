@@ -29,6 +29,16 @@ class Problem(_Out):
     errors: list[dict[str, Any]] | None = None
 
 
+def problem_response(description: str) -> dict[str, Any]:
+    """An OpenAPI response entry for a :class:`Problem` served as application/problem+json."""
+    ref = {"$ref": "#/components/schemas/Problem"}
+    return {
+        "model": Problem,
+        "description": description,
+        "content": {"application/problem+json": {"schema": ref}},
+    }
+
+
 class Health(_Out):
     status: Literal["ok", "unavailable"]
     database: str = Field(description="`ok`, or why the store cannot be reached")

@@ -6,15 +6,14 @@ Both answer with what :mod:`evaluator.incidents_query` computes (through
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query
 
 from api import incidents
 from api.auth import Reader
-from api.deps import Conn, DeploymentName, Store, check_window, deployment_row, utc_param
-from api.models import IncidentComparison, IncidentList, Problem
+from api.deps import Conn, DeploymentName, Store, Time, check_window, deployment_row, utc_param
+from api.models import IncidentComparison, IncidentList
 
 router = APIRouter(tags=["incidents"])
 
@@ -22,16 +21,15 @@ Kind = Literal["crash", "version_change", "leak", "error_burst", "hang"]
 EngineRole = Literal["incumbent", "candidate", "replay"]
 KindQuery = Annotated[Kind | None, Query(description="only incidents of this kind")]
 SinceQuery = Annotated[
-    datetime | None, Query(description="started at or after (ISO 8601; no zone = UTC)")
+    Time | None, Query(description="started at or after (ISO 8601; no zone = UTC)")
 ]
-UntilQuery = Annotated[datetime | None, Query(description="started before (ISO 8601)")]
+UntilQuery = Annotated[Time | None, Query(description="started before (ISO 8601)")]
 
 
 @router.get(
     "/deployments/{name}/incidents",
     response_model=IncidentList,
     summary="Incidents, filtered",
-    responses={404: {"model": Problem}, 422: {"model": Problem}},
 )
 def list_incidents(
     name: DeploymentName,
@@ -58,7 +56,6 @@ def list_incidents(
     "/deployments/{name}/incidents/compare",
     response_model=IncidentComparison,
     summary="Incident counts per day or week, candidate against incumbent",
-    responses={404: {"model": Problem}, 422: {"model": Problem}},
 )
 def compare_incidents(
     name: DeploymentName,

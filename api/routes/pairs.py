@@ -9,7 +9,6 @@ the page shows outputs, so it needs the ``content`` scope.
 from __future__ import annotations
 
 import uuid
-from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Header, Path, Query
@@ -22,6 +21,7 @@ from api.deps import (
     Conn,
     DeploymentName,
     Format,
+    Time,
     check_window,
     deployment_row,
     utc_param,
@@ -30,7 +30,7 @@ from api.deps import (
 from api.divergence import compare
 from api.errors import MissingScope, NotFound
 from api.html import pair_page
-from api.models import DivergentPair, PairDetail, PairPage, Problem, Side, SideSummary
+from api.models import DivergentPair, PairDetail, PairPage, Side, SideSummary, problem_response
 from api.queries import AnyRow
 from api.redact import split_request
 
@@ -62,7 +62,6 @@ def _columns(row: AnyRow, prefix: str) -> dict[str, Any]:
     "/deployments/{name}/pairs/divergent",
     response_model=PairPage,
     summary="Pairs whose outputs or finish reasons differ, oldest first, paged",
-    responses={404: {"model": Problem}, 422: {"model": Problem}},
 )
 def divergent_pairs(
     name: DeploymentName,
@@ -76,8 +75,8 @@ def divergent_pairs(
     cursor: Annotated[
         str | None, Query(max_length=200, description="`next_cursor` of the previous page")
     ] = None,
-    since: Annotated[datetime | None, Query(description="sent at or after (ISO 8601)")] = None,
-    until: Annotated[datetime | None, Query(description="sent before (ISO 8601)")] = None,
+    since: Annotated[Time | None, Query(description="sent at or after (ISO 8601)")] = None,
+    until: Annotated[Time | None, Query(description="sent before (ISO 8601)")] = None,
 ) -> PairPage:
     deployment_row(conn, name)
     after = queries.decode_cursor(cursor) if cursor else None
@@ -151,9 +150,7 @@ def pair_detail(name: str, rows: list[AnyRow], who: Principal) -> PairDetail:
             "content": {"text/html": {"schema": {"type": "string"}}},
             "description": "the pair as JSON, or an HTML page with the divergence marked",
         },
-        403: {"model": Problem, "description": "the HTML page needs the `content` scope"},
-        404: {"model": Problem},
-        422: {"model": Problem},
+        403: problem_response("the HTML page needs the `content` scope"),
     },
 )
 def get_pair(

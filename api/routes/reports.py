@@ -16,7 +16,7 @@ from api import queries
 from api.auth import Principal, Reader
 from api.deps import MAX_PAGE, Conn, DeploymentName, Format, deployment_row, wants_html
 from api.errors import MissingScope, NotFound
-from api.models import Problem, Report, ReportList, ReportSummary
+from api.models import Report, ReportList, ReportSummary, problem_response
 from api.queries import AnyRow
 from api.redact import redact
 
@@ -27,8 +27,7 @@ REPORT_RESPONSES: dict[int | str, dict[str, Any]] = {
         "content": {"text/html": {"schema": {"type": "string"}}},
         "description": "the report as JSON, or its HTML page with `?format=html`",
     },
-    403: {"model": Problem, "description": "the HTML page needs the `content` scope"},
-    404: {"model": Problem, "description": "unknown deployment or report"},
+    403: problem_response("the HTML page needs the `content` scope"),
 }
 
 FormatQuery = Annotated[
@@ -41,7 +40,6 @@ FormatQuery = Annotated[
     "/deployments/{name}/reports",
     response_model=ReportList,
     summary="A deployment's reports, newest first",
-    responses={404: {"model": Problem}},
 )
 def list_reports(
     name: DeploymentName,
