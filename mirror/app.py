@@ -808,6 +808,53 @@ def build_api(mirror: Mirror) -> FastAPI:
     return api
 
 
+def create_health_app(settings: MirrorSettings, *, sink: Any) -> FastAPI:
+    """``--health-only``: the health sampler alone, with ``/metrics`` and ``/healthz``."""
+    from mirror.health import EngineTarget, HealthSampler
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        targets = [
+            EngineTarget(
+                settings.incumbent_engine(),
+                Role.INCUMBENT,
+                settings.incumbent.url,
+                settings.incumbent.flavor,
+            ),
+            EngineTarget(
+                settings.candidate_engine(),
+                Role.CANDIDATE,
+                settings.candidate.url,
+                settings.candidate.flavor,
+            ),
+        ]
+        async with aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar()) as session:
+            sampler = HealthSampler(targets, sink, session, settings.deployment, settings.health)
+            task = asyncio.create_task(sampler.run(), name="health-sampler")
+            log.info("health sampling every %.1fs (health-only)", settings.health.interval_s)
+            try:
+                yield
+            finally:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+                await asyncio.to_thread(sink.flush, settings.sink_close_timeout_s)
+
+    api = FastAPI(
+        title="shadow-ab health sampler", lifespan=lifespan, docs_url=None, redoc_url=None
+    )
+
+    @api.get("/metrics", summary="Prometheus metrics (shadow_ab_engine_*)")
+    def metrics() -> Response:
+        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
+    @api.get("/healthz", summary="The sampler's own health")
+    def healthz() -> JSONResponse:
+        return JSONResponse({"status": "ok", "deployment": settings.deployment})
+
+    return api
+
+
 def create_app(
     settings: MirrorSettings,
     *,

@@ -8,8 +8,6 @@ separate Kubernetes Deployment that keeps scraping while the mirror is rolled).
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import signal
 import sys
@@ -39,7 +37,11 @@ log = logging.getLogger("mirror")
 @click.option("--shadow-header", help="Sample consistently by this header (e.g. x-session-id).")
 @click.option("--replay-rate", type=float, help="Fraction of shadowed requests also replayed.")
 @click.option("--max-shadow", type=int, help="Most shadow requests in flight.")
-@click.option("--health-only", is_flag=True, help="Run only the health sampler.")
+@click.option(
+    "--health-only",
+    is_flag=True,
+    help="Run only the health sampler (serving /metrics and /healthz on --host/--port).",
+)
 @click.option("-v", "--verbose", is_flag=True, help="Log at DEBUG level.")
 def mirror(
     incumbent: str | None,
@@ -85,10 +87,7 @@ def mirror(
     )
     sink = _open_sink(settings)
     try:
-        if health_only:
-            asyncio.run(_health_only(settings, sink))
-        else:
-            serve(settings, sink)
+        serve(settings, sink, health_only=health_only)
     finally:
         if not sink.close(settings.sink_close_timeout_s):
             log.warning("the sink could not deliver every record before closing")
@@ -104,13 +103,16 @@ def _open_sink(settings: MirrorSettings) -> Any:
         raise click.ClickException(f"cannot open the record sink: {exc}") from exc
 
 
-def serve(settings: MirrorSettings, sink: Any) -> None:
-    """Run the mirror until SIGTERM/SIGINT (uvicorn drains, the lifespan flushes)."""
+def serve(settings: MirrorSettings, sink: Any, *, health_only: bool = False) -> None:
+    """Run the mirror (or only the health sampler, with its /metrics) until SIGTERM/SIGINT
+    (uvicorn drains, the lifespan flushes)."""
     import uvicorn
 
-    from mirror.app import create_app
+    from mirror.app import create_app, create_health_app
 
-    app = create_app(settings, sink=sink)
+    app: Any = (
+        create_health_app(settings, sink=sink) if health_only else create_app(settings, sink=sink)
+    )
     config = uvicorn.Config(
         app,
         host=settings.host,
@@ -138,37 +140,3 @@ def serve(settings: MirrorSettings, sink: Any) -> None:
 
 def _ignore_late_signal(signum: int, frame: FrameType | None) -> None:
     log.info("signal %d after shutdown began: already stopping", signum)
-
-
-async def _health_only(settings: MirrorSettings, sink: Any) -> None:
-    import aiohttp
-
-    from mirror.health import EngineTarget, HealthSampler
-    from shadow_ab.records import Role
-
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    targets = [
-        EngineTarget(
-            settings.incumbent_engine(),
-            Role.INCUMBENT,
-            settings.incumbent.url,
-            settings.incumbent.flavor,
-        ),
-        EngineTarget(
-            settings.candidate_engine(),
-            Role.CANDIDATE,
-            settings.candidate.url,
-            settings.candidate.flavor,
-        ),
-    ]
-    async with aiohttp.ClientSession() as session:
-        sampler = HealthSampler(targets, sink, session, settings.deployment, settings.health)
-        task = asyncio.create_task(sampler.run())
-        log.info("health sampling every %.1fs (health-only)", settings.health.interval_s)
-        await stop.wait()
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task

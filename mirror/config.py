@@ -178,8 +178,12 @@ class MirrorSettings(CommonSettings):
 
     @model_validator(mode="after")
     def _usable(self) -> MirrorSettings:
-        if self.kafka is None and self.kafka_bootstrap:
-            self.kafka = KafkaSinkConfig(bootstrap=self.kafka_bootstrap)
+        if self.kafka_bootstrap:
+            # --kafka / SHADOW_AB_KAFKA_BOOTSTRAP beat the YAML's kafka.bootstrap
+            if self.kafka is None:
+                self.kafka = KafkaSinkConfig(bootstrap=self.kafka_bootstrap)
+            elif self.kafka.bootstrap != self.kafka_bootstrap:
+                self.kafka = self.kafka.model_copy(update={"bootstrap": self.kafka_bootstrap})
         if self.incumbent.url == self.candidate.url:
             raise ValueError(
                 f"incumbent and candidate are the same server ({self.incumbent.url}): give the"

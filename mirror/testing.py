@@ -123,6 +123,7 @@ def running_mirror(
     port: int | None = None,
     startup_timeout: float = 30.0,
     env: dict[str, str] | None = None,
+    health_only: bool = False,
     **overrides: Any,
 ) -> Iterator[RunningMirror]:
     """Run one ``shadow-ab mirror`` subprocess for the duration of the ``with`` block.
@@ -131,6 +132,7 @@ def running_mirror(
     the mirror), or to Kafka at ``kafka`` (``HOST:PORT``). ``overrides`` are settings, e.g.
     ``shadow={"rate": 0.5, "replay_rate": 0.1}``, ``deployment="exp1"``,
     ``candidate={"rewrite": {"model": "m"}}`` (merged with the URLs), ``health_enabled=False``.
+    ``health_only=True`` runs ``shadow-ab mirror --health-only`` (the sampler and its /metrics).
     """
     with tempfile.TemporaryDirectory(prefix="shadow-ab-mirror-test-") as tmp:
         workdir = Path(tmp)
@@ -154,6 +156,8 @@ def running_mirror(
             chosen = port or free_port(host)
             cmd = [sys.executable, "-m", "shadow_ab", "mirror", "--config", str(config_path)]
             cmd += ["--host", host, "--port", str(chosen)]
+            if health_only:
+                cmd.append("--health-only")
             if kafka is not None:
                 cmd += ["--kafka", kafka]
             if database_url is not None:

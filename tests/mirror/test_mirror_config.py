@@ -53,6 +53,11 @@ port: 9000
     assert s.deployment == "from-env"
     assert s.kafka is not None and s.kafka.bootstrap == "127.0.0.1:59092"
 
+    # a kafka: section in YAML keeps its settings; the flag's bootstrap wins
+    cfg.write_text(cfg.read_text() + "kafka: {bootstrap: yaml-host:9092, queue_max: 77}\n")
+    s = load_settings(cfg, kafka_bootstrap="flag-host:9092")
+    assert s.kafka is not None and (s.kafka.bootstrap, s.kafka.queue_max) == ("flag-host:9092", 77)
+
     s = load_settings(cfg, deployment="from-flag", shadow={"rate": 0.75}, port=9100)
     assert (s.deployment, s.shadow.rate, s.port) == ("from-flag", 0.75, 9100)
     assert s.shadow.replay_rate == 0.05

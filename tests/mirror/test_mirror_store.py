@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -83,3 +84,35 @@ def test_postgresql_records_and_sigterm_drain(
 
 def _healthz(base_url: str) -> bytes:
     return http_get(base_url + "/healthz")[1].replace(b" ", b"")
+
+
+def test_health_only_samples_both_engines_and_serves_metrics(
+    engines: tuple[RunningSim, RunningSim], tmp_path: Path
+) -> None:
+    db = f"sqlite:///{tmp_path / 'health.db'}"
+    with running_mirror(
+        engines[0].base_url,
+        engines[1].base_url,
+        database_url=db,
+        deployment="health-test",
+        health_only=True,
+        health={"interval_s": 0.2},
+    ) as sampler:
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            if sampler.metric("shadow_ab_engine_up", engine="trtllm@candidate") == 1.0:
+                break
+            time.sleep(0.1)
+        assert sampler.metric("shadow_ab_engine_up", engine="vllm@incumbent") == 1.0
+        assert sampler.metric("shadow_ab_engine_up", engine="trtllm@candidate") == 1.0
+        assert http_get(sampler.base_url + "/v1/models")[0] == 404  # no serving path here
+        assert sampler.stop() == 0
+    engine = make_engine(db)
+    try:
+        with engine.connect() as conn:
+            found = conn.execute(
+                text("SELECT engine, count(*) FROM health_samples GROUP BY engine")
+            ).all()
+    finally:
+        engine.dispose()
+    assert {e for e, n in found if n >= 1} == {"vllm@incumbent", "trtllm@candidate"}
