@@ -87,6 +87,9 @@ class IncidentConfig:
     """Exchange failures this close to a crash are part of it."""
     crash_min_connection_errors: int = 3
     """Without health samples, this many connection errors in a cluster make a crash."""
+    health_min_down_samples: int = 2
+    """A health outage without a restart (503s or probe timeouts from a live process) needs
+    this many consecutive down samples (one slow probe on a busy host is not an incident)."""
     health_max_gap_s: float = 120.0
     """Scrapes further apart than this leave a hole in the observed time (exposure)."""
     leak_window_h: float = 2.0
@@ -353,7 +356,7 @@ def detect_restarts(
                 out.append(Finding(p.engine, p.role, "version_change", start, p.ts, evidence))
             else:
                 out.append(Finding(p.engine, p.role, "crash", start, p.ts, evidence))
-        elif down and last_up is not None:
+        elif len(down) >= config.health_min_down_samples and last_up is not None:
             timeouts = sum(_is_timeout(d.error) for d in down)
             kind = "hang" if timeouts * 2 >= len(down) else "error_burst"
             out.append(

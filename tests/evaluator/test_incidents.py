@@ -227,3 +227,11 @@ def test_trtllm_iteration_counter_going_back_is_a_restart() -> None:
     assert found[0].evidence["signals"] == ["iteration counter went back"]
     idle = [hp(i, process_start_time=None, iteration=7.0) for i in range(20)]
     assert detect_restarts(idle) == []  # an idle engine's counter stands still
+
+
+def test_one_failed_probe_is_not_an_outage() -> None:
+    pts = [*series(10), hp(10, up=False, http_status=None, error="/health: TimeoutError")]
+    pts += series(20)[11:]
+    assert detect_restarts(pts) == []
+    pts[11] = hp(11, up=False, http_status=None, error="/health: TimeoutError")
+    assert kinds(detect_restarts(pts)) == ["hang"]
