@@ -284,3 +284,50 @@ def test_api_reads_from_a_service_with_endpoints(overlay: str, docs: Docs) -> No
     instances = find(docs[overlay], "Cluster", "shadow-ab-pg")["spec"]["instances"]
     # -ro selects replicas only: with a single instance it has no endpoints.
     assert host == ("shadow-ab-pg-ro" if instances > 1 else "shadow-ab-pg-rw")
+
+
+def _egress_targets(policy: dict[str, Any]) -> set[str]:
+    out = set()
+    for rule in policy["spec"]["egress"]:
+        for peer in rule["to"]:
+            labels = peer.get("podSelector", {}).get("matchLabels", {})
+            if "k8s-app" in labels:
+                out.add("dns")
+            elif "cnpg.io/cluster" in labels:
+                out.add("postgres")
+            elif "strimzi.io/cluster" in labels:
+                out.add("kafka")
+            elif labels.get("app.kubernetes.io/component") == "engines":
+                out.add("engines")
+    return out
+
+
+def test_prod_egress_is_allow_listed(docs: Docs) -> None:
+    policies = [
+        d
+        for d in docs["prod"]
+        if d["kind"] == "NetworkPolicy" and "Egress" in d["spec"]["policyTypes"]
+    ]
+    by_component: dict[str, set[str]] = {}
+    for p in policies:
+        sel = p["spec"]["podSelector"]
+        components = (
+            [sel["matchLabels"]["app.kubernetes.io/component"]]
+            if "matchLabels" in sel
+            else [v for e in sel["matchExpressions"] for v in e["values"]]
+        )
+        for c in components:
+            by_component[c] = _egress_targets(p)
+    assert by_component == {
+        "mirror": {"dns", "engines", "kafka"},
+        "health-sampler": {"dns", "engines", "kafka"},
+        "ingester": {"dns", "kafka", "postgres"},
+        "migrate": {"dns", "postgres"},
+        "evaluator": {"dns", "postgres"},
+        "api": {"dns", "postgres"},
+    }
+    assert not [
+        d
+        for d in docs["dev"]
+        if d["kind"] == "NetworkPolicy" and "Egress" in d["spec"]["policyTypes"]
+    ]
