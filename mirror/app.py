@@ -526,21 +526,24 @@ class Mirror:
                 async for chunk in resp.content.iter_any():
                     t = clock()
                     last_t = t
-                    if parser is not None:
+                    if rechunk:  # whole events only, without the usage one the client lacks
+                        assert parser is not None and trace is not None
                         events = parser.feed(chunk)
-                        if rechunk:
-                            out = b"".join([e.raw for e in events if not is_usage_only(e.data)])
-                        else:
-                            out = chunk
-                        assert trace is not None
+                        out = b"".join([e.raw for e in events if not is_usage_only(e.data)])
+                        if out:
+                            await send(
+                                {"type": "http.response.body", "body": out, "more_body": True}
+                            )
                         for e in events:
                             trace.add(t, e.data)
-                    else:
-                        out = chunk
-                        if status is Status.OK or len(parts) < 64:
+                    else:  # the bytes as they came; parsed after they went out
+                        await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                        if parser is not None:
+                            assert trace is not None
+                            for e in parser.feed(chunk):
+                                trace.add(t, e.data)
+                        elif status is Status.OK or len(parts) < 64:
                             parts.append(chunk)
-                    if out:
-                        await send({"type": "http.response.body", "body": out, "more_body": True})
                     if first:
                         first = False
                         m.ADDED.observe((t0 - t_ready) + (clock() - t))

@@ -11,12 +11,14 @@ Pure: no I/O, no clock. Errors: none (malformed lines are ignored, as the spec s
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
 DONE = b"[DONE]"
+_EMPTY_CHOICES = re.compile(rb'"choices"\s*:\s*\[\s*\]')
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +48,34 @@ class SSEParser:
 
     def feed(self, chunk: bytes) -> list[SSEEvent]:
         """Take the next bytes of the stream; return the events they complete, in order."""
+        if not self._buf and b"\r" not in chunk and b"\n\n\n" not in chunk and chunk[:1] != b"\n":
+            return self._feed_lf(chunk)
+        return self._feed_any(chunk)
+
+    def _feed_lf(self, chunk: bytes) -> list[SSEEvent]:
+        """The common case, fast: LF line ends, every event starting in this chunk."""
+        blocks = chunk.split(b"\n\n")
+        out = []
+        for block in blocks[:-1]:
+            data: list[bytes] = []
+            event: str | None = None
+            for line in block.split(b"\n"):
+                if line[:5] == b"data:":
+                    value = line[5:]
+                    data.append(value[1:] if value[:1] == b" " else value)
+                elif line == b"data":
+                    data.append(b"")
+                elif line[:6] == b"event:":
+                    value = line[6:]
+                    event = (value[1:] if value[:1] == b" " else value).decode("utf-8", "replace")
+            payload = (data[0] if len(data) == 1 else b"\n".join(data)) if data else None
+            out.append(SSEEvent(payload, block + b"\n\n", event))
+        rest = blocks[-1]
+        if rest:
+            out.extend(self._feed_any(rest))
+        return out
+
+    def _feed_any(self, chunk: bytes) -> list[SSEEvent]:
         buf = self._buf
         buf += chunk
         out: list[SSEEvent] = []
@@ -122,7 +152,7 @@ def decode_data(data: bytes | None) -> dict[str, Any] | None:
 def is_usage_only(data: bytes | None) -> bool:
     """Whether an event is the usage chunk ``include_usage`` adds: empty ``choices`` and a
     ``usage`` object. Cheap byte checks first, the JSON parse only for candidates."""
-    if data is None or b'"usage"' not in data or b'"choices"' not in data:
+    if data is None or b'"usage"' not in data or _EMPTY_CHOICES.search(data) is None:
         return False
     obj = decode_data(data)
     return obj is not None and obj.get("choices") == [] and isinstance(obj.get("usage"), dict)

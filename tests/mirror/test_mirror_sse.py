@@ -106,3 +106,19 @@ def test_decode_data_and_usage_detection_reject_what_is_not_a_usage_chunk() -> N
     assert not is_usage_only(b'{"choices":[],"usage":null}')
     assert not is_usage_only(b'{"note":"\\"usage\\" \\"choices\\""}')
     assert is_usage_only(b'{"choices": [], "usage": {"completion_tokens": 1}}')
+
+
+def test_fast_and_general_paths_agree_on_random_streams() -> None:
+    import random
+
+    rng = random.Random(7)
+    pieces = [b"data: a", b"data:b", b"data", b"event: e", b": c", b"id: 1", b"x", b""]
+    ends = [b"\n", b"\n", b"\n", b"\r\n", b"\r"]
+    for _ in range(300):
+        stream = b"".join(rng.choice(pieces) + rng.choice(ends) for _ in range(rng.randint(1, 12)))
+        whole = SSEParser()
+        got = whole.feed(stream)
+        bytewise = SSEParser()
+        want = [e for i in range(len(stream)) for e in bytewise._feed_any(stream[i : i + 1])]
+        assert [(e.data, e.raw, e.event) for e in got] == [(e.data, e.raw, e.event) for e in want]
+        assert whole.pending() == bytewise.pending()
