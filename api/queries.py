@@ -146,6 +146,9 @@ def divergent_pairs(
         ),
     ]
     if after is not None:
+        # The plain bound lets the (deployment, role, sent_at) index start at the cursor; the
+        # row comparison then breaks ties on pair_id.
+        conditions.append(inc.c.sent_at >= after[0])
         conditions.append(tuple_(inc.c.sent_at, inc.c.pair_id) > tuple_(after[0], after[1]))
     if since is not None:
         conditions.append(inc.c.sent_at >= since)

@@ -2,7 +2,7 @@
 
 Pure functions over plain values: :func:`split_request` separates a stored request body into
 its prompt and its parameters; :func:`redact` nulls content fields anywhere in a JSON document
-(a stored report's body) and says whether it found any.
+(a stored report's body), and token lists, and says whether it found text.
 """
 
 from __future__ import annotations
@@ -29,6 +29,13 @@ CONTENT_KEYS = PROMPT_KEYS | frozenset(
     }
 )
 """Keys whose values are prompt or output text wherever they appear in a report body."""
+TOKEN_KEYS = frozenset({"tokens", "divergent_tokens"})
+"""Keys that hold output tokens when their value is a list of strings (the divergence
+examples' tokens at the first divergence); a list of counts under the same key is kept."""
+
+
+def _is_token_list(value: Any) -> bool:
+    return isinstance(value, list) and any(isinstance(v, str) for v in value)
 
 
 def split_request(request: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
@@ -41,8 +48,9 @@ def split_request(request: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
 
 
 def redact(value: Any) -> tuple[Any, bool]:
-    """``value`` with every :data:`CONTENT_KEYS` field set to None, and whether one held
-    something."""
+    """``value`` with every :data:`CONTENT_KEYS` field and every token list set to None, and
+    whether a :data:`CONTENT_KEYS` field held something (text a page would show; the report
+    page does not render example tokens)."""
     if isinstance(value, dict):
         found = False
         out: dict[str, Any] = {}
@@ -50,6 +58,8 @@ def redact(value: Any) -> tuple[Any, bool]:
             if key in CONTENT_KEYS:
                 out[key] = None
                 found = found or item not in (None, "", [], {})
+            elif key in TOKEN_KEYS and _is_token_list(item):
+                out[key] = None
             else:
                 out[key], inner = redact(item)
                 found = found or inner
