@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from api.redact import redact, split_request
 
 
 def test_redact_nulls_text_fields_and_token_lists_anywhere() -> None:
-    body = {
+    body: dict[str, Any] = {
         "verdict": "GO",
         "examples": {
             "worst": [
