@@ -6,6 +6,7 @@ PostgreSQL is the real server from `shadow-ab services up`; databases are throw-
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Iterator
 
 import pytest
@@ -51,6 +52,14 @@ def fresh_url(pg_databases: PgDatabases, migrated_template: str) -> Iterator[str
     name, url = pg_databases.create(template=migrated_template)
     yield url
     pg_databases.drop(name)
+
+
+@pytest.fixture
+def unused_port() -> int:
+    """A local TCP port nothing listens on."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="session")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -22,14 +21,10 @@ from api.cli import api
 from storage.db import make_engine
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def test_shadow_ab_api_serves_with_tokens_from_the_environment(seeded_url: str) -> None:
-    port = free_port()
+def test_shadow_ab_api_serves_with_tokens_from_the_environment(
+    seeded_url: str, unused_port: int
+) -> None:
+    port = unused_port
     env = {
         **os.environ,
         "SHADOW_AB_API_TOKENS": json.dumps(TOKENS),
