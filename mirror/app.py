@@ -73,7 +73,8 @@ ROUTES: dict[str, Endpoint] = {
 }
 OWN_PATHS = frozenset({"/metrics", "/healthz", "/mirror/docs", "/mirror/openapi.json"})
 SKIP_AUTO_HEADERS = ("Accept-Encoding", "User-Agent", "Content-Type")
-"""aiohttp adds these when absent; the engines must see exactly the client's."""
+"""aiohttp adds these when absent; the engines must see exactly the client's. Sessions handed
+to :func:`create_app` should be made with ``skip_auto_headers=SKIP_AUTO_HEADERS`` too."""
 
 # Shadow decisions (label values of shadow_ab_mirror_shadow_decisions_total).
 SAMPLED = "sampled"
@@ -230,6 +231,7 @@ class Mirror:
             ),
             auto_decompress=not raw,
             cookie_jar=aiohttp.DummyCookieJar(),
+            skip_auto_headers=SKIP_AUTO_HEADERS,
         )
         self._own_sessions.append(session)
         return session
@@ -491,9 +493,7 @@ class Mirror:
         t0 = clock()
         try:
             try:
-                resp = await session.post(
-                    url, data=body, headers=headers, skip_auto_headers=SKIP_AUTO_HEADERS
-                )
+                resp = await session.post(url, data=body, headers=headers)
             except TimeoutError as exc:
                 status, error, client_code = Status.TIMEOUT, f"timeout: {exc!r}", 504
                 await self._send_error(send, 504, "the incumbent did not answer", "GatewayTimeout")
@@ -687,9 +687,7 @@ class Mirror:
         try:
             async with (
                 asyncio.timeout(self.settings.shadow.timeout_s),
-                session.post(
-                    url + route, data=payload, headers=headers, skip_auto_headers=SKIP_AUTO_HEADERS
-                ) as resp,
+                session.post(url + route, data=payload, headers=headers) as resp,
             ):
                 http_status = resp.status
                 status = status_of(resp.status)
@@ -748,7 +746,6 @@ class Mirror:
                 self.inc_url + _path_qs(scope),
                 data=body or None,
                 headers=_str_headers(headers),
-                skip_auto_headers=SKIP_AUTO_HEADERS,
                 allow_redirects=False,
             )
         except (TimeoutError, aiohttp.ClientError) as exc:

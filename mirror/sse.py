@@ -12,8 +12,7 @@ Pure: no I/O, no clock. Errors: none (malformed lines are ignored, as the spec s
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -21,8 +20,7 @@ DONE = b"[DONE]"
 _EMPTY_CHOICES = re.compile(rb'"choices"\s*:\s*\[\s*\]')
 
 
-@dataclass(frozen=True, slots=True)
-class SSEEvent:
+class SSEEvent(NamedTuple):
     """One dispatched event (or, with ``data`` None, bytes that dispatched nothing)."""
 
     data: bytes | None

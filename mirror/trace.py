@@ -27,7 +27,6 @@ from typing import Any
 
 import orjson
 
-from mirror.sse import decode_data
 from shadow_ab.records import INT32_MAX, TokenLogprob
 
 LOGPROB_FLOOR = -9999.0
@@ -142,46 +141,52 @@ class StreamTrace:
         logprobs: list[TokenLogprob] = []
         saw_logprobs = False
         last: float | None = None
+        chat = self.chat
+        loads = orjson.loads
         for t, data in self._events:
-            obj = decode_data(data)
-            if obj is None:
+            try:
+                obj = loads(data)
+            except orjson.JSONDecodeError:
                 if data.strip() != b"[DONE]":
                     o.bad_events += 1
                 continue
-            if "usage" in obj and obj["usage"] is not None:
-                _usage(o, obj["usage"])
-            choices = obj.get("choices")
-            if not isinstance(choices, list) or not choices:
+            if type(obj) is not dict:
+                o.bad_events += 1
                 continue
-            rel = max(0.0, t - self.sent)
+            usage = obj.get("usage")
+            if usage:
+                _usage(o, usage)
+            choices = obj.get("choices")
+            if not choices or type(choices) is not list:
+                continue
             if last is None:
-                o.ttft_s = rel
+                o.ttft_s = max(0.0, t - self.sent)
             else:
                 o.itl_s.append(max(0.0, t - last))
             last = t
-            o.e2e_s = rel
             o.events += 1
             for ch in choices:
-                if not isinstance(ch, dict) or ch.get("index", 0) != 0:
+                if type(ch) is not dict or ch.get("index", 0) != 0:
                     continue
-                if self.chat:
+                if chat:
                     delta = ch.get("delta")
-                    if isinstance(delta, dict) and isinstance(delta.get("content"), str):
-                        text.append(delta["content"])
-                    lp = ch.get("logprobs")
-                    if lp is not None:
-                        saw_logprobs = True
-                        logprobs.extend(chat_logprobs(lp))
+                    if delta and type(delta) is dict:
+                        content = delta.get("content")
+                        if type(content) is str:
+                            text.append(content)
                 else:
-                    if isinstance(ch.get("text"), str):
-                        text.append(ch["text"])
-                    lp = ch.get("logprobs")
-                    if lp is not None:
-                        saw_logprobs = True
-                        logprobs.extend(completion_logprobs(lp))
-                if ch.get("finish_reason") is not None:
-                    o.finish_reason = str(ch["finish_reason"])
-        if o.events:
+                    content = ch.get("text")
+                    if type(content) is str:
+                        text.append(content)
+                lp = ch.get("logprobs")
+                if lp is not None:
+                    saw_logprobs = True
+                    logprobs.extend(chat_logprobs(lp) if chat else completion_logprobs(lp))
+                finish = ch.get("finish_reason")
+                if finish is not None:
+                    o.finish_reason = str(finish)
+        if last is not None:
+            o.e2e_s = max(0.0, last - self.sent)
             o.output_text = "".join(text)
         if saw_logprobs:
             o.logprobs = logprobs
