@@ -2,7 +2,7 @@
 PYTHON ?= python3
 PIP_FLAGS ?= --disable-pip-version-check -q
 
-.PHONY: install services services-down check test bench-ingest bench-mirror
+.PHONY: install services services-down check test demo bench-ingest bench-mirror
 
 install:
 	$(PYTHON) -m pip install $(PIP_FLAGS) -e '.[dev]'
@@ -20,6 +20,9 @@ check: install
 
 test: services
 	$(PYTHON) -m pytest -q
+
+demo: install
+	shadow-ab demo
 
 bench-ingest: services
 	$(PYTHON) bench/ingest.py
