@@ -48,7 +48,9 @@ Progress = Callable[[str, float], None]
 HOUR = timedelta(hours=1)
 CHUNK_HOURS = 24
 DEFAULT_GRACE = timedelta(minutes=10)
-SAMPLE_PER_HOUR = 2000
+SAMPLE_PER_HOUR = 1000
+WORK_MEM = "128MB"
+"""PostgreSQL work_mem of a refresh transaction (SET LOCAL; the server default is 4 MB)."""
 LATENCY_METRICS = ("ttft", "tpot", "itl", "e2e", "tokens_per_s")
 
 LOAD_EDGES = (1, 2, 4, 8, 16, 32, 64)
@@ -120,37 +122,72 @@ def _hour_expr(pg: bool, column: str) -> str:
     return f"strftime('%Y-%m-%d %H:00:00.000000', {column})"
 
 
-def _sketch_select_sql(pg: bool, *, roles: Sequence[str] = ("incumbent", "candidate")) -> str:
-    """SELECT of sketch rows (hour, role, metric, slice, count, zero_count, sum, min, max, keys,
-    counts) of the ok exchanges of :deployment in [:lo, :hi). Every value's bucket index is
-    computed here; the rows aggregate in the database."""
+_TPS = (
+    "CASE WHEN {r}completion_tokens > 0 AND {r}e2e_s > {r}ttft_s"
+    " THEN {r}completion_tokens / ({r}e2e_s - {r}ttft_s) END"
+)
+_SCALARS = {"ttft": "ttft_s", "tpot": "tpot_s", "e2e": "e2e_s", "tokens_per_s": "tps"}
+
+
+def _x_sql(pg: bool, roles: Sequence[str]) -> str:
+    """The ok exchanges of :deployment in [:lo, :hi) with their hour and slice buckets."""
     role_list = ", ".join(f"'{r}'" for r in roles)
     slice_cols = ", ".join(
         f"{_case(col, edges)} AS b_{dim}" for dim, (col, edges) in SLICES.items()
     )
-    tps = (
-        "CASE WHEN completion_tokens > 0 AND e2e_s > ttft_s"
-        " THEN completion_tokens / (e2e_s - ttft_s) END"
+    return (
+        f"SELECT {_hour_expr(pg, 'sent_at')} AS hour, role, ttft_s, tpot_s, e2e_s,"
+        f" {_TPS.format(r='')} AS tps, itl_s, {slice_cols}"
+        " FROM exchanges WHERE deployment = :deployment AND sent_at >= :lo AND sent_at < :hi"
+        f" AND status = 'ok' AND role IN ({role_list})"
     )
-    scalar = {"ttft": "ttft_s", "tpot": "tpot_s", "e2e": "e2e_s", "tokens_per_s": "tps"}
+
+
+_IDX = "CASE WHEN {v} > 0 THEN CAST(floor(ln({v}) / :ln_gamma) AS INTEGER) END"
+
+
+def _grouped_pg(roles: Sequence[str]) -> str:
+    """PostgreSQL: one pass over the rows for the scalar metrics (unpivoted with a LATERAL
+    VALUES, every slice at once with GROUPING SETS), one pass over the unnested ITL gaps."""
+    unpivot = ", ".join(f"('{m}', x.{col})" for m, col in _SCALARS.items())
+    sets = ", ".join(
+        ["(hour, role, metric, k)"] + [f"(hour, role, metric, k, b_{d})" for d in SLICES]
+    )
+    slice_case = " ".join(f"WHEN GROUPING(b_{d}) = 0 THEN '{d}:' || b_{d}" for d in SLICES)
+    return f"""
+WITH x AS NOT MATERIALIZED ({_x_sql(True, roles)})
+SELECT hour, role, metric, CASE {slice_case} ELSE 'all' END AS slice,
+       k, count(*) AS c, sum(val) AS sm, min(val) AS mn, max(val) AS mx
+FROM (
+    SELECT x.hour, x.role, m.metric, m.val, {", ".join(f"x.b_{d}" for d in SLICES)},
+           {_IDX.format(v="m.val")} AS k
+    FROM x CROSS JOIN LATERAL (VALUES {unpivot}) AS m(metric, val)
+    WHERE m.val IS NOT NULL
+) q
+GROUP BY GROUPING SETS ({sets})
+UNION ALL
+SELECT hour, role, 'itl', 'all', k, count(*), sum(g), min(g), max(g)
+FROM (
+    SELECT x.hour, x.role, g, {_IDX.format(v="g")} AS k
+    FROM x CROSS JOIN LATERAL unnest(x.itl_s) AS g
+) u
+GROUP BY hour, role, k
+"""
+
+
+def _grouped_sqlite(roles: Sequence[str]) -> str:
+    """SQLite (no GROUPING SETS): values unpivoted with UNION ALL, one GROUP BY per slice."""
     dims = ", ".join(f"b_{d}" for d in SLICES)
     nulls = ", ".join(f"NULL AS b_{d}" for d in SLICES)
     parts = [
         f"SELECT hour, role, '{m}' AS metric, {col} AS val, {dims} FROM x WHERE {col} IS NOT NULL"
-        for m, col in scalar.items()
+        for m, col in _SCALARS.items()
     ]
-    if pg:
-        parts.append(
-            f"SELECT hour, role, 'itl' AS metric, g AS val, {nulls}"
-            " FROM x CROSS JOIN LATERAL unnest(x.itl_s) AS g"
-        )
-    else:
-        parts.append(
-            f"SELECT hour, role, 'itl' AS metric, je.value AS val, {nulls}"
-            " FROM x, json_each(x.itl_s) AS je"
-        )
+    parts.append(
+        f"SELECT hour, role, 'itl' AS metric, je.value AS val, {nulls}"
+        " FROM x, json_each(x.itl_s) AS je"
+    )
     values = "\nUNION ALL ".join(parts)
-    idx = "CAST(floor(ln(val) / :ln_gamma) AS INTEGER)"
     grouped = [
         "SELECT hour, role, metric, 'all' AS slice, k, count(*) AS c, sum(val) AS sm,"
         " min(val) AS mn, max(val) AS mx FROM b GROUP BY hour, role, metric, k"
@@ -162,41 +199,37 @@ def _sketch_select_sql(pg: bool, *, roles: Sequence[str] = ("incumbent", "candid
             f" GROUP BY hour, role, metric, b_{d}, k"
         )
     grouped_sql = "\nUNION ALL ".join(grouped)
+    return f"""
+WITH x AS MATERIALIZED ({_x_sql(False, roles)}),
+v AS ({values}),
+b AS MATERIALIZED (SELECT hour, role, metric, {dims}, val, {_IDX.format(v="val")} AS k FROM v)
+{grouped_sql}
+"""
+
+
+def _sketch_select_sql(pg: bool, *, roles: Sequence[str] = ("incumbent", "candidate")) -> str:
+    """SELECT of sketch rows (hour, role, metric, slice, count, zero_count, sum, min, max, keys,
+    counts) of the ok exchanges of :deployment in [:lo, :hi). Every value's bucket index is
+    computed here; the rows aggregate in the database and only sketches come out."""
     if pg:
+        grouped = _grouped_pg(roles)
         keys_agg = "coalesce(to_jsonb(array_agg(k ORDER BY k) FILTER (WHERE k IS NOT NULL)), '[]')"
         counts_agg = (
             "coalesce(to_jsonb(array_agg(c ORDER BY k) FILTER (WHERE k IS NOT NULL)), '[]')"
         )
-        materialized = "MATERIALIZED"
     else:
+        grouped = _grouped_sqlite(roles)
         # keys and counts come out in the same row order (one pass over the group's rows)
         keys_agg = "json_group_array(k) FILTER (WHERE k IS NOT NULL)"
         counts_agg = "json_group_array(c) FILTER (WHERE k IS NOT NULL)"
-        materialized = "MATERIALIZED"
     return f"""
-WITH x AS {materialized} (
-    SELECT {_hour_expr(pg, "sent_at")} AS hour, role, ttft_s, tpot_s, e2e_s, {tps} AS tps,
-           itl_s, {slice_cols}
-    FROM exchanges
-    WHERE deployment = :deployment AND sent_at >= :lo AND sent_at < :hi
-      AND status = 'ok' AND role IN ({role_list})
-),
-v AS (
-{values}
-),
-b AS (
-    SELECT hour, role, metric, {dims}, val,
-           CASE WHEN val > 0 THEN {idx} END AS k
-    FROM v
-),
-s AS (
-{grouped_sql}
-)
 SELECT hour, role, metric, slice, sum(c) AS count,
        coalesce(sum(CASE WHEN k IS NULL THEN c END), 0) AS zero_count,
        sum(sm) AS sum, min(mn) AS min, max(mx) AS max,
        {keys_agg} AS keys, {counts_agg} AS counts
-FROM s GROUP BY hour, role, metric, slice
+FROM ({grouped}) s
+WHERE slice IS NOT NULL
+GROUP BY hour, role, metric, slice
 """
 
 
@@ -205,21 +238,21 @@ ROLLUP_COLUMNS = (
 )
 
 
+def _margin(pg: bool, param: str, sign: str) -> str:
+    """:param shifted by one hour (candidates may be sent just across an hour boundary)."""
+    if pg:
+        return f"CAST(:{param} AS timestamptz) {sign} interval '1 hour'"
+    return f"strftime('%Y-%m-%d %H:%M:%f000', :{param}, '{sign}1 hour')"
+
+
 def _sample_insert_sql(pg: bool) -> str:
-    """INSERT of each hour's first :k pairs in random order (incumbent's hour), with the
-    hour's pair count in ``hour_pairs`` of the hours table (done separately)."""
-    tps = (
-        "CASE WHEN {r}.completion_tokens > 0 AND {r}.e2e_s > {r}.ttft_s"
-        " THEN {r}.completion_tokens / ({r}.e2e_s - {r}.ttft_s) END"
-    )
+    """INSERT of each hour's first :k incumbent exchanges in random order (``row_number()
+    OVER (PARTITION BY hour ORDER BY random())``), each joined to its candidate by primary key:
+    a bounded random sample of the hour's pairs, ranked so readers take any prefix."""
     if pg:
         itl_mean = "(SELECT avg(g) FROM unnest({r}.itl_s) AS g)"
-        margin_lo = "CAST(:lo AS timestamptz) - interval '1 hour'"
-        margin_hi = "CAST(:hi AS timestamptz) + interval '1 hour'"
     else:
         itl_mean = "(SELECT avg(je.value) FROM json_each({r}.itl_s) AS je)"
-        margin_lo = "strftime('%Y-%m-%d %H:%M:%f000', :lo, '-1 hour')"
-        margin_hi = "strftime('%Y-%m-%d %H:%M:%f000', :hi, '+1 hour')"
     per_role = []
     for r, alias in (("incumbent", "i"), ("candidate", "c")):
         per_role += [
@@ -227,7 +260,7 @@ def _sample_insert_sql(pg: bool) -> str:
             f"{alias}.ttft_s AS {r}_ttft_s",
             f"{alias}.tpot_s AS {r}_tpot_s",
             f"{alias}.e2e_s AS {r}_e2e_s",
-            f"{tps.format(r=alias)} AS {r}_tokens_per_s",
+            f"{_TPS.format(r=alias + '.')} AS {r}_tokens_per_s",
             f"{itl_mean.format(r=alias)} AS {r}_itl_mean_s",
             f"{alias}.completion_tokens AS {r}_completion_tokens",
         ]
@@ -245,42 +278,36 @@ def _sample_insert_sql(pg: bool) -> str:
             "completion_tokens",
         )
     )
-    hour = _hour_expr(pg, "i.sent_at")
+    hour = _hour_expr(pg, "sent_at")
     return f"""
 INSERT INTO latency_samples (deployment, hour, rank, pair_id, sent_at, inflight_incumbent,
                              prompt_tokens, {names})
-SELECT :deployment, hour, rn, pair_id, sent_at, inflight_incumbent, prompt_tokens, {names}
+SELECT :deployment, i.hour, i.rn, i.pair_id, i.sent_at, i.inflight_incumbent, i.prompt_tokens,
+       {cols}
 FROM (
-    SELECT {hour} AS hour,
-           row_number() OVER (PARTITION BY {hour} ORDER BY random()) AS rn,
-           i.pair_id, i.sent_at, i.inflight_incumbent, i.prompt_tokens,
-           {cols}
-    FROM exchanges i
-    JOIN exchanges c
-      ON c.pair_id = i.pair_id AND c.role = 'candidate' AND c.deployment = :deployment
-     AND c.sent_at >= {margin_lo} AND c.sent_at < {margin_hi}
-    WHERE i.deployment = :deployment AND i.role = 'incumbent'
-      AND i.sent_at >= :lo AND i.sent_at < :hi
-) t
-WHERE rn <= :k
+    SELECT * FROM (
+        SELECT {hour} AS hour, row_number() OVER (PARTITION BY {hour} ORDER BY random()) AS rn,
+               pair_id, sent_at, status, ttft_s, tpot_s, e2e_s, itl_s, completion_tokens,
+               inflight_incumbent, prompt_tokens
+        FROM exchanges
+        WHERE deployment = :deployment AND role = 'incumbent'
+          AND sent_at >= :lo AND sent_at < :hi
+    ) ranked
+    WHERE rn <= :k
+) i
+JOIN exchanges c
+  ON c.pair_id = i.pair_id AND c.role = 'candidate' AND c.deployment = :deployment
+ AND c.sent_at >= {_margin(pg, "lo", "-")} AND c.sent_at < {_margin(pg, "hi", "+")}
 """
 
 
 def _pair_counts_sql(pg: bool) -> str:
-    hour = _hour_expr(pg, "i.sent_at")
-    if pg:
-        margin = "c.sent_at >= CAST(:lo AS timestamptz) - interval '1 hour'"
-        margin += " AND c.sent_at < CAST(:hi AS timestamptz) + interval '1 hour'"
-    else:
-        margin = "c.sent_at >= strftime('%Y-%m-%d %H:%M:%f000', :lo, '-1 hour')"
-        margin += " AND c.sent_at < strftime('%Y-%m-%d %H:%M:%f000', :hi, '+1 hour')"
+    """Incumbent exchanges (any status) per hour: the weight of each hour's sample."""
+    hour = _hour_expr(pg, "sent_at")
     return f"""
 SELECT {hour} AS hour, count(*) AS n
-FROM exchanges i
-WHERE i.deployment = :deployment AND i.role = 'incumbent'
-  AND i.sent_at >= :lo AND i.sent_at < :hi
-  AND EXISTS (SELECT 1 FROM exchanges c WHERE c.pair_id = i.pair_id AND c.role = 'candidate'
-              AND c.deployment = :deployment AND {margin})
+FROM exchanges
+WHERE deployment = :deployment AND role = 'incumbent' AND sent_at >= :lo AND sent_at < :hi
 GROUP BY {hour}
 """
 
@@ -336,6 +363,11 @@ def _compute_chunk(
     sample_per_hour: int,
 ) -> None:
     pg = _is_pg(conn)
+    if pg:
+        # this transaction only: the hour GROUP BYs and the pair join fit in memory
+        conn.execute(text(f"SET LOCAL work_mem = '{WORK_MEM}'"))
+        # JIT compiling these one-off statements costs seconds and saves less
+        conn.execute(text("SET LOCAL jit = off"))
     for table in (LatencyRollup, LatencySample, LatencyRollupHour):
         conn.execute(
             delete(table).where(table.deployment == deployment, table.hour >= lo, table.hour < hi)
@@ -605,7 +637,8 @@ def load_sample(
                     table.c.sent_at >= lo,
                     table.c.sent_at < hi,
                 )
-                .order_by(table.c.hour, table.c.rank)
+                # the same pairs in the same order give the same intervals (seeded bootstrap)
+                .order_by(table.c.hour, table.c.pair_id)
             )
             for row in conn.execute(stmt, {"hours": hs}):
                 for f, v in zip(SAMPLE_FIELDS, row, strict=True):

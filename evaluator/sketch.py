@@ -102,8 +102,8 @@ class LogSketch:
     @classmethod
     def from_parts(
         cls,
-        keys: Iterable[Sequence[int]],
-        counts: Iterable[Sequence[int]],
+        keys: Iterable[npt.ArrayLike],
+        counts: Iterable[npt.ArrayLike],
         *,
         zero_count: int = 0,
         sum: float = 0.0,

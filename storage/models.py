@@ -250,7 +250,7 @@ class LatencyRollupHour(Base):
     deployment: Mapped[str] = mapped_column(String(200), primary_key=True)
     hour: Mapped[datetime] = mapped_column(Timestamp, primary_key=True)
     n_pairs: Mapped[int] = mapped_column(BigInteger, nullable=False)
-    """Pairs with an incumbent and a candidate exchange sent in this hour (any status)."""
+    """Incumbent exchanges sent in this hour (any status): the pairs the mirror saw."""
     n_sampled: Mapped[int] = mapped_column(Integer, nullable=False)
     closed: Mapped[bool] = mapped_column(Boolean, nullable=False)
     computed_at: Mapped[datetime] = mapped_column(
