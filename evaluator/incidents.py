@@ -42,7 +42,18 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from scipy import stats
-from sqlalchemy import Engine, Integer, case, cast, func, literal_column, or_, select
+from sqlalchemy import (
+    Connection,
+    Engine,
+    Integer,
+    and_,
+    case,
+    cast,
+    func,
+    literal_column,
+    or_,
+    select,
+)
 from sqlalchemy.dialects import postgresql, sqlite
 
 from evaluator.leak import LeakParams, Slope, find_leaks, trend
@@ -70,6 +81,8 @@ Progress = Callable[[str, float], None]
 KINDS: tuple[str, ...] = ("crash", "version_change", "leak", "error_burst", "hang")
 ROLES: tuple[str, ...] = ("incumbent", "candidate")
 MEMORY_SERIES: tuple[str, ...] = ("gpu_mem_bytes", "cpu_mem_bytes")
+FAILED_STATUSES: tuple[str, ...] = ("http_error", "timeout", "connection_error")
+"""Exchange statuses that count as failures (``cancelled`` is the mirror's doing: neither)."""
 
 EXCHANGES = Base.metadata.tables["exchanges"]
 HEALTH = Base.metadata.tables["health_samples"]
@@ -226,11 +239,26 @@ class ExchangeEvent:
 
 @dataclass
 class SentCounts:
-    """Exchanges sent per engine in fixed bins: counts of any span without loading every row."""
+    """Exchanges sent per key in fixed bins: counts of any span without loading every row.
+
+    Keys are engine ids (built from plain values) or, as the store's loader builds it, roles
+    (``by_role``: the replay role counts with the incumbent, whose engine serves it); the loader
+    counts bins only around failures and gives each key's whole-window ``totals`` and
+    first/last exchange (``extent``) separately."""
 
     bin_s: float = 60.0
     bins: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
-    """engine -> (sorted bin indices, cumulative counts)."""
+    """key -> (sorted bin indices, cumulative counts)."""
+    by_role: bool = False
+    totals: dict[str, int] = field(default_factory=dict)
+    """Whole-window totals per key, when the bins do not cover the whole window."""
+    extent: dict[str, tuple[float, float]] = field(default_factory=dict)
+    """First and last exchange per key (Unix seconds), when the bins do not cover everything."""
+
+    def key(self, engine: str, role: str) -> str:
+        if not self.by_role:
+            return engine
+        return "incumbent" if role == "replay" else role
 
     @classmethod
     def from_times(cls, by_engine: Mapping[str, Iterable[datetime]], bin_s: float = 60.0) -> Any:
@@ -249,6 +277,8 @@ class SentCounts:
         return out
 
     def total(self, engine: str) -> int:
+        if engine in self.totals:
+            return self.totals[engine]
         entry = self.bins.get(engine)
         return int(entry[1][-1]) if entry is not None and len(entry[1]) else 0
 
@@ -278,6 +308,13 @@ class SentCounts:
         """The start of every bin with traffic (for the observed time without health data)."""
         entry = self.bins.get(engine)
         return [] if entry is None else [float(k) * self.bin_s for k in entry[0]]
+
+    def spans(self, key: str, max_gap_s: float) -> list[tuple[float, float]]:
+        """When ``key`` received exchanges: its ``extent`` if known, else its bins joined
+        across gaps up to ``max_gap_s``."""
+        if key in self.extent:
+            return [self.extent[key]]
+        return [(a, b + self.bin_s) for a, b in observed_intervals(self.times(key), max_gap_s)]
 
 
 # -- pure detection -------------------------------------------------------------------------
@@ -634,7 +671,8 @@ def detect_exchange_incidents(
 def _error_bursts(
     eng: str, role: str, failures: Sequence[ExchangeEvent], sent: SentCounts, config: IncidentConfig
 ) -> list[Finding]:
-    total = sent.total(eng)
+    key = sent.key(eng, role)
+    total = sent.total(key)
     if not failures or total <= 0:
         return []
     baseline = len(failures) / total
@@ -647,7 +685,7 @@ def _error_bursts(
         k = j - i
         if k < config.burst_min_errors:
             continue
-        n = max(float(k), sent.count(eng, t, t + w))
+        n = max(float(k), sent.count(key, t, t + w))
         share = k / n
         if share < config.burst_min_share or share < config.burst_factor * baseline:
             continue
@@ -665,7 +703,7 @@ def _error_bursts(
         i, j = g[0][0], max(x[1] for x in g)
         group = failures[i:j]
         best = max(g, key=lambda x: x[2] / x[3])
-        span_n = max(float(len(group)), sent.count(eng, times[i], times[j - 1] + 1e-3))
+        span_n = max(float(len(group)), sent.count(key, times[i], times[j - 1] + 1e-3))
         out.append(
             Finding(
                 eng,
@@ -779,6 +817,9 @@ class DetectionInput:
     role_of: dict[str, str] = field(default_factory=dict)
     truncated: bool = False
     """True when the store held more notable exchanges than the loader's cap."""
+    outcomes: dict[str, dict[str, int]] | None = None
+    """Per role (incumbent, candidate): exchanges ``sent`` and ``failed`` (cancelled ones in
+    neither), for ``errors.rate_ratio``; None when not loaded."""
 
     def roles(self) -> dict[str, str]:
         roles = dict(self.role_of)
@@ -894,11 +935,80 @@ def epoch_bin(engine: Engine, column: Any, bin_s: int) -> Any:
     return cast(func.strftime("%s", column), Integer) / bin_s
 
 
+def gap_at_least(engine: Engine, seconds: float) -> Any:
+    """SQL: some inter-token gap of the exchange is at least ``seconds`` (short-circuits, 15x
+    cheaper than taking the maximum on PostgreSQL)."""
+    s = repr(float(seconds))
+    if engine.dialect.name == "postgresql":
+        return literal_column(f"({s} <= ANY(exchanges.itl_s))")
+    return literal_column(f"EXISTS (SELECT 1 FROM json_each(exchanges.itl_s) WHERE value >= {s})")
+
+
 def max_itl(engine: Engine) -> Any:
     """SQL for the largest inter-token gap of an exchange (``itl_s`` array/JSON)."""
     if engine.dialect.name == "postgresql":
         return literal_column("(SELECT max(x) FROM unnest(exchanges.itl_s) AS x)")
     return literal_column("(SELECT max(value) FROM json_each(exchanges.itl_s))")
+
+
+MAX_COUNT_RANGES = 100
+"""Most time ranges the per-minute counts around failures are read in (closest merged)."""
+
+
+def spans_around(
+    times: Sequence[float], pad_s: float, lo: float, hi: float, max_spans: int
+) -> list[tuple[float, float]]:
+    """Minute-aligned ``[t - pad, t + pad]`` around each time, merged, clipped to ``[lo, hi]``,
+    at most ``max_spans`` (the closest neighbours merged first)."""
+    spans: list[tuple[float, float]] = []
+    for t in sorted(times):
+        a = max(lo, math.floor((t - pad_s) / 60.0) * 60.0)
+        b = min(hi, math.ceil((t + pad_s) / 60.0) * 60.0)
+        if spans and a <= spans[-1][1]:
+            spans[-1] = (spans[-1][0], max(spans[-1][1], b))
+        elif b > a:
+            spans.append((a, b))
+    if len(spans) > max_spans:
+        gaps = sorted(spans[k + 1][0] - spans[k][1] for k in range(len(spans) - 1))
+        limit = gaps[len(spans) - max_spans - 1]
+        merged = [spans[0]]
+        for a, b in spans[1:]:
+            if a - merged[-1][1] <= limit:
+                merged[-1] = (merged[-1][0], b)
+            else:
+                merged.append((a, b))
+        spans = merged
+    return spans
+
+
+def burst_candidates(events: Sequence[ExchangeEvent], config: IncidentConfig) -> list[float]:
+    """Times of failures that start a ``burst_window_s`` window holding at least
+    ``burst_min_errors`` failures of one engine: the only places an error burst can be, so the
+    only places the per-minute sent counts are needed."""
+    by_engine: dict[str, list[float]] = defaultdict(list)
+    for e in events:
+        if e.status in FAILED_STATUSES:
+            by_engine[e.engine].append(_ts(e.sent_at))
+    out: list[float] = []
+    k = max(1, config.burst_min_errors)
+    for times in by_engine.values():
+        times.sort()
+        out.extend(
+            times[i]
+            for i in range(len(times) - k + 1)
+            if times[i + k - 1] - times[i] < config.burst_window_s
+        )
+    return out
+
+
+def _count_failures(conn: Connection, in_window: tuple[Any, ...]) -> Counter[str]:
+    x = EXCHANGES.c
+    q = (
+        select(x.role, func.count())
+        .where(*in_window, x.status.in_(FAILED_STATUSES))
+        .group_by(x.role)
+    )
+    return Counter({role: int(n) for role, n in conn.execute(q)})
 
 
 MAX_EVENTS = 200_000
@@ -915,8 +1025,10 @@ def load_detection_input(
     max_events: int = MAX_EVENTS,
 ) -> DetectionInput:
     """Read what detection needs, bounded: health samples where something changed (LAG/LEAD
-    in SQL), memory in ``leak_bin_s`` bins, exchanges sent per minute, and only the exchanges
-    that failed, timed out or stalled."""
+    in SQL), memory in ``leak_bin_s`` bins, exchanges sent per role (an index-only count) and
+    per minute only around failures, and only the exchanges that failed, timed out or stalled
+    (one filtered pass; the inter-token gaps are looked at only for answers that lasted at
+    least ``hang_stall_s``)."""
     lo, hi = utc_window(window)
     h = HEALTH.c
     iteration = h.metrics["iter"].as_float()
@@ -995,11 +1107,12 @@ def load_detection_input(
         .group_by(h.engine, health_bin)
     )
     x = EXCHANGES.c
-    sent_bin = epoch_bin(engine, x.sent_at, 60)
-    sent_q = (
-        select(x.engine, x.role, sent_bin, func.count())
-        .where(x.deployment == deployment, x.sent_at >= lo, x.sent_at < hi)
-        .group_by(x.engine, x.role, sent_bin)
+    in_window = (x.deployment == deployment, x.sent_at >= lo, x.sent_at < hi)
+    # Per role: an index-only scan of (deployment, role, sent_at), parallel on PostgreSQL.
+    totals_q = (
+        select(x.role, func.count(), func.min(x.sent_at), func.max(x.sent_at))
+        .where(*in_window)
+        .group_by(x.role)
     )
     itl = max_itl(engine)
     events_q = (
@@ -1018,7 +1131,13 @@ def load_detection_input(
             x.deployment == deployment,
             x.sent_at >= lo,
             x.sent_at < hi,
-            or_(x.status != "ok", x.ttft_s >= config.hang_stall_s, itl >= config.hang_stall_s),
+            or_(
+                x.status != "ok",
+                x.ttft_s >= config.hang_stall_s,
+                # A gap that long makes the whole answer at least that long: the cheap test
+                # first, the per-row array scan only for the few that pass it.
+                and_(x.e2e_s >= config.hang_stall_s, gap_at_least(engine, config.hang_stall_s)),
+            ),
         )
         .order_by(x.sent_at)
         .limit(max_events + 1)
@@ -1046,17 +1165,53 @@ def load_detection_input(
         seen: dict[str, list[float]] = defaultdict(list)
         for eng, b in conn.execute(health_bins_q):
             seen[eng].append(float(b) * 60.0)
-        counted: dict[str, Counter[int]] = defaultdict(Counter)
-        role_of: dict[str, str] = {}
-        for eng, role, b, n in conn.execute(sent_q):
-            counted[eng][int(b)] += int(n)
-            if role in ROLES and (role_of.get(eng) != "incumbent"):
-                role_of[eng] = role
+        sent = SentCounts(60.0, by_role=True)
+        role_sent: dict[str, int] = {}
+        for role, n, first, last in conn.execute(totals_q):
+            role_sent[role] = int(n)
+            key = sent.key("", role)
+            a, b = _ts(first), _ts(last)
+            old = sent.extent.get(key, (a, b))
+            sent.extent[key] = (min(a, old[0]), max(b, old[1]))
+            sent.totals[key] = sent.totals.get(key, 0) + int(n)
         events = [
             ExchangeEvent(r[0], r[1], as_utc(r[2]), r[3], r[4], r[5], r[6], r[7], r[8])
             for r in conn.execute(events_q)
         ]
-    truncated = len(events) > max_events
+        # Exchanges sent per minute, only around failures (where an error burst could be).
+        ranges = spans_around(
+            burst_candidates(events, config),
+            config.burst_window_s + 60.0,
+            _ts(lo),
+            _ts(hi),
+            MAX_COUNT_RANGES,
+        )
+        counted: dict[str, Counter[int]] = defaultdict(Counter)
+        if ranges:
+            sent_bin = epoch_bin(engine, x.sent_at, 60)
+            near = or_(*(and_(x.sent_at >= _dt(a), x.sent_at < _dt(b)) for a, b in ranges))
+            bins_q = (
+                select(x.role, sent_bin, func.count())
+                .where(x.deployment == deployment, near)
+                .group_by(x.role, sent_bin)
+            )
+            for role, b, n in conn.execute(bins_q):
+                counted[sent.key("", role)][int(b)] += int(n)
+        binned = SentCounts.from_bins(counted, 60.0)
+        sent.bins = binned.bins
+        truncated = len(events) > max_events
+        if truncated:
+            failed_by_role = _count_failures(conn, in_window)
+        else:
+            failed_by_role = Counter(e.role for e in events if e.status in FAILED_STATUSES)
+    outcomes = {
+        role: {"sent": role_sent.get(role, 0), "failed": int(failed_by_role.get(role, 0))}
+        for role in ROLES
+    }
+    role_of: dict[str, str] = {}
+    for e in events:
+        if e.role in ROLES and role_of.get(e.engine) != "incumbent":
+            role_of[e.engine] = e.role
     # A bin with a scrape is watched through its end (the next scrape may be a bin later).
     observed = {
         eng: [(a, b + 60.0) for a, b in observed_intervals(ts, config.health_max_gap_s)]
@@ -1065,11 +1220,12 @@ def load_detection_input(
     return DetectionInput(
         health=health,
         events=events[:max_events],
-        sent=SentCounts.from_bins(counted, 60.0),
+        sent=sent,
         memory=memory,
         observed=observed,
         role_of=role_of,
         truncated=truncated,
+        outcomes=outcomes,
     )
 
 
@@ -1167,14 +1323,14 @@ def role_intervals(
     max_gap_s: float = 120.0,
 ) -> dict[str, list[tuple[float, float]]]:
     """Observed time per role: the union of its engines' health-watched intervals; a role with
-    no health samples falls back to the minutes its engines received exchanges."""
+    no health samples falls back to when it received exchanges (:meth:`SentCounts.spans`)."""
     out: dict[str, list[tuple[float, float]]] = {}
     for role in ROLES:
         engines = [e for e, r in role_of.items() if r == role]
         spans = [s for e in engines for s in observed.get(e, ())]
         if not spans and sent is not None:
-            times = [t for e in engines for t in sent.times(e)]
-            spans = [(a, b + sent.bin_s) for a, b in observed_intervals(times, max_gap_s)]
+            keys = [role] if sent.by_role else engines
+            spans = [s for k in keys for s in sent.spans(k, max_gap_s)]
         merged: list[tuple[float, float]] = []
         for a, b in sorted(spans):
             if merged and a <= merged[-1][1]:
@@ -1384,9 +1540,7 @@ def load_failure_counts(
     connection_error); cancelled exchanges are in neither count."""
     lo, hi = utc_window(window)
     x = EXCHANGES.c
-    failed = func.sum(
-        case((x.status.in_(["http_error", "timeout", "connection_error"]), 1), else_=0)
-    )
+    failed = func.sum(case((x.status.in_(FAILED_STATUSES), 1), else_=0))
     q = (
         select(x.role, func.count(), failed)
         .where(
@@ -1442,7 +1596,7 @@ def analyze_incidents(
             )
         else:
             comparisons[kind] = None
-    errors = load_failure_counts(engine, deployment, window)
+    errors = data.outcomes or load_failure_counts(engine, deployment, window)
     error_comparison = compare_failure_shares(
         errors["candidate"]["failed"],
         errors["candidate"]["sent"],

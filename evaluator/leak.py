@@ -12,7 +12,8 @@ How a leak is found:
    epoch (the same data always gives the same windows, whatever the report's window). A window
    that contains a restart is skipped; so is one with fewer than ``min_points`` bins or whose
    bins cover less than ``min_coverage`` of it.
-3. Each window gets :func:`scipy.stats.theilslopes`' slope and confidence interval, in MB per
+3. Each window gets the Theil-Sen slope and confidence interval (the numbers of
+   :func:`scipy.stats.theilslopes`, computed here without its per-call overhead), in MB per
    hour (MB = 2**20 bytes, as engines and the simulator report memory).
 4. Consecutive windows whose *lower* bound is above ``threshold_mb_h`` form a run; runs split
    only by a restart (next run within ``merge_gap_s``) are one leak (the memory reset, the leak
@@ -30,6 +31,7 @@ Errors: ``ValueError`` for series of unequal lengths (a caller's bug).
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Sequence
@@ -107,15 +109,44 @@ def theil_sen(t_s: Floats, values: Floats, level: float = 0.95) -> Slope:
     if len(t) < 2 or float(t[-1] - t[0]) <= 0:
         return Slope(math.nan, math.nan, math.nan, len(t), _first(t), _last(t))
     hours = (t - t[0]) / 3600.0
-    res = stats.theilslopes(y, hours, alpha=level)
-    return Slope(
-        float(res.slope),
-        float(res.low_slope),
-        float(res.high_slope),
-        len(t),
-        float(t[0]),
-        float(t[-1]),
-    )
+    slope, low, high = theil_sen_slopes(hours, y, level)
+    return Slope(slope, low, high, len(t), float(t[0]), float(t[-1]))
+
+
+@functools.lru_cache(maxsize=8)
+def _z(level: float) -> float:
+    return float(stats.norm.ppf((1.0 - level) / 2.0))
+
+
+def _tie_term(v: np.ndarray) -> float:
+    _, counts = np.unique(v, return_counts=True)
+    k = counts[counts > 1].astype(float)
+    return float(np.sum(k * (k - 1) * (2 * k + 5)))
+
+
+def theil_sen_slopes(
+    x: np.ndarray, y: np.ndarray, level: float = 0.95
+) -> tuple[float, float, float]:
+    """(slope, low, high): the same numbers as :func:`scipy.stats.theilslopes` (median of
+    pairwise slopes; Sen's 1968 interval with its tie correction), without its per-call
+    overhead (~7 ms), which thousands of windows a month would pay."""
+    dx = x[:, None] - x[None, :]
+    dy = y[:, None] - y[None, :]
+    pos = dx > 0
+    slopes = np.sort(dy[pos] / dx[pos])
+    nt = len(slopes)
+    if nt == 0:
+        return math.nan, math.nan, math.nan
+    med = float(np.median(slopes))
+    n = len(y)
+    sigsq = (n * (n - 1) * (2 * n + 5) - _tie_term(x) - _tie_term(y)) / 18.0
+    if sigsq < 0:
+        return med, math.nan, math.nan
+    z = _z(level)
+    sigma = math.sqrt(sigsq)
+    ru = min(round((nt - z * sigma) / 2.0), nt - 1)
+    rl = max(round((nt + z * sigma) / 2.0) - 1, 0)
+    return med, float(slopes[rl]), float(slopes[ru])
 
 
 def _first(t: np.ndarray) -> float:

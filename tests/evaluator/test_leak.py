@@ -89,3 +89,18 @@ def test_threshold_is_on_the_lower_bound() -> None:
     t, y = _series(10, 15.0)
     assert find_leaks(t, y, params=LeakParams(threshold_mb_h=20.0)) == []
     assert len(find_leaks(t, y, params=LeakParams(threshold_mb_h=5.0))) == 1
+
+
+@pytest.mark.parametrize("n", [3, 17, 60, 151])
+def test_own_theil_sen_equals_scipy_with_ties(n: int) -> None:
+    from scipy import stats
+
+    from evaluator.leak import theil_sen_slopes
+
+    rng = np.random.default_rng(n)
+    x = np.sort(rng.uniform(0.0, 2.0, n))
+    x[1] = x[0]  # a repeated time
+    y = 3.0 * x + rng.normal(0.0, 1.0, n)
+    y[::4] = np.round(y[::4])  # repeated values
+    ref = stats.theilslopes(y, x, alpha=0.95)
+    assert theil_sen_slopes(x, y, 0.95) == pytest.approx((ref.slope, ref.low_slope, ref.high_slope))
