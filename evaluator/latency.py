@@ -519,32 +519,6 @@ def analyze_latency(
             " bootstrap",
         )
     )
-    hours_with_pairs = {
-        as_utc(h).date()
-        for h, p in zip(cols["hour"], cols["pair_id"], strict=True)
-        if p is not None
-    }
-    measurements.append(
-        Measurement(
-            "data.pairs",
-            float(sample.n_pairs_total),
-            None,
-            sample.n_pairs_total,
-            "count",
-            "pairs (incumbent and candidate) sent in the window's hours",
-        )
-    )
-    measurements.append(
-        Measurement(
-            "data.days",
-            float(len(hours_with_pairs)),
-            None,
-            len(hours_with_pairs),
-            "count",
-            "UTC days with sampled pairs in the window",
-        )
-    )
-
     steady: dict[str, float] = {}
     for role in ROLES:
         sk = sketches.get(("all", "", role, "ttft", "all"))
