@@ -50,6 +50,8 @@ CHUNK_HOURS = 24
 DEFAULT_GRACE = timedelta(minutes=10)
 SAMPLE_PER_HOUR = 1000
 WORK_MEM = "128MB"
+_LOCK_KEY = 0x5AB_0003
+"""First half of the advisory lock key of a deployment's refresh (storage uses 0x5AB_0001)."""
 """PostgreSQL work_mem of a refresh transaction (SET LOCAL; the server default is 4 MB)."""
 LATENCY_METRICS = ("ttft", "tpot", "itl", "e2e", "tokens_per_s")
 
@@ -368,6 +370,11 @@ def _compute_chunk(
         conn.execute(text(f"SET LOCAL work_mem = '{WORK_MEM}'"))
         # JIT compiling these one-off statements costs seconds and saves less
         conn.execute(text("SET LOCAL jit = off"))
+        # two refreshes of one deployment (a report and the API) take turns, hour by hour
+        conn.execute(
+            text("SELECT pg_advisory_xact_lock(:key, hashtext(:deployment))"),
+            {"key": _LOCK_KEY, "deployment": deployment},
+        )
     for table in (LatencyRollup, LatencySample, LatencyRollupHour):
         conn.execute(
             delete(table).where(table.deployment == deployment, table.hour >= lo, table.hour < hi)
