@@ -39,7 +39,9 @@ requests the mirror sent to the candidate (from its /metrics).
 
 The machine has 2 cores: the client (this process), three simulators, the mirror and nginx
 share them, along with whatever else runs (the output prints the load average before and
-after). Figures are the overhead on a loaded 2-core box, not on a dedicated proxy host.
+after). Figures are the overhead on a loaded 2-core box, not on a dedicated proxy host; on a
+box shared with other work, ``nice -n -10 python bench/mirror_overhead.py`` (as root) gives the
+client, simulators, mirror and nginx priority over it (children inherit the niceness).
 """
 
 from __future__ import annotations
