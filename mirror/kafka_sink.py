@@ -20,6 +20,9 @@ background thread does the rest:
   only after Kafka acknowledged it (and every record before it); on a failure the unacked ones
   are sent again. Delivery is at least once: the ingester is idempotent on (pair_id, role,
   sent_at) and on (engine, ts).
+- a watchdog: a send the producer has not resolved ``STUCK_GRACE_S`` after the delivery
+  timeout (kafka-python was seen to keep such sends for ever after a broker restart) makes the
+  sink abandon that producer, spool its unacknowledged records again and build a new one.
 - :meth:`KafkaSink.close` sends what is queued (to Kafka, or to the spool), waits for the
   producer's acknowledgements until its timeout, and closes the spool; records still spooled
   are sent by the next process started on the same ``spool_dir``.
@@ -199,8 +202,11 @@ def make_producer(config: KafkaSinkConfig) -> Any:
     return producer
 
 
-# What the producer's callbacks report to the thread: (what, spool generation, number, error)
-_Outcome = tuple[str, int, int, BaseException | None]
+# What the producer's callbacks report to the thread:
+# (what, producer generation, spool generation, number, error)
+_Outcome = tuple[str, int, int, int, BaseException | None]
+STUCK_GRACE_S = 5.0
+"""A send not resolved this long after delivery_timeout_ms is taken as lost by the producer."""
 
 
 class KafkaSink:
@@ -249,10 +255,12 @@ class KafkaSink:
         self._kafka_ok = True
         self._retry_at = 0.0
         self._backoff = config.retry_backoff_s
+        self._pgen = 0  # producer generation: bumped when a producer is abandoned
         self._gen = 0  # spool generation: bumped by every rewind
-        self._inflight_direct = 0
-        self._inflight_spool = 0
-        self._direct_frames: dict[int, bytes] = {}  # unacknowledged direct sends, by number
+        # Sends of the current producer not yet resolved: direct ones by number (with the frame,
+        # to spool it if it fails) and spooled ones by entry id; each with the time it was sent.
+        self._direct_frames: dict[int, tuple[bytes, float]] = {}
+        self._spool_sent: dict[int, float] = {}
         self._direct_seq = 0
         self._closed_ok = False
         self._thread = threading.Thread(target=self._run, name="shadow-ab-kafka-sink", daemon=True)
@@ -335,7 +343,7 @@ class KafkaSink:
 
     def _idle(self) -> bool:
         with self._cond:
-            busy = self._queue or self._outcomes or self._inflight_direct or self._inflight_spool
+            busy = self._queue or self._outcomes or self._direct_frames or self._spool_sent
         return not busy and len(self.spool) == 0
 
     def _drop(self, reason: str, n: int = 1) -> None:
@@ -374,6 +382,7 @@ class KafkaSink:
                 self._handle(outcomes)
                 for rec in records:
                     self._route(rec)
+                self._check_stuck()
                 self._drain()
                 self._log_drops()
                 if closing:
@@ -433,13 +442,13 @@ class KafkaSink:
         direct = (
             self._kafka_ok
             and self._producer is not None
-            and self._inflight_direct < self.config.max_in_flight
+            and len(self._direct_frames) < self.config.max_in_flight
             and len(self.spool) == 0
         )
         if direct:
             self._direct_seq += 1
             if self._send(frame, "direct", 0, self._direct_seq):
-                self._direct_frames[self._direct_seq] = frame
+                self._direct_frames[self._direct_seq] = (frame, self._clock())
                 return
         self._to_spool(frame)
 
@@ -459,23 +468,19 @@ class KafkaSink:
             self._error(type(exc).__name__)
             self._mark_down(f"send failed: {exc}", probe=origin == "spool")
             return False
-        with self._cond:
-            if origin == "direct":
-                self._inflight_direct += 1
-            else:
-                self._inflight_spool += 1
-        future.add_callback(lambda _md: self._report((origin + "_ok", gen, entry_id, None)))
-        future.add_errback(lambda exc: self._report((origin + "_fail", gen, entry_id, exc)))
+        if origin == "spool":
+            self._spool_sent[entry_id] = self._clock()
+        pgen = self._pgen
+        future.add_callback(lambda _md: self._report((origin + "_ok", pgen, gen, entry_id, None)))
+        future.add_errback(lambda exc: self._report((origin + "_fail", pgen, gen, entry_id, exc)))
         return True
 
     def _handle(self, outcomes: list[_Outcome]) -> None:
-        for what, gen, entry_id, exc in outcomes:
-            with self._cond:
-                if what.startswith("direct"):
-                    self._inflight_direct -= 1
-                else:
-                    self._inflight_spool -= 1
-                if what.endswith("_ok"):
+        for what, pgen, gen, entry_id, exc in outcomes:
+            if pgen != self._pgen:
+                continue  # from an abandoned producer: its sends were spooled again
+            if what.endswith("_ok"):
+                with self._cond:
                     self._stats.sent += 1
                     if what == "spool_ok":
                         self._stats.from_spool += 1
@@ -487,15 +492,53 @@ class KafkaSink:
                 self._mark_down(f"delivery failed: {exc}", probe=False)
                 failed = self._direct_frames.pop(entry_id, None)
                 if failed is not None:
-                    self._to_spool(failed)
+                    self._to_spool(failed[0])
             elif what == "spool_ok":
+                self._spool_sent.pop(entry_id, None)
                 self._mark_up()
                 if gen == self._gen:
                     self.spool.ack(entry_id)
-            elif what == "spool_fail" and gen == self._gen:
-                self._error(type(exc).__name__)
-                self._mark_down(f"delivery from the spool failed: {exc}")
-                self._rewind()
+            elif what == "spool_fail":
+                self._spool_sent.pop(entry_id, None)
+                if gen == self._gen:
+                    self._error(type(exc).__name__)
+                    self._mark_down(f"delivery from the spool failed: {exc}")
+                    self._rewind()
+
+    def _check_stuck(self) -> None:
+        """A send the producer never resolves (seen with kafka-python when a restarted broker
+        left partitions without a leader) would hold the sink up for ever: past the delivery
+        timeout, abandon the producer, spool its direct sends again and build a new one."""
+        limit = self.config.delivery_timeout_ms / 1000 + STUCK_GRACE_S
+        now = self._clock()
+        first_direct = next(iter(self._direct_frames.values()), None)
+        first_spool = next(iter(self._spool_sent.values()), None)
+        oldest = [
+            t for t in (first_direct[1] if first_direct else None, first_spool) if t is not None
+        ]
+        if not oldest or now - min(oldest) < limit or self._producer is None:
+            return
+        log.warning(
+            "Kafka producer left %d sends unresolved past the delivery timeout; replacing it",
+            len(self._direct_frames) + len(self._spool_sent),
+        )
+        self._error("stuck_producer")
+        self._abandon_producer()
+        self._mark_down("sends unresolved past the delivery timeout")
+
+    def _abandon_producer(self) -> None:
+        producer, self._producer = self._producer, None
+        self._pgen += 1
+        frames = [f for f, _t in self._direct_frames.values()]
+        self._direct_frames.clear()
+        self._spool_sent.clear()
+        self._rewind()
+        for frame in frames:
+            self._to_spool(frame)
+        if producer is not None:  # closing may block: not on this thread
+            threading.Thread(
+                target=_close_producer, args=(producer, 0.0), name="kafka-close", daemon=True
+            ).start()
 
     def _rewind(self) -> None:
         self.spool.rewind()
@@ -505,7 +548,7 @@ class KafkaSink:
         if self.spool.unread() == 0:
             return
         if not self._kafka_ok:
-            if self._clock() < self._retry_at or self._inflight_spool > 0:
+            if self._clock() < self._retry_at or self._spool_sent:
                 return
             if not self._ensure_producer():
                 return
@@ -513,7 +556,7 @@ class KafkaSink:
         else:
             if not self._ensure_producer():
                 return
-            limit = min(1000, self.config.max_in_flight - self._inflight_spool)
+            limit = min(1000, self.config.max_in_flight - len(self._spool_sent))
         if limit <= 0:
             return
         for entry in self.spool.read(limit):
@@ -545,15 +588,18 @@ class KafkaSink:
     # -- shutting down ------------------------------------------------------------------------
 
     def _finish(self) -> None:
-        """Everything queued is routed: wait for acknowledgements (and drain the spool while
-        Kafka answers) until the deadline, then close the producer and the spool."""
+        """Everything queued is routed: while Kafka answers, wait for its acknowledgements and
+        drain the spool, until the deadline; then close the producer and the spool."""
         while time.monotonic() < self._deadline:
             with self._cond:
                 outcomes = list(self._outcomes)
                 self._outcomes.clear()
-                waiting = self._inflight_direct + self._inflight_spool
             self._handle(outcomes)
-            if not outcomes and waiting == 0 and (len(self.spool) == 0 or not self._kafka_ok):
+            self._check_stuck()
+            if not outcomes and (
+                not self._kafka_ok
+                or (not self._direct_frames and not self._spool_sent and len(self.spool) == 0)
+            ):
                 break
             self._drain()
             with self._cond:
@@ -561,8 +607,9 @@ class KafkaSink:
                     self._cond.wait(self._poll_s)
         # Direct sends still unacknowledged go to the spool: they may reach Kafka as well (at
         # least once), but are never lost.
-        unacked = list(self._direct_frames.values())
+        unacked = [f for f, _t in self._direct_frames.values()]
         self._direct_frames.clear()
+        self._spool_sent.clear()
         for frame in unacked:
             self._to_spool(frame)
         if unacked:
@@ -593,7 +640,7 @@ class KafkaSink:
             self._closing = True
             left = list(self._queue)
             self._queue.clear()
-        frames = list(self._direct_frames.values())
+        frames = [f for f, _t in self._direct_frames.values()]
         self._direct_frames.clear()
         frames += [f for f in map(self._encode, left) if f is not None]
         for frame in frames:

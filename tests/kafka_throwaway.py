@@ -20,6 +20,7 @@ import contextlib
 import os
 import signal
 import socket
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -64,7 +65,11 @@ class PrivateKafka:
 
     def start(self) -> None:
         """Start the broker (formatting its storage the first time) and wait for clients."""
-        self.kafka.up()
+        with warnings.catch_warnings():
+            # LocalKafka starts the broker like a daemon and lets go of its Popen object, whose
+            # __del__ warns that the process still runs: intended here, the broker outlives it.
+            warnings.simplefilter("ignore", ResourceWarning)
+            self.kafka.up()
 
     def stop(self, *, kill: bool = False) -> None:
         """Stop the broker: SIGTERM and wait (or SIGKILL, a crash), until the port is closed."""
