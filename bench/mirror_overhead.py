@@ -692,7 +692,8 @@ def main() -> None:
     print(
         f"\nThis machine has {os.cpu_count()} cores, shared by the client, three simulators,"
         f" the mirror/nginx and anything else running (load average before"
-        f" {load0[0]:.2f}/{load0[1]:.2f}, after {load1[0]:.2f}/{load1[1]:.2f})."
+        f" {load0[0]:.2f}/{load0[1]:.2f}, after {load1[0]:.2f}/{load1[1]:.2f}; the bench's"
+        f" processes ran at niceness {os.nice(0)})."
     )
     for note in notes:
         print(f"\nNote: {note}")
