@@ -1088,23 +1088,18 @@ def load_detection_input(
         .order_by(q.engine, q.ts)
     )
     mem_bin = epoch_bin(engine, h.ts, int(config.leak_bin_s))
-    memory_q = (
+    up_only = h.up.is_(True)
+    memory_q = (  # also tells when the engine was watched: every scrape falls in some bin
         select(
             h.engine,
             func.max(h.role),
             func.min(h.ts),
             func.max(h.ts),
-            func.avg(h.gpu_mem_bytes),
-            func.avg(h.cpu_mem_bytes),
+            func.avg(case((up_only, h.gpu_mem_bytes))),
+            func.avg(case((up_only, h.cpu_mem_bytes))),
         )
-        .where(h.deployment == deployment, h.ts >= lo, h.ts < hi, h.up.is_(True))
-        .group_by(h.engine, mem_bin)
-    )
-    health_bin = epoch_bin(engine, h.ts, 60)
-    health_bins_q = (
-        select(h.engine, health_bin)
         .where(h.deployment == deployment, h.ts >= lo, h.ts < hi)
-        .group_by(h.engine, health_bin)
+        .group_by(h.engine, mem_bin)
     )
     x = EXCHANGES.c
     in_window = (x.deployment == deployment, x.sent_at >= lo, x.sent_at < hi)
@@ -1150,8 +1145,12 @@ def load_detection_input(
             for r in conn.execute(changes)
         ]
         memory = []
+        seen: dict[str, list[float]] = defaultdict(list)
         for r in conn.execute(memory_q):
             first, last = _ts(r[2]), _ts(r[3])
+            seen[r[0]] += [first, last]
+            if r[4] is None and r[5] is None:
+                continue
             memory.append(
                 HealthPoint(
                     r[0],
@@ -1162,9 +1161,6 @@ def load_detection_input(
                     cpu_mem_bytes=None if r[5] is None else int(r[5]),
                 )
             )
-        seen: dict[str, list[float]] = defaultdict(list)
-        for eng, b in conn.execute(health_bins_q):
-            seen[eng].append(float(b) * 60.0)
         sent = SentCounts(60.0, by_role=True)
         role_sent: dict[str, int] = {}
         for role, n, first, last in conn.execute(totals_q):
@@ -1212,11 +1208,7 @@ def load_detection_input(
     for e in events:
         if e.role in ROLES and role_of.get(e.engine) != "incumbent":
             role_of[e.engine] = e.role
-    # A bin with a scrape is watched through its end (the next scrape may be a bin later).
-    observed = {
-        eng: [(a, b + 60.0) for a, b in observed_intervals(ts, config.health_max_gap_s)]
-        for eng, ts in seen.items()
-    }
+    observed = {eng: observed_intervals(ts, config.health_max_gap_s) for eng, ts in seen.items()}
     return DetectionInput(
         health=health,
         events=events[:max_events],

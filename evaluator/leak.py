@@ -44,6 +44,9 @@ from scipy import stats
 Floats = Sequence[float] | np.ndarray
 """Plain sequences or numpy arrays of floats."""
 
+TREND_POINTS = 400
+"""Most bins a whole-piece trend is fitted on (Theil-Sen costs n^2 pairs)."""
+
 MB = float(2**20)
 """Bytes in the MB of "MB/hour" (engines report MiB; the simulator's ``mb_per_hour`` too)."""
 
@@ -305,6 +308,8 @@ def trend(
     best: Slope | None = None
     for _lo, _hi, i, j in split_at(t_all, restarts):
         tb, yb = binned(t_all[i:j], y_all[i:j], params.bin_s)
+        if len(tb) > TREND_POINTS:  # pairwise slopes are O(n^2): coarser bins for long pieces
+            tb, yb = binned(tb, yb, (tb[-1] - tb[0]) / (TREND_POINTS - 1) + 1e-9)
         if len(tb) < params.min_points:
             continue
         s = theil_sen(tb, yb, params.level)
