@@ -82,11 +82,12 @@ def divergent_pairs(
     after = queries.decode_cursor(cursor) if cursor else None
     since, until = utc_param(since, "since"), utc_param(until, "until")
     check_window(since, until)
-    rows = queries.divergent_pairs(
-        conn, name, against=against, after=after, since=since, until=until, limit=limit + 1
+    scan = queries.divergent_pairs(
+        conn, name, against=against, after=after, since=since, until=until, limit=limit
     )
+    rows = scan.rows
     items = []
-    for row in rows[:limit]:
+    for row in rows:
         incumbent = {**_columns(row, "i_"), "request": row.request}
         items.append(
             DivergentPair(
@@ -100,8 +101,10 @@ def divergent_pairs(
             )
         )
     next_cursor = None
-    if len(rows) > limit:
-        last = rows[limit - 1]
+    if scan.resume is not None:
+        next_cursor = queries.encode_cursor(scan.resume)
+    elif scan.more and rows:
+        last = rows[-1]
         next_cursor = queries.encode_cursor((last.i_sent_at, last.pair_id))
     return PairPage(
         deployment=name, against=against, limit=limit, items=items, next_cursor=next_cursor

@@ -30,6 +30,7 @@ from api.divergence import highlight
 from api.settings import parse_token_map
 from shadow_ab.records import ExchangeRecord
 from storage.db import make_engine
+from storage.migrate import upgrade
 from storage.write import write_exchanges
 
 DIVERGENT = f"/v1/deployments/{DEP}/pairs/divergent"
@@ -247,12 +248,16 @@ def test_pages_stay_stable_when_pairs_arrive_meanwhile(fresh_url: str) -> None:
     assert seen == expected  # nothing repeated or skipped; the earlier newcomer is behind us
 
 
-def all_pages_with(c: TestClient, url: str, cursor: str | None) -> list[dict[str, Any]]:
+def all_pages_with(
+    c: TestClient, url: str, cursor: str | None, first: bool = False
+) -> list[dict[str, Any]]:
+    """Every item from ``cursor`` on (from the first page when ``first``), 4 a page."""
     items: list[dict[str, Any]] = []
-    while cursor:
-        body = c.get(url, params={"limit": 4, "cursor": cursor}, headers=bearer(READ_TOKEN)).json()
+    while cursor or first:
+        params: dict[str, Any] = {"limit": 4, **({"cursor": cursor} if cursor else {})}
+        body = c.get(url, params=params, headers=bearer(READ_TOKEN)).json()
         items.extend(body["items"])
-        cursor = body["next_cursor"]
+        cursor, first = body["next_cursor"], False
     return items
 
 
@@ -279,3 +284,47 @@ def test_highlight_offsets(
     )
     assert a[: mark.incumbent.start] == b[: mark.other.start]
     assert a[mark.incumbent.end :] == b[mark.other.end :]
+
+
+def _client_on(url: str) -> tuple[TestClient, Engine]:
+    engine = make_readonly_engine(url)
+    return TestClient(create_app(engine, TokenAuth(parse_token_map(TOKENS, "t")))), engine
+
+
+def test_sparse_divergence_resumes_after_a_bounded_scan(fresh_url: str) -> None:
+    # Divergent pairs 4 days apart, agreeing pairs between: one request reads at most
+    # MAX_SCAN of time, answers with what it found and a cursor to continue from.
+    records = _pair(0, T0, True) + _pair(1, T0 + timedelta(days=4), True)
+    records += [r for d in range(1, 4) for r in _pair(10 + d, T0 + timedelta(days=d), False)]
+    writer = make_engine(fresh_url)
+    write_exchanges(writer, records)
+    writer.dispose()
+    c, engine = _client_on(fresh_url)
+    url = "/v1/deployments/dep-p/pairs/divergent"
+    try:
+        first = c.get(url, params={"limit": 10}, headers=CONTENT).json()
+        rest = all_pages_with(c, url, first["next_cursor"])
+    finally:
+        engine.dispose()
+    assert [p["pair_id"] for p in first["items"]] == [str(uuid.UUID(int=10_000))]
+    assert first["next_cursor"] is not None
+    assert [p["pair_id"] for p in rest] == [str(uuid.UUID(int=10_001))]
+
+
+def test_pairs_on_a_sqlite_store(tmp_path: object) -> None:
+    url = f"sqlite:///{tmp_path}/store.db"
+    upgrade(url)
+    writer = make_engine(url)
+    write_exchanges(
+        writer, [r for i in range(6) for r in _pair(i, T0 + timedelta(minutes=i), i % 2 == 0)]
+    )
+    writer.dispose()
+    c, engine = _client_on(url)
+    try:
+        items = all_pages_with(c, "/v1/deployments/dep-p/pairs/divergent", None, first=True)
+        one = c.get(f"/v1/deployments/dep-p/pairs/{uuid.UUID(int=10_002)}", headers=CONTENT)
+    finally:
+        engine.dispose()
+    assert [p["pair_id"] for p in items] == [str(uuid.UUID(int=10_000 + i)) for i in (0, 2, 4)]
+    assert one.status_code == 200
+    assert one.json()["divergence"]["candidate"]["highlight"]["other"] == {"start": 0, "end": 1}
