@@ -242,6 +242,9 @@ class KafkaSink:
                 " to a writable folder"
             ) from exc
 
+        self._records_metric = {
+            k: RECORDS.labels(sink=SINK, kind=k) for k in ("exchange", "health")
+        }
         self._cond = threading.Condition()
         self._queue: deque[Record] = deque()
         self._outcomes: deque[_Outcome] = deque()
@@ -281,19 +284,22 @@ class KafkaSink:
                 self._cond.notify()
             self._queue.append(record)
             self._stats.submitted += 1
-        RECORDS.labels(sink=SINK, kind=record.kind).inc()
+        self._records_metric[record.kind].inc()
         return True
 
     # -- control ------------------------------------------------------------------------------
 
     def flush(self, timeout: float = 30.0) -> bool:
         """Wait until everything submitted so far was acknowledged by Kafka; False when records
-        are still queued, in flight or spooled after ``timeout`` seconds."""
+        are still queued, in flight or spooled after ``timeout`` seconds -- or at once when
+        Kafka is away and every record is safe in the spool (waiting would not help)."""
         end = time.monotonic() + timeout
         while True:
             if self._idle():
                 return True
             if time.monotonic() >= end or not self._thread.is_alive():
+                return False
+            if not self._kafka_ok and self._all_spooled():
                 return False
             with self._cond:
                 self._cond.notify()
@@ -345,6 +351,10 @@ class KafkaSink:
         with self._cond:
             busy = self._queue or self._outcomes or self._direct_frames or self._spool_sent
         return not busy and len(self.spool) == 0
+
+    def _all_spooled(self) -> bool:
+        with self._cond:
+            return not (self._queue or self._outcomes or self._direct_frames)
 
     def _drop(self, reason: str, n: int = 1) -> None:
         """Count dropped records (caller holds the lock)."""

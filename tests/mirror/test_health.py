@@ -275,3 +275,29 @@ def _until(
         return seen
 
     return go
+
+
+def test_run_samples_every_interval_until_cancelled() -> None:
+    from simulator.testing import free_port
+
+    sink = ListSink()
+    target = EngineTarget("gone", Role.CANDIDATE, f"http://127.0.0.1:{free_port()}")
+
+    async def go(session: aiohttp.ClientSession) -> bool:
+        hs = HealthSampler(
+            [target], sink, session, "health-test", HealthConfig(interval_s=0.05, timeout_s=0.5)
+        )
+        task = asyncio.create_task(hs.run())
+        deadline = time.monotonic() + 30
+        while len(sink.records) < 3 and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            return True
+        return False
+
+    assert run(go)
+    assert len(sink.records) >= 3
+    assert all(isinstance(r, HealthSample) and not r.up for r in sink.records)
