@@ -20,6 +20,14 @@ mark{background:#ffd54f} mark.other{background:#ffab91} .muted{color:#777}
 
 ROLES = ("incumbent", "candidate", "replay")
 
+PAGE_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'none'; style-src 'unsafe-inline'; img-src data:; frame-ancestors 'none'"
+    ),
+    "X-Content-Type-Options": "nosniff",
+}
+"""Headers of every HTML page the API serves: stored text can never run a script there."""
+
 
 def _fmt(value: Any) -> str:
     if value is None:

@@ -29,7 +29,7 @@ from api.deps import (
 )
 from api.divergence import compare
 from api.errors import MissingScope, NotFound
-from api.html import pair_page
+from api.html import PAGE_HEADERS, pair_page
 from api.models import DivergentPair, PairDetail, PairPage, Side, SideSummary, problem_response
 from api.queries import AnyRow
 from api.redact import split_request
@@ -176,5 +176,5 @@ def get_pair(
         )
     detail = pair_detail(name, rows, who)
     if html:
-        return HTMLResponse(pair_page(detail))
+        return HTMLResponse(pair_page(detail), headers=PAGE_HEADERS)
     return detail

@@ -16,6 +16,7 @@ from api import queries
 from api.auth import Principal, Reader
 from api.deps import MAX_PAGE, Conn, DeploymentName, Format, deployment_row, wants_html
 from api.errors import MissingScope, NotFound
+from api.html import PAGE_HEADERS
 from api.models import Report, ReportList, ReportSummary, problem_response
 from api.queries import AnyRow
 from api.redact import redact
@@ -70,7 +71,7 @@ def _answer(
                 f"report {row.id} shows prompts or outputs: its HTML page needs the 'content'"
                 " scope (the JSON form is available, with those fields null)"
             )
-        return HTMLResponse(page)
+        return HTMLResponse(page, headers=PAGE_HEADERS)
     shown = row.body if who.sees_content else body
     return Report.model_validate({**fields, "body": shown})
 

@@ -57,6 +57,7 @@ def test_report_html_page(client: TestClient) -> None:
     assert page.status_code == 200
     assert page.headers["content-type"].startswith("text/html")
     assert "<h1>NO-GO</h1>" in page.text
+    assert "default-src 'none'" in page.headers["content-security-policy"]
     browser = {**CONTENT, "Accept": "text/html,application/xhtml+xml,*/*;q=0.8"}
     assert client.get(url, headers=browser).text == page.text
     # The page shows an output: a read-only token gets the redacted JSON, not the page.
