@@ -5,6 +5,7 @@ Layout of the spool folder::
     seg-00000000000000000001.log    append-only segment files, in order
     seg-00000000000000000002.log
     cursor                          {"segment": 1, "offset": 4711}: everything before is acked
+    lock                            flock'ed by the process using the spool (one at a time)
 
 A segment is a sequence of entries ``<length u32 LE><crc32 u32 LE><payload>``. Payloads are
 opaque bytes (the Kafka sink puts topic, key and value in them).
@@ -27,11 +28,13 @@ Thread-safe (one lock). The clock is injectable.
 
 Errors::
 
-    SpoolError          the folder cannot be used (not a directory, unreadable cursor ...)
+    SpoolError          the folder cannot be used (not a directory, unreadable cursor, in use
+                        by another process)
 """
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import re
@@ -56,6 +59,7 @@ MAX_ENTRY_BYTES = 64 * 1024 * 1024
 """A length field above this is corruption, not an entry."""
 SEGMENT_RE = re.compile(r"^seg-(\d{20})\.log$")
 CURSOR_FILE = "cursor"
+LOCK_FILE = "lock"
 
 
 class SpoolError(Exception):
@@ -110,12 +114,17 @@ class Spool:
             raise SpoolError(f"cannot create the spool folder {self.directory}: {exc}") from exc
         if not self.directory.is_dir():
             raise SpoolError(f"the spool path {self.directory} is not a folder")
+        self._folder_lock = self._lock_folder()
 
         # segment seq -> size in bytes (every segment file that exists)
         self._sizes: dict[int, int] = {}
-        self._ack_seg, self._ack_off = self._load_cursor()
         self._pending = 0  # entries not yet acked
-        self._recover()
+        try:
+            self._ack_seg, self._ack_off = self._load_cursor()
+            self._recover()
+        except BaseException:
+            self._folder_lock.close()
+            raise
         if not self._sizes:
             self._sizes[self._ack_seg] = 0
         self._write_seq = max(self._sizes)
@@ -265,9 +274,24 @@ class Spool:
             if self._reader is not None:
                 self._reader.close()
                 self._reader = None
+            self._folder_lock.close()  # releases the flock
             self._closed = True
 
     # -- internals (caller holds the lock) --------------------------------------------------------
+
+    def _lock_folder(self) -> BinaryIO:
+        """An exclusive flock on ``lock`` in the folder: two processes on one spool would
+        interleave their segments and acks. The OS releases it when the process dies."""
+        f = open(self.directory / LOCK_FILE, "ab")  # noqa: SIM115
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            f.close()
+            raise SpoolError(
+                f"the spool folder {self.directory} is in use by another process: give each"
+                " mirror process its own kafka.spool_dir"
+            ) from None
+        return f
 
     def _path(self, seq: int) -> Path:
         return self.directory / _segment_name(seq)

@@ -99,6 +99,7 @@ def test_crash_without_cursor_write_resends_at_least_once(tmp_path: Path) -> Non
     spool.sync()
     for e in spool.read(4):
         spool.ack(e.id)  # cursor not written yet (interval): a crash now...
+    spool._folder_lock.close()  # (the OS releases a dead process's lock)
     # ...and a new process on the same folder (the old one never closed).
     again = Spool(tmp_path, max_bytes=10**6)
     assert drain(again) == data  # nothing lost; the 4 acked ones come again (idempotent sink)
@@ -157,3 +158,13 @@ def test_cursor_file_is_json_with_segment_and_offset(tmp_path: Path) -> None:
     cursor = orjson.loads((tmp_path / "cursor").read_bytes())
     assert cursor["offset"] == HEADER.size + 20
     spool.close()
+
+
+def test_one_process_at_a_time(tmp_path: Path) -> None:
+    with (
+        Spool(tmp_path, max_bytes=10**6),
+        pytest.raises(SpoolError, match="in use by another process"),
+    ):
+        Spool(tmp_path, max_bytes=10**6)
+    with Spool(tmp_path, max_bytes=10**6) as again:  # free once closed
+        assert len(again) == 0
