@@ -57,6 +57,7 @@ DEFAULT_TIME_SCALE = 600.0
 CONCURRENCY_PHASES = (2, 8, 24, 8, 4, 16)
 HEALTH_INTERVAL_S = 1.0
 REPLAY_RATE = 0.2
+MIRROR_STARTUP_S = 90.0
 SIMULATED_HARDWARE = "simulated: shadow-ab sim on CPU, no GPU (not a measurement of real engines)"
 MIN_DAYS_NOTE = (
     "Demo: the policy's minimum days was waived (a demo lasts minutes; the simulators compress"
@@ -352,6 +353,13 @@ def run_demo(
             topics = {k: f"shadow.demo.{name}.{k}" for k in ("exchanges", "health", "dlq")}
             with contextlib.ExitStack() as stack:
                 if bootstrap:
+                    from shadow_ab.topics import default_topics, delete_topics, ensure_topics
+
+                    ensure_topics(
+                        bootstrap,
+                        default_topics(topics["exchanges"], topics["health"], topics["dlq"]),
+                    )
+                    stack.callback(delete_topics, bootstrap, list(topics.values()))
                     env = {
                         "SHADOW_AB_MIRROR_KAFKA__BOOTSTRAP": bootstrap,
                         "SHADOW_AB_MIRROR_KAFKA__TOPIC_EXCHANGES": topics["exchanges"],
@@ -362,14 +370,25 @@ def run_demo(
                     )
                     mirror = stack.enter_context(
                         running_mirror(
-                            inc.base_url, cand.base_url, kafka=bootstrap, env=env, **mirror_kw
+                            inc.base_url,
+                            cand.base_url,
+                            kafka=bootstrap,
+                            env=env,
+                            startup_timeout=MIRROR_STARTUP_S,
+                            **mirror_kw,
                         )
                     )
                     sink = f"Kafka {bootstrap} (topics {topics['exchanges']}, {topics['health']})"
                     sink += f" -> shadow-ab ingest -> {redact_url(url)}"
                 else:
                     mirror = stack.enter_context(
-                        running_mirror(inc.base_url, cand.base_url, database_url=url, **mirror_kw)
+                        running_mirror(
+                            inc.base_url,
+                            cand.base_url,
+                            database_url=url,
+                            startup_timeout=MIRROR_STARTUP_S,
+                            **mirror_kw,
+                        )
                     )
                     sink = f"direct sink -> {redact_url(url)}"
                 _say(
