@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import aiohttp
 import orjson
@@ -37,6 +37,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from mirror.metrics import ENGINE_RESTARTS, ENGINE_UP, ENGINE_VERSION_CHANGES, HEALTH_SCRAPE
 from shadow_ab.records import INT32_MAX, HealthSample, Role, utcnow
+
+if TYPE_CHECKING:
+    from mirror.sinks import RecordSink
 
 log = logging.getLogger(__name__)
 
@@ -212,7 +215,7 @@ class HealthSampler:
     def __init__(
         self,
         targets: Sequence[EngineTarget],
-        sink: Any,
+        sink: RecordSink,
         session: aiohttp.ClientSession,
         deployment: str,
         config: HealthConfig,
