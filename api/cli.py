@@ -14,6 +14,7 @@ from typing import Any
 
 import click
 from pydantic import ValidationError
+from pydantic_settings import SettingsError
 
 from api.settings import APISettings
 
@@ -28,6 +29,8 @@ def load_settings(**overrides: Any) -> APISettings:
     except ValidationError as exc:
         message = "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors())
         raise click.UsageError(message) from None
+    except SettingsError as exc:  # an environment value pydantic-settings could not decode
+        raise click.UsageError(str(exc)) from None
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})

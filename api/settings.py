@@ -12,6 +12,7 @@ The database URL is ``SHADOW_AB_API_DATABASE_URL`` (meant for a read-only role, 
 
 from __future__ import annotations
 
+import json
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -85,8 +86,8 @@ class APISettings(CommonSettings):
         default=None,
         description="store URL for the API (a read-only role); default SHADOW_AB_DATABASE_URL",
     )
-    api_tokens: dict[str, Any] = Field(
-        default_factory=dict,
+    api_tokens: str | None = Field(
+        default=None,
         repr=False,
         description='JSON map token -> scopes, e.g. {"<token>": ["read", "content"]}',
     )
@@ -119,7 +120,16 @@ class APISettings(CommonSettings):
         return self
 
     def _load_tokens(self) -> TokenMap:
-        tokens = parse_token_map(self.api_tokens, "SHADOW_AB_API_TOKENS")
+        tokens: TokenMap = {}
+        if self.api_tokens and self.api_tokens.strip():
+            try:
+                raw = json.loads(self.api_tokens)
+            except json.JSONDecodeError as exc:
+                raise ValueError(
+                    f"SHADOW_AB_API_TOKENS is not valid JSON ({exc.msg} at character"
+                    f' {exc.pos}): write it as {{"<token>": ["read"]}}'
+                ) from None
+            tokens = parse_token_map(raw, "SHADOW_AB_API_TOKENS")
         if self.api_tokens_file is not None:
             tokens.update(read_token_file(self.api_tokens_file))
         return tokens

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -119,7 +120,19 @@ def test_tokens_from_env_and_file(monkeypatch: pytest.MonkeyPatch, tmp_path: Pat
 )
 def test_bad_tokens_are_refused_with_a_reason(tokens: dict[str, list[str]], message: str) -> None:
     with pytest.raises(ValidationError, match=message):
-        APISettings(api_tokens=tokens)
+        APISettings(api_tokens=json.dumps(tokens))
+
+
+@pytest.mark.parametrize(("value", "message"), [("{not json", "not valid JSON"), ("", "no API")])
+def test_tokens_variable_that_is_empty_or_not_json(
+    monkeypatch: pytest.MonkeyPatch, value: str, message: str
+) -> None:
+    monkeypatch.setenv("SHADOW_AB_API_TOKENS", value)
+    monkeypatch.delenv("SHADOW_AB_API_TOKENS_FILE", raising=False)
+    result = CliRunner().invoke(api, [])
+    assert result.exit_code == 2
+    assert message in result.output
+    assert "Traceback" not in result.output
 
 
 def test_api_database_url_falls_back_to_the_store_url() -> None:
