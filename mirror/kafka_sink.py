@@ -281,7 +281,7 @@ class KafkaSink:
                 self._drop(QUEUE_FULL)
                 return False
             if not self._queue:
-                self._cond.notify()
+                self._cond.notify_all()  # the sink's thread (a flush() may be waiting too)
             self._queue.append(record)
             self._stats.submitted += 1
         self._records_metric[record.kind].inc()
@@ -302,7 +302,6 @@ class KafkaSink:
             if not self._kafka_ok and self._all_spooled():
                 return False
             with self._cond:
-                self._cond.notify()
                 self._cond.wait(self._poll_s)
 
     def close(self, timeout: float = 30.0) -> bool:
@@ -374,7 +373,7 @@ class KafkaSink:
         """Called by the producer's I/O thread: hand the outcome to the sink's thread."""
         with self._cond:
             self._outcomes.append(outcome)
-            self._cond.notify()
+            self._cond.notify_all()
 
     # -- the thread ---------------------------------------------------------------------------
 
