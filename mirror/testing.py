@@ -121,7 +121,7 @@ def running_mirror(
     kafka: str | None = None,
     host: str = "127.0.0.1",
     port: int | None = None,
-    startup_timeout: float = 30.0,
+    startup_timeout: float = 60.0,
     env: dict[str, str] | None = None,
     health_only: bool = False,
     **overrides: Any,

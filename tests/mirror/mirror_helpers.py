@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -91,3 +94,25 @@ def wait_rows(
 def pair_key(pair_id: str, database_url: str) -> str:
     """``pair_id`` as the store keeps it (SQLite: 32 hex digits; PostgreSQL: a uuid)."""
     return pair_id.replace("-", "") if database_url.startswith("sqlite") else pair_id
+
+
+@contextlib.contextmanager
+def entered_together(*managers: contextlib.AbstractContextManager[Any]) -> Iterator[list[Any]]:
+    """Enter several context managers at once (each in its own thread: subprocesses start in
+    parallel), exit them in reverse order in this thread."""
+    with ThreadPoolExecutor(max_workers=max(1, len(managers))) as pool:
+        futures = [pool.submit(m.__enter__) for m in managers]
+    entered: list[tuple[contextlib.AbstractContextManager[Any], Any]] = []
+    error: BaseException | None = None
+    for manager, future in zip(managers, futures, strict=True):
+        try:
+            entered.append((manager, future.result()))
+        except BaseException as exc:
+            error = error or exc
+    try:
+        if error is not None:
+            raise error
+        yield [value for _, value in entered]
+    finally:
+        for manager, _ in reversed(entered):
+            manager.__exit__(None, None, None)

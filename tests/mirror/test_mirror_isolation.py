@@ -9,14 +9,15 @@ precise overhead is bench/mirror_overhead.py's job). The candidate's troubles ar
 from __future__ import annotations
 
 import statistics
-from pathlib import Path
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
 import pytest
-from mirror_helpers import FAST, MODEL, normalize, post, rows
+from mirror_helpers import FAST, MODEL, entered_together, normalize, post, rows
 
-from mirror.testing import running_mirror
+from mirror.testing import RunningMirror, running_mirror
 from simulator.scenario import _deep_merge
 from simulator.testing import RunningSim, running_sim
 
@@ -66,31 +67,58 @@ def bodies() -> list[tuple[str, dict[str, Any]]]:
     return out
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_candidate_trouble_does_not_reach_the_client(
-    case: str, engines: tuple[RunningSim, RunningSim], tmp_path: Path
-) -> None:
-    incumbent = engines[0]
-    scenario, expected_status = CASES[case]
-    db = f"sqlite:///{tmp_path / 'records.db'}"
-    with (
+@dataclass
+class Setup:
+    candidate: RunningSim
+    mirror: RunningMirror
+    database_url: str
+
+
+@pytest.fixture(scope="module")
+def setups(
+    engines: tuple[RunningSim, RunningSim], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Setup]]:
+    """A troubled candidate per case, each behind its own mirror (started in parallel)."""
+    sims = [
         running_sim(
             "trtllm",
             "clean",
-            overrides=_deep_merge(FAST, scenario),
+            overrides=_deep_merge(FAST, CASES[case][0]),
             ledger=False,
             wait_for="listening",
-        ) as candidate,
-        running_mirror(
-            incumbent.base_url,
-            candidate.base_url,
-            database_url=db,
-            shadow={"timeout_s": 1.0},
-            drain_timeout_s=3.0,
-            health_enabled=False,
-        ) as mirror,
-        httpx.Client(timeout=30.0) as http,
-    ):
+            startup_timeout=120.0,
+        )
+        for case in CASES
+    ]
+    with entered_together(*sims) as candidates:
+        dbs = [f"sqlite:///{tmp_path_factory.mktemp(case)}/records.db" for case in CASES]
+        mirrors = [
+            running_mirror(
+                engines[0].base_url,
+                cand.base_url,
+                database_url=db,
+                shadow={"timeout_s": 1.0},
+                drain_timeout_s=3.0,
+                health_enabled=False,
+                startup_timeout=120.0,
+            )
+            for cand, db in zip(candidates, dbs, strict=True)
+        ]
+        with entered_together(*mirrors) as running:
+            yield {
+                case: Setup(cand, mirror, db)
+                for case, cand, mirror, db in zip(CASES, candidates, running, dbs, strict=True)
+            }
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_candidate_trouble_does_not_reach_the_client(
+    case: str, engines: tuple[RunningSim, RunningSim], setups: dict[str, Setup]
+) -> None:
+    incumbent = engines[0]
+    expected_status = CASES[case][1]
+    mirror, db = setups[case].mirror, setups[case].database_url
+    with httpx.Client(timeout=30.0) as http:
         direct_s: list[float] = []
         mirror_s: list[float] = []
         for i, (path, body) in enumerate(bodies()):
@@ -102,7 +130,7 @@ def test_candidate_trouble_does_not_reach_the_client(
                 answers[base] = (status, headers["content-type"], normalize(raw))
             assert answers[mirror.base_url] == answers[incumbent.base_url], (case, path, body)
             assert answers[mirror.base_url][0] == 200
-        assert mirror.stop() == 0  # drained, records flushed
+    assert mirror.stop() == 0  # drained, records flushed
 
     assert statistics.median(mirror_s) <= 2 * statistics.median(direct_s) + 0.05, (
         case,
