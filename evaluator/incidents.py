@@ -1237,6 +1237,17 @@ def _overlaps(a0: float, a1: float | None, b0: float, b1: float | None, slack: f
     return a0 <= b_end + slack and b0 <= a_end + slack
 
 
+def _last_seen(row: Mapping[str, Any]) -> float:
+    """Where a stored incident still open (no end) was last seen going on: a later incident
+    of the same kind must not be merged into it just because it never closed."""
+    ev = row.get("evidence") or {}
+    seen = [_ts(row["started_at"])]
+    for key in ("last_window_end", "still_down_at"):
+        if ev.get(key):
+            seen.append(_ts(datetime.fromisoformat(ev[key])))
+    return max(seen)
+
+
 def store_incidents(engine: Engine, deployment: str, findings: Sequence[Finding]) -> int:
     """Write ``findings`` to ``incidents``; return how many rows are new.
 
@@ -1254,9 +1265,9 @@ def store_incidents(engine: Engine, deployment: str, findings: Sequence[Finding]
         stored = [
             dict(r._mapping)
             for r in conn.execute(
-                select(inc.id, inc.engine, inc.kind, inc.started_at, inc.ended_at).where(
-                    inc.deployment == deployment, inc.engine.in_(engines)
-                )
+                select(
+                    inc.id, inc.engine, inc.kind, inc.started_at, inc.ended_at, inc.evidence
+                ).where(inc.deployment == deployment, inc.engine.in_(engines))
             )
         ]
         for f in sorted(findings, key=lambda f: (f.started_at, f.engine, f.kind)):
@@ -1266,7 +1277,7 @@ def store_incidents(engine: Engine, deployment: str, findings: Sequence[Finding]
                 if row["engine"] != f.engine or row["kind"] != f.kind:
                     continue
                 r0 = _ts(row["started_at"])
-                r1 = _ts(row["ended_at"]) if row["ended_at"] else None
+                r1 = _ts(row["ended_at"]) if row["ended_at"] else _last_seen(row)
                 if r0 == f0 or _overlaps(f0, f1, r0, r1, 0.0):
                     match = row
                     break
@@ -1290,6 +1301,7 @@ def store_incidents(engine: Engine, deployment: str, findings: Sequence[Finding]
                         "kind": f.kind,
                         "started_at": f.started_at,
                         "ended_at": f.ended_at,
+                        "evidence": evidence,
                     }
                 )
                 continue
@@ -1301,7 +1313,7 @@ def store_incidents(engine: Engine, deployment: str, findings: Sequence[Finding]
                 .where(inc.id == match["id"])
                 .values(started_at=start, ended_at=end, evidence=evidence, detected_at=func.now())
             )
-            match.update(started_at=start, ended_at=end)
+            match.update(started_at=start, ended_at=end, evidence=evidence)
     return new
 
 

@@ -220,3 +220,20 @@ def test_trtllm_restart_seen_only_in_its_iteration_counter(store: Engine) -> Non
         ("crash", T0 + timedelta(seconds=149 * 15)),
         ("hang", T0 + timedelta(seconds=140 * 15)),
     ]
+
+
+def test_store_merges_the_same_incident_not_a_later_one(store: Engine) -> None:
+    from evaluator.incidents import Finding
+
+    eng, t = "trtllm@candidate", T0
+    still_down = Finding(eng, "candidate", "crash", t, None, {"still_down_at": str(t)})
+    assert store_incidents(store, DEP, [still_down]) == 1
+    closed = Finding(eng, "candidate", "crash", t, t + timedelta(minutes=2), {"down_samples": 8})
+    later = Finding(eng, "candidate", "crash", t + timedelta(hours=2), t + timedelta(hours=2.1))
+    assert store_incidents(store, DEP, [closed, later]) == 1  # the first one closed, one new
+    rows = query_incidents(store, DEP)
+    assert [(r["started_at"], r["duration_s"]) for r in rows] == [
+        (t.isoformat(), 120.0),
+        ((t + timedelta(hours=2)).isoformat(), 360.0),
+    ]
+    assert rows[0]["evidence"]["down_samples"] == 8
