@@ -127,6 +127,9 @@ def serve(settings: MirrorSettings, sink: Any, *, health_only: bool = False) -> 
         timeout_graceful_shutdown=max(1, int(settings.drain_timeout_s)),
     )
     server = uvicorn.Server(config)
+    # The sink's writer thread holds the GIL while it encodes a batch; a short switch interval
+    # hands the event loop (the clients' path) the GIL back sooner (default 5 ms).
+    sys.setswitchinterval(0.001)
     # uvicorn restores the previous handlers and re-raises a caught signal after it stops; a
     # handler of our own keeps that from killing the process before the sink is closed.
     for sig in (signal.SIGTERM, signal.SIGINT):
