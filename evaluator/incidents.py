@@ -125,6 +125,28 @@ class IncidentConfig:
     hang_min_events: int = 1
     level: float = 0.95
 
+    def for_time_scale(self, scale: float) -> IncidentConfig:
+        """The same detection for a simulator running ``scale`` simulated seconds per real
+        second (health samples carry real time): durations on the fault timeline (leak
+        windows, steps, sustain, bins, clustering, crash margin, burst window, observed-time
+        gaps) divided by ``scale``, the leak threshold (MB per real hour) multiplied by it.
+        Latency thresholds (``hang_stall_s``, ``hang_health_latency_s``) stay: they are what
+        a client measures. Reported leak rates are then per real hour: divide by ``scale``."""
+        if scale <= 0:
+            raise ValueError(f"time scale must be positive, got {scale}")
+        return replace(
+            self,
+            cluster_gap_s=self.cluster_gap_s / scale,
+            crash_margin_s=self.crash_margin_s / scale,
+            health_max_gap_s=self.health_max_gap_s / scale,
+            leak_window_h=self.leak_window_h / scale,
+            leak_step_min=self.leak_step_min / scale,
+            leak_threshold_mb_h=self.leak_threshold_mb_h * scale,
+            leak_sustain_h=self.leak_sustain_h / scale,
+            leak_bin_s=self.leak_bin_s / scale,
+            burst_window_s=self.burst_window_s / scale,
+        )
+
     @property
     def leak_params(self) -> LeakParams:
         return LeakParams(
@@ -1087,7 +1109,7 @@ def load_detection_input(
         )
         .order_by(q.engine, q.ts)
     )
-    mem_bin = epoch_bin(engine, h.ts, int(config.leak_bin_s))
+    mem_bin = epoch_bin(engine, h.ts, max(1, round(config.leak_bin_s)))  # whole seconds
     up_only = h.up.is_(True)
     memory_q = (  # also tells when the engine was watched: every scrape falls in some bin
         select(

@@ -235,3 +235,21 @@ def test_one_failed_probe_is_not_an_outage() -> None:
     assert detect_restarts(pts) == []
     pts[11] = hp(11, up=False, http_status=None, error="/health: TimeoutError")
     assert kinds(detect_restarts(pts)) == ["hang"]
+
+
+def test_config_for_a_time_accelerated_simulator() -> None:
+    base = IncidentConfig()
+    fast = base.for_time_scale(60)
+    assert fast.leak_window_h == pytest.approx(base.leak_window_h / 60)
+    assert fast.leak_threshold_mb_h == pytest.approx(base.leak_threshold_mb_h * 60)
+    assert fast.hang_stall_s == base.hang_stall_s  # client-side latency is not scaled
+    # 150 MB per simulated hour at 60x, scraped every real second for 8 real minutes.
+    pts = [
+        hp(i, step_s=1.0, gpu_mem_bytes=int(70_000 * MB + i / 3600 * 60 * 150 * MB))
+        for i in range(480)
+    ]
+    found = detect_all(DetectionInput(health=pts), fast)
+    assert kinds(found) == ["leak"]
+    assert found[0].evidence["mb_per_hour"] / 60 == pytest.approx(150, rel=0.2)
+    with pytest.raises(ValueError, match="positive"):
+        base.for_time_scale(0)
