@@ -224,11 +224,16 @@ def test_crash_count_matches_the_ledger(tmp_path: Path) -> None:
         config = replace(IncidentConfig(), cluster_gap_s=4.0, crash_margin_s=4.0)
         review = run.review(incident_config=config)
         first, last = run.health_span("candidate")
-    # What the evaluator could see: crashes after the health sampler's first look at the
-    # candidate (on a loaded machine the mirror may come up after the first one) and before its
-    # last; a crash that fell while the engine was still down is not effective in the ledger.
+    # What the evaluator could see: crashes whose down time and restart both fell between the
+    # health sampler's first and last look at the candidate (on a loaded machine the mirror may
+    # come up after the first crash); a crash that fell while the engine was still down is not
+    # effective in the ledger.
     injected = sorted(
-        (i for i in run.candidate.of_kind("crash") if i.effective and first < i.start < last),
+        (
+            i
+            for i in run.candidate.of_kind("crash")
+            if i.effective and i.recovered_at and first < i.start and i.recovered_at < last - 1
+        ),
         key=lambda i: i.start,
     )
     assert len(injected) >= 1 and all(i.recovered_at for i in injected)
