@@ -1,8 +1,9 @@
-"""Crash detection on what the real health sampler records from simulators, against the ledger."""
+"""Incidents in what the real health sampler records from simulators, against their ledgers."""
 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -10,7 +11,7 @@ import aiohttp
 import pytest
 from sqlalchemy import Engine
 
-from evaluator.incidents import detect_incidents
+from evaluator.incidents import IncidentConfig, detect_incidents
 from mirror.health import EngineTarget, HealthConfig, HealthSampler
 from shadow_ab.records import HealthSample, Role
 from simulator.ledger import summarize
@@ -18,6 +19,8 @@ from simulator.testing import RunningSim, running_pair
 from storage.write import write_health
 
 CANDIDATE = {"faults": [{"kind": "crash", "at_s": [240, 720], "restart_delay_s": 30}]}
+INCUMBENT = {"faults": [{"kind": "leak", "mb_per_hour": 150}]}  # vLLM: resident memory grows
+SCALE = 60
 
 
 class _Collect:
@@ -45,18 +48,37 @@ async def _sample(inc: RunningSim, cand: RunningSim, seconds: float) -> list[Hea
 
 
 @pytest.mark.slow
-def test_sampled_crashes_match_the_ledger(sqlite_engine: Engine) -> None:
-    # time_scale 60: crashes 4 s and 12 s (real) after start, each down while restarting.
-    with running_pair(("vllm", "clean"), ("trtllm", CANDIDATE), time_scale=60) as (inc, cand):
+def test_sampled_crashes_and_leak_match_the_ledgers(sqlite_engine: Engine) -> None:
+    # time_scale 60: the candidate crashes 4 s and 12 s (real) after start, each down while
+    # restarting; the incumbent leaks 150 MB per simulated hour from the start.
+    pair = (("vllm", INCUMBENT), ("trtllm", CANDIDATE))
+    with running_pair(*pair, time_scale=SCALE) as (inc, cand):
         samples = asyncio.run(_sample(inc, cand, 20.0))
         injected = summarize(cand.ledger())
-        clean = summarize(inc.ledger())
+        leaking = summarize(inc.ledger())
     crashes = [c for c in injected.of_kind("crash") if c.recovered_at is not None]
-    assert len(crashes) == 2 and clean.incidents == []
+    assert len(crashes) == 2 and [i.kind for i in leaking.incidents] == ["leak"]
     write_health(sqlite_engine, samples)
     lo = min(s.ts for s in samples)
     hi = max(s.ts for s in samples) + timedelta(seconds=1)
-    found = detect_incidents(sqlite_engine, "dep-sim", (lo, hi))
-    assert [(f.role, f.kind) for f in found] == [("candidate", "crash")] * len(crashes)
+    # Real seconds: 8 s windows stepping 1 s, sustained for 10 s, 1 s bins.
+    config = replace(
+        IncidentConfig().for_time_scale(SCALE),
+        leak_window_h=8 / 3600,
+        leak_step_min=1 / 60,
+        leak_sustain_h=10 / 3600,
+        leak_bin_s=1.0,
+        leak_min_points=5,
+    )
+    found = detect_incidents(sqlite_engine, "dep-sim", (lo, hi), config)
+    assert sorted((f.role, f.kind) for f in found) == [
+        *[("candidate", "crash")] * len(crashes),
+        ("incumbent", "leak"),
+    ]
     for f in found:
-        assert f.ended_at is not None and f.evidence["down_samples"] >= 1
+        if f.kind == "crash":
+            assert f.ended_at is not None and f.evidence["down_samples"] >= 1
+    leak = next(f for f in found if f.kind == "leak")
+    assert leak.evidence["series"] == "cpu_mem_bytes"
+    per_sim_hour = leak.evidence["mb_per_hour"] / SCALE
+    assert per_sim_hour == pytest.approx(leaking.incidents[0].params["mb_per_hour"], rel=0.2)
