@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 from dataclasses import replace
 from datetime import timedelta
-from typing import Any
 
 import aiohttp
 import pytest
@@ -13,7 +12,7 @@ from sqlalchemy import Engine
 
 from evaluator.incidents import IncidentConfig, detect_incidents
 from mirror.health import EngineTarget, HealthConfig, HealthSampler
-from shadow_ab.records import HealthSample, Role
+from shadow_ab.records import HealthSample, Record, Role
 from simulator.ledger import summarize
 from simulator.testing import RunningSim, running_pair
 from storage.write import write_health
@@ -24,11 +23,21 @@ SCALE = 60
 
 
 class _Collect:
+    """A record sink (mirror.sinks.RecordSink) that keeps the health samples in a list."""
+
     def __init__(self) -> None:
         self.samples: list[HealthSample] = []
 
-    def submit(self, record: Any) -> None:
+    def submit(self, record: Record) -> bool:
+        assert isinstance(record, HealthSample)
         self.samples.append(record)
+        return True
+
+    def flush(self, timeout: float = 30.0) -> bool:
+        return True
+
+    def close(self, timeout: float = 30.0) -> bool:
+        return True
 
 
 async def _sample(inc: RunningSim, cand: RunningSim, seconds: float) -> list[HealthSample]:
@@ -51,8 +60,10 @@ async def _sample(inc: RunningSim, cand: RunningSim, seconds: float) -> list[Hea
 def test_sampled_crashes_and_leak_match_the_ledgers(sqlite_engine: Engine) -> None:
     # time_scale 60: the candidate crashes 4 s and 12 s (real) after start, each down while
     # restarting; the incumbent leaks 150 MB per simulated hour from the start.
-    pair = (("vllm", INCUMBENT), ("trtllm", CANDIDATE))
-    with running_pair(*pair, time_scale=SCALE) as (inc, cand):
+    with running_pair(("vllm", INCUMBENT), ("trtllm", CANDIDATE), time_scale=SCALE) as (
+        inc,
+        cand,
+    ):
         samples = asyncio.run(_sample(inc, cand, 20.0))
         injected = summarize(cand.ledger())
         leaking = summarize(inc.ledger())
