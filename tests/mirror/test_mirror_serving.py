@@ -279,12 +279,14 @@ class ErrorEngine:
 
     def __init__(self) -> None:
         self.port = free_port()
+        self.seen: list[dict[str, str]] = []
         self._ready = threading.Event()
         self._loop: Any = None
         self._runner: web.AppRunner | None = None
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     async def _answer(self, request: web.Request) -> web.Response:
+        self.seen.append(dict(request.headers))
         status = int(request.headers.get("x-want-status", "500"))
         body = {
             "error": {"message": f"status {status}", "type": "E", "param": None, "code": status}
@@ -317,20 +319,22 @@ class ErrorEngine:
         self._thread.join(10)
 
 
-def test_incumbent_429_and_500_arrive_as_they_were(
-    engines: tuple[RunningSim, RunningSim], tmp_path: Path
-) -> None:
+def test_incumbent_429_and_500_arrive_as_they_were(tmp_path: Path) -> None:
+    """Stand-in engines on both sides: they also show which headers each one was sent."""
     with (
-        ErrorEngine() as errors,
+        ErrorEngine() as incumbent,
+        ErrorEngine() as candidate,
         running_mirror(
-            f"http://127.0.0.1:{errors.port}",
-            engines[1].base_url,
+            f"http://127.0.0.1:{incumbent.port}",
+            f"http://127.0.0.1:{candidate.port}",
             database_url=f"sqlite:///{tmp_path / 'r.db'}",
             health_enabled=False,
+            candidate={"headers": {"Authorization": "Bearer candidate-key"}},
         ) as mirror,
     ):
-        via = openai.OpenAI(base_url=mirror.v1, api_key="x", max_retries=0)
+        via = openai.OpenAI(base_url=mirror.v1, api_key="client-key", max_retries=0)
         msgs: Any = [{"role": "user", "content": "hi"}]
+        pair_ids = []
         for status, exc_type in ((429, openai.RateLimitError), (500, openai.InternalServerError)):
             with pytest.raises(exc_type) as info:
                 via.chat.completions.create(
@@ -346,5 +350,14 @@ def test_incumbent_429_and_500_arrive_as_they_were(
                 "param": None,
                 "code": status,
             }
+            pair_ids.append(info.value.response.headers["x-shadow-pair-id"])
             if status == 429:
                 assert info.value.response.headers["retry-after"] == "7"
+        deadline = time.monotonic() + 10
+        while len(candidate.seen) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert [h["x-shadow-pair-id"] for h in incumbent.seen] == pair_ids
+    assert sorted(h["x-shadow-pair-id"] for h in candidate.seen) == sorted(pair_ids)
+    assert {h["Authorization"] for h in incumbent.seen} == {"Bearer client-key"}
+    assert {h["Authorization"] for h in candidate.seen} == {"Bearer candidate-key"}
+    assert all("Accept-Encoding" not in h for h in candidate.seen)  # the mirror reads it plain
