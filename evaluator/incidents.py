@@ -840,8 +840,9 @@ class DetectionInput:
     truncated: bool = False
     """True when the store held more notable exchanges than the loader's cap."""
     outcomes: dict[str, dict[str, int]] | None = None
-    """Per role (incumbent, candidate): exchanges ``sent`` and ``failed`` (cancelled ones in
-    neither), for ``errors.rate_ratio``; None when not loaded."""
+    """Per role (incumbent, candidate): exchanges ``sent`` (all, read from the index) and
+    ``failed`` (http_error, timeout, connection_error), for ``errors.rate_ratio``; None when
+    not loaded."""
 
     def roles(self) -> dict[str, str]:
         roles = dict(self.role_of)
@@ -1475,8 +1476,8 @@ class IncidentSection:
                 detail=(
                     f"failed exchanges: candidate {cand.get('failed', 0)}/{cand.get('sent', 0)},"
                     f" incumbent {inc.get('failed', 0)}/{inc.get('sent', 0)} (http errors,"
-                    " timeouts, connection errors; cancelled ones left out); exact conditional"
-                    " binomial interval on rare events"
+                    " timeouts, connection errors; a cancelled exchange is sent, not failed);"
+                    " exact conditional binomial interval on rare events"
                     + ("" if e is None else f", p = {e.p_value:.3g}")
                 ),
             )
