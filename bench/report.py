@@ -111,6 +111,14 @@ def _load(engine: Engine, run: str, first: int, last: int, step_s: float) -> Non
 def load_month(engine: Engine, pairs: int, days: int) -> tuple[float, float]:
     """Load ``pairs`` pairs over ``days`` days; (seconds between pairs, load seconds)."""
     ensure_partitions(engine, START, days_ahead=days + 1)
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO deployments (name, incumbent_engine, candidate_engine, model,"
+                " started_at) VALUES (:name, 'vllm', 'trtllm', 'bench', :start)"
+            ),
+            {"name": DEPLOYMENT, "start": START},
+        )
     step_s = days * 86400 / pairs
     per_day = pairs // days
     run = uuid.uuid4().hex[:8]
@@ -143,6 +151,7 @@ def main() -> None:
     parser.add_argument("--days", type=int, default=30)
     parser.add_argument("--keep", action="store_true", help="keep the database, print its URL")
     args = parser.parse_args()
+    sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]  # a TextIOWrapper
 
     server_url = CommonSettings().database_url
     if not server_url.startswith("postgresql"):

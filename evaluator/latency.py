@@ -199,8 +199,8 @@ class _Acc:
 
     def add(self, row: SketchRow) -> None:
         s = row.sign
-        self.keys.append(row.keys)
-        self.counts.append(np.asarray(row.counts, dtype=np.int64) * s)
+        self.keys.extend(row.keys)
+        self.counts.extend(row.counts if s > 0 else [-c for c in row.counts])
         self.zero += s * row.zero_count
         self.total += s * row.sum
         if s > 0 and row.min is not None and row.max is not None:
@@ -209,8 +209,8 @@ class _Acc:
 
     def sketch(self) -> LogSketch:
         return LogSketch.from_parts(
-            self.keys,
-            self.counts,
+            [self.keys],
+            [self.counts],
             zero_count=self.zero,
             sum=self.total,
             min=self.lo if self.lo <= self.hi else None,
@@ -529,7 +529,7 @@ def analyze_latency(
     excluded = {}
     for role in ROLES:
         removed = sum(
-            r.count
+            r.n_values
             for r in rows
             if r.sign < 0 and r.role == role and r.metric == "e2e" and r.slice == "all"
         )

@@ -33,7 +33,7 @@ import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 from sqlalchemy import Connection, Engine, bindparam, delete, insert, select, text
@@ -463,15 +463,15 @@ def refresh_rollups(
 # --- readers ---------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class SketchRow:
-    """One stored (or freshly aggregated) sketch row; ``sign`` -1 for rows to subtract."""
+class SketchRow(NamedTuple):
+    """One stored (or freshly aggregated) sketch row; ``sign`` -1 for rows to subtract. (A
+    named tuple: a month is ~100 k of them, a frozen dataclass costs 3x more to build.)"""
 
     hour: datetime
     role: str
     metric: str
     slice: str
-    count: int
+    n_values: int
     zero_count: int
     sum: float
     min: float | None
@@ -485,25 +485,30 @@ def _json_list(value: Any) -> list[int]:
     if value is None:
         return []
     if isinstance(value, str | bytes):
-        loaded = orjson.loads(value)
-        return list(loaded) if loaded else []
+        loaded: list[int] = orjson.loads(value) or []  # a JSON array of integers
+        return loaded
     return list(value)
 
 
-def _row(r: Any, sign: int = 1) -> SketchRow:
+def _row(r: Any, sign: int = 1, hours: dict[Any, datetime] | None = None) -> SketchRow:
+    hour = hours.get(r[0]) if hours is not None else None
+    if hour is None:
+        hour = as_utc(r[0])
+        if hours is not None:
+            hours[r[0]] = hour
     return SketchRow(
-        hour=as_utc(r.hour),
-        role=r.role,
-        metric=r.metric,
-        slice=r.slice,
-        count=int(r.count),
-        zero_count=int(r.zero_count),
-        sum=float(r.sum or 0.0),
-        min=None if r.min is None else float(r.min),
-        max=None if r.max is None else float(r.max),
-        keys=_json_list(r.keys),
-        counts=_json_list(r.counts),
-        sign=sign,
+        hour,
+        r[1],
+        r[2],
+        r[3],
+        int(r[4]),
+        int(r[5]),
+        float(r[6] or 0.0),
+        None if r[7] is None else float(r[7]),
+        None if r[8] is None else float(r[8]),
+        _json_list(r[9]),
+        _json_list(r[10]),
+        sign,
     )
 
 
@@ -554,13 +559,19 @@ def load_sketches(
     out: list[SketchRow] = []
     with engine.connect() as conn:
         if inner_lo < inner_hi:
-            t = LatencyRollup.__table__
+            # JSON columns as text, parsed by orjson: ~10x faster than the driver's json.loads
+            # on a month's ~100 k rows; one fetchall
+            as_text = "::text" if _is_pg(conn) else ""
             stored = conn.execute(
-                select(t).where(
-                    t.c.deployment == deployment, t.c.hour >= inner_lo, t.c.hour < inner_hi
-                )
-            )
-            out += [_row(r) for r in stored]
+                text(
+                    "SELECT hour, role, metric, slice, count, zero_count, sum, min, max,"
+                    f" keys{as_text} AS keys, counts{as_text} AS counts FROM latency_rollups"
+                    " WHERE deployment = :deployment AND hour >= :lo AND hour < :hi"
+                ),
+                {"deployment": deployment, "lo": _ts(conn, inner_lo), "hi": _ts(conn, inner_hi)},
+            ).all()
+            hours: dict[Any, datetime] = {}
+            out += [_row(r, 1, hours) for r in stored]
             out += raw_sketch_rows(conn, deployment, lo, inner_lo)
             out += raw_sketch_rows(conn, deployment, inner_hi, hi)
         else:
