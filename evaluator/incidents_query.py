@@ -21,7 +21,7 @@ Store failures surface as :class:`storage.errors.StorageError`.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Engine, func, select
@@ -249,7 +249,9 @@ def compare_incidents(
         if span is None:
             span = (since_u or datetime.now(UTC), until_u or datetime.now(UTC))
         since_u = since_u or span[0]
-        until_u = until_u or span[1]
+        # The window is [since, until): end just past the last data point, so an incident
+        # starting at that very moment is in the buckets as well as in the totals.
+        until_u = until_u or span[1] + timedelta(microseconds=1)
         if until_u <= since_u:
             until_u = since_u + (span[1] - span[0]) if span[1] > span[0] else since_u
     if until_u <= since_u:

@@ -237,3 +237,16 @@ def test_store_merges_the_same_incident_not_a_later_one(store: Engine) -> None:
         ((t + timedelta(hours=2)).isoformat(), 360.0),
     ]
     assert rows[0]["evidence"]["down_samples"] == 8
+
+
+def test_default_window_counts_an_incident_at_the_last_data_point(store: Engine) -> None:
+    from evaluator.incidents import Finding
+
+    samples = health_samples(leak=False, crash=False)[:20]
+    write_health(store, samples)
+    last = max(s.ts for s in samples)
+    # The latest thing the deployment holds is this incident's start.
+    store_incidents(store, DEP, [Finding("trtllm@candidate", "candidate", "hang", last, None, {})])
+    cmp = compare_incidents(store, DEP, by="day")  # no since/until: the data's own span
+    assert cmp["roles"]["candidate"]["count"] == 1
+    assert sum(b["candidate"]["total"] for b in cmp["buckets"]) == 1
