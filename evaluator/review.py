@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Engine, func, insert, select
+from sqlalchemy import Engine, func, insert, select, update
 
 from evaluator.policy import Policy
 from evaluator.results import Measurement, Section
@@ -332,7 +332,10 @@ def store_report(engine: Engine, review: Review, html: str | None) -> int:
             )
             .returning(Report.id)
         )
-        return int(result.scalar_one())
+        report_id = int(result.scalar_one())
+        body["report_id"] = report_id
+        conn.execute(update(Report).where(Report.id == report_id).values(body=body))
+        return report_id
 
 
 def build_review(

@@ -56,6 +56,14 @@ def deployment_rows(deployment: Mapping[str, Any]) -> list[tuple[str, str]]:
     return [(k.replace("_", " "), number(v)) for k, v in deployment.items() if v not in (None, "")]
 
 
+SETTINGS_TABLES = frozenset({"config", "slo", "method", "n", "exposure days"})
+"""Tables of how a section was computed: shown after its results (and collapsed)."""
+
+
+def _settings_last(t: Table) -> bool:
+    return t.title.split(": ", 1)[-1] in SETTINGS_TABLES
+
+
 def section_blocks(body: Mapping[str, Any]) -> list[tuple[str, list[Table], list[str]]]:
     sections = body.get("sections") or {}
     names = [n for n in SECTION_ORDER if n in sections] + sorted(
@@ -65,7 +73,8 @@ def section_blocks(body: Mapping[str, Any]) -> list[tuple[str, list[Table], list
     for name in names:
         section = sections.get(name) or {}
         notes = [str(n) for n in section.get("notes") or []]
-        out.append((name, section_tables(name, section), notes))
+        tables = sorted(section_tables(name, section), key=_settings_last)
+        out.append((name, tables, notes))
     return out
 
 

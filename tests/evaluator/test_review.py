@@ -109,6 +109,7 @@ def test_review_runs_the_analyses_in_order_and_stores_the_report(sqlite_engine: 
         row = conn.execute(select(Report.__table__).where(Report.id == review.report_id)).one()
     assert row.verdict == "GO" and row.deployment == DEP
     assert row.body["verdict"]["decision"] == "GO"
+    assert row.body["report_id"] == review.report_id
     assert row.body["sections"]["latency"]["plots"]["cdf"]["ttft"]["incumbent"]["values"]
     assert row.html is not None and "<svg" in row.html and ">GO<" in row.html
     # The stored body renders again without the database, in every format.
