@@ -368,25 +368,28 @@ def analyze_latency(
     progress: Progress | None = None,
     config: BootstrapConfig = DEFAULT_BOOTSTRAP,
     now: datetime | None = None,
+    refresh: bool = True,
 ) -> LatencySection:
     """The latency section of ``deployment`` over ``window`` (see the module docstring).
 
     Refreshes the hourly rollups first (only hours not rolled up yet, and the open hour), so it
     can be called on a live deployment. ``config`` sets the bootstrap sizes; ``now`` the clock
-    that decides which hours are closed."""
+    that decides which hours are closed; ``refresh=False`` reads the rollups as they are (a
+    read-only database role)."""
     lo, hi = _check(window, warmup)
 
     def report(stage: str, fraction: float) -> None:
         if progress:
             progress(stage, fraction)
 
-    refresh_rollups(
-        engine,
-        deployment,
-        (lo, hi),
-        progress=(lambda _s, f: report("latency: rollups", 0.5 * f)),
-        now=now,
-    )
+    if refresh:
+        refresh_rollups(
+            engine,
+            deployment,
+            (lo, hi),
+            progress=(lambda _s, f: report("latency: rollups", 0.5 * f)),
+            now=now,
+        )
     exclude: dict[str, list[tuple[datetime, datetime]]] = {}
     for w in warmup:
         exclude.setdefault(w.role, []).append((w.start.astimezone(UTC), w.end.astimezone(UTC)))

@@ -19,6 +19,7 @@ from evaluator.latency import (
     analyze_latency,
 )
 from evaluator.results import Measurement
+from evaluator.rollups import refresh_rollups
 from evaluator.stats import BootstrapConfig
 from shadow_ab.records import ExchangeRecord
 from storage.partitions import ensure_partitions
@@ -143,3 +144,17 @@ def test_bad_windows_are_refused(sqlite_engine: Engine) -> None:
         analyze_latency(
             sqlite_engine, "dep-lat", (T0.replace(tzinfo=None), WINDOW[1].replace(tzinfo=None))
         )
+
+
+def test_no_data_gives_no_values_and_refresh_false_reads_rollups_as_they_are(
+    sqlite_engine: Engine,
+) -> None:
+    empty = analyze_latency(sqlite_engine, "dep-lat", WINDOW, config=FAST, now=NOW)
+    ratio = _m(empty, "latency.ttft.p50.ratio")
+    assert ratio.value is None and ratio.interval is None and ratio.n == 0
+    _write(sqlite_engine, pairs(300, step=timedelta(seconds=20)))
+    stale = analyze_latency(sqlite_engine, "dep-lat", WINDOW, config=FAST, now=NOW, refresh=False)
+    assert stale.to_dict()["n"]["pairs"] == 0  # the hours were rolled up (closed) while empty
+    refresh_rollups(sqlite_engine, "dep-lat", WINDOW, now=NOW, recompute=True)
+    fresh = analyze_latency(sqlite_engine, "dep-lat", WINDOW, config=FAST, now=NOW, refresh=False)
+    assert fresh.to_dict()["n"]["pairs"] == 300
