@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from pg_throwaway import PgDatabases
 from sqlalchemy import select
 
 from evaluator.review import SIMULATOR_NOTE
@@ -66,3 +67,52 @@ def test_demo_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert health is not None  # the health sampler ran inside the mirror
     assert "simulated" in dep.hardware and dep.ended_at is not None
     assert verdict == decision
+
+
+@pytest.mark.filterwarnings("ignore::scipy.stats.DegenerateDataWarning")
+@pytest.mark.services
+@pytest.mark.slow
+def test_demo_through_kafka_into_postgresql(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    kafka_bootstrap: str,
+    pg_databases: PgDatabases,
+) -> None:
+    monkeypatch.setenv("SHADOW_AB_HOME", str(tmp_path / "home"))
+    name, url = pg_databases.create()
+    try:
+        result = CliRunner().invoke(
+            demo,
+            [
+                "--duration",
+                "8",
+                "--deployment",
+                "demo-kafka",
+                "--database-url",
+                url,
+                "--kafka",
+                kafka_bootstrap,
+                "-o",
+                str(tmp_path / "r.html"),
+            ],
+        )
+        assert result.exit_code == 0, result.output + result.stderr
+        assert "shadow-ab ingest" in result.stderr  # the records went through Kafka
+        assert (tmp_path / "r.html").read_text().count("<svg") >= 1
+        engine = make_engine(url)
+        try:
+            with engine.connect() as conn:
+                roles = set(
+                    conn.execute(
+                        select(Exchange.role).where(Exchange.deployment == "demo-kafka").distinct()
+                    ).scalars()
+                )
+                health = conn.execute(select(HealthSampleRow.engine)).first()
+                reports = conn.execute(select(Report.verdict)).scalars().all()
+        finally:
+            engine.dispose()
+        assert roles == {"incumbent", "candidate", "replay"}
+        assert health is not None
+        assert len(reports) == 1 and f"verdict: {reports[0]} " in result.stdout
+    finally:
+        pg_databases.drop(name)
