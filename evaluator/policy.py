@@ -218,7 +218,7 @@ def parse_criterion(raw: Any, where: str) -> Criterion:
             f"{where}: a criterion is a string 'KEY OP THRESHOLD' or a mapping with key, op and"
             f" threshold, got {type(raw).__name__}"
         )
-    allowed = {"key", "op", "threshold", "min_n", "pass_if_zero", "why"}
+    allowed = {"key", "op", "threshold", "min_n", "pass_if_zero", "why", "text"}  # text: to_dict's
     extra = sorted(set(raw) - allowed)
     if extra:
         raise PolicyError(
@@ -258,7 +258,8 @@ def parse_policy(raw: Any, source: str = "<dict>") -> Policy:
             f"{source}: a policy is a mapping with name, min_pairs, min_days and criteria,"
             f" got {type(raw).__name__}"
         )
-    allowed = {"name", "description", "min_pairs", "min_days", "criteria"}
+    # source and notes: what Policy.to_dict() adds (a policy stored with a deployment).
+    allowed = {"name", "description", "min_pairs", "min_days", "criteria", "source", "notes"}
     extra = sorted(set(raw) - allowed)
     if extra:
         raise PolicyError(
@@ -286,6 +287,9 @@ def parse_policy(raw: Any, source: str = "<dict>") -> Policy:
     description = raw.get("description", "")
     if not isinstance(name, str) or not isinstance(description, str):
         raise PolicyError(f"{source}: name and description must be text")
+    notes = raw.get("notes") or []
+    if not isinstance(notes, list) or not all(isinstance(n, str) for n in notes):
+        raise PolicyError(f"{source}: notes must be a list of sentences")
     return Policy(
         name=name,
         criteria=criteria,
@@ -293,6 +297,7 @@ def parse_policy(raw: Any, source: str = "<dict>") -> Policy:
         min_days=min_days,
         description=description,
         source=source,
+        notes=tuple(notes),
     )
 
 

@@ -97,3 +97,11 @@ def test_known_keys() -> None:
         assert known_key(key), key
     for key in ("latency.ttft.p90.ratio", "incidents.oom.rate_ratio", "divergence.rate"):
         assert not known_key(key), key
+
+
+def test_a_stored_policy_reads_back() -> None:
+    """deployments.policy holds Policy.to_dict(); `shadow-ab report` parses it again."""
+    policy = default_policy().with_minimums(min_days=0, note="demo: minimum days waived")
+    again = parse_policy(policy.to_dict(), "deployments.policy")
+    assert again.criteria == policy.criteria
+    assert (again.min_pairs, again.min_days, again.notes) == (1000, 0, policy.notes)

@@ -162,3 +162,29 @@ def test_progress_bar_follows_the_callbacks() -> None:
     with silent:
         silent("latency", 0.5)
     assert silent._done == 0
+
+
+def test_the_deployments_stored_policy_is_used(store_url: str) -> None:
+    from sqlalchemy import update
+
+    from evaluator.policy import default_policy
+    from storage.models import Deployment
+
+    stored = default_policy().with_minimums(min_pairs=10, note="kept with the deployment")
+    engine = make_engine(store_url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(
+                update(Deployment).where(Deployment.name == DEP).values(policy=stored.to_dict())
+            )
+        result = CliRunner().invoke(
+            report, ["-d", DEP, "--database-url", store_url, "--format", "json", "--no-store"]
+        )
+    finally:
+        with engine.begin() as conn:
+            conn.execute(update(Deployment).where(Deployment.name == DEP).values(policy=None))
+        engine.dispose()
+    assert result.exit_code == 0, result.stderr
+    body = orjson.loads(result.stdout)
+    assert body["policy"]["min_pairs"] == 10
+    assert body["policy"]["notes"] == ["kept with the deployment"]
