@@ -95,7 +95,7 @@ def summary_line(review: Review, target: str) -> str:
     stored = f" (report #{review.report_id})" if review.report_id is not None else ""
     return (
         f"{review.decision}: {review.verdict.reason}\n"
-        f"  {review.data['pairs']} pairs over {review.data['days']:.2f} days; criteria: {tally};"
+        f"  {review.data['pairs']} pairs over {review.data['days']:.3g} days; criteria: {tally};"
         f" {target}{stored}"
     )
 
