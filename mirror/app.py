@@ -305,19 +305,18 @@ class Mirror:
                 break
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
-    async def _send_error(self, send: Send, status: int, message: str, err_type: str) -> None:
+    async def _send_error(
+        self, send: Send, status: int, message: str, err_type: str, pair_id: bytes = b""
+    ) -> None:
         body = _error_json(status, message, err_type)
-        await send(
-            {
-                "type": "http.response.start",
-                "status": status,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()),
-                    (b"connection", b"close"),
-                ],
-            }
-        )
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            (b"connection", b"close"),
+        ]
+        if pair_id:
+            headers.append((PAIR_HEADER, pair_id))
+        await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body, "more_body": False})
 
     async def _too_large(self, send: Send, route: str) -> None:
@@ -496,13 +495,15 @@ class Mirror:
                 resp = await session.post(url, data=body, headers=headers)
             except TimeoutError as exc:
                 status, error, client_code = Status.TIMEOUT, f"timeout: {exc!r}", 504
-                await self._send_error(send, 504, "the incumbent did not answer", "GatewayTimeout")
+                await self._send_error(
+                    send, 504, "the incumbent did not answer", "GatewayTimeout", pid
+                )
                 complete = True
                 return
-            except aiohttp.ClientError as exc:
+            except (aiohttp.ClientError, ValueError) as exc:  # ValueError: a header aiohttp refuses
                 status, error, client_code = Status.CONNECTION_ERROR, repr(exc), 502
                 await self._send_error(
-                    send, 502, f"the incumbent is unreachable: {exc}", "BadGateway"
+                    send, 502, f"the incumbent is unreachable: {exc}", "BadGateway", pid
                 )
                 complete = True
                 return
@@ -706,7 +707,7 @@ class Mirror:
                 Status.TIMEOUT,
                 f"no complete answer within {self.settings.shadow.timeout_s}s",
             )
-        except aiohttp.ClientError as exc:
+        except (aiohttp.ClientError, ValueError) as exc:
             status, error = Status.CONNECTION_ERROR, repr(exc)
         except asyncio.CancelledError:
             status, error = Status.CANCELLED, "the client disconnected or the mirror stopped"

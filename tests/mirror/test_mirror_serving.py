@@ -361,3 +361,20 @@ def test_incumbent_429_and_500_arrive_as_they_were(tmp_path: Path) -> None:
     assert {h["Authorization"] for h in incumbent.seen} == {"Bearer client-key"}
     assert {h["Authorization"] for h in candidate.seen} == {"Bearer candidate-key"}
     assert all("Accept-Encoding" not in h for h in candidate.seen)  # the mirror reads it plain
+
+
+def test_unreachable_incumbent_is_a_502_and_recorded(tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path / 'r.db'}"
+    nowhere = [f"http://127.0.0.1:{free_port()}" for _ in range(2)]
+    with (
+        running_mirror(*nowhere, database_url=db, health_enabled=False) as mirror,
+        httpx.Client(timeout=30.0) as http,
+    ):
+        status, headers, body, _ = post(http, mirror.base_url + "/v1/chat/completions", chat())
+        assert status == 502 and b"unreachable" in body
+        assert mirror.stop() == 0
+    key = pair_key(headers["x-shadow-pair-id"], db)
+    found = {r["role"]: r for r in rows(db, "pair_id = :p", p=key)}
+    assert found["incumbent"]["status"] == "connection_error"
+    assert found["candidate"]["status"] == "connection_error"
+    assert found["incumbent"]["http_status"] is None
