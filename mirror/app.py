@@ -749,7 +749,7 @@ class Mirror:
                 headers=_str_headers(headers),
                 allow_redirects=False,
             )
-        except (TimeoutError, aiohttp.ClientError) as exc:
+        except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
             await self._send_error(send, 502, f"the incumbent is unreachable: {exc}", "BadGateway")
             m.REQUESTS.labels(route=route, code="502").inc()
             return
