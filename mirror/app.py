@@ -56,7 +56,7 @@ from mirror.headers import (
 from mirror.recording import Dispatch, build_record, error_text, status_of
 from mirror.rewrite import INCLUDE_USAGE, candidate_request, stored_request, with_stream_usage
 from mirror.sampling import Sampler
-from mirror.sse import SSEParser, is_usage_only
+from mirror.sse import SSEParser, is_usage_only, passes_whole
 from mirror.trace import Outcome, StreamTrace, parse_body
 from shadow_ab.records import Endpoint, ExchangeRecord, Role, Status, utcnow
 
@@ -129,6 +129,17 @@ def _error_json(status: int, message: str, err_type: str) -> bytes:
     return orjson.dumps(
         {"error": {"message": message, "type": err_type, "param": None, "code": status}}
     )
+
+
+def _stream_trace(stash: list[tuple[float, bytes]], sent: float, chat: bool) -> StreamTrace:
+    """The trace of an SSE stream from its chunks and their arrival times (an event's time is
+    that of the chunk completing it)."""
+    trace = StreamTrace(sent, chat=chat)
+    parser = SSEParser()
+    for t, chunk in stash:
+        for e in parser.feed(chunk):
+            trace.add(t, e.data)
+    return trace
 
 
 def _path_qs(scope: Scope) -> str:
@@ -484,7 +495,8 @@ class Mirror:
         status = Status.OK
         http_status: int | None = None
         error: str | None = None
-        trace: StreamTrace | None = None
+        sse = False
+        stash: list[tuple[float, bytes]] = []
         parts: list[bytes] = []
         last_t: float | None = None
         client_code = 0
@@ -520,36 +532,29 @@ class Mirror:
                         "headers": client_headers(resp.raw_headers, pid, rechunked=rechunk),
                     }
                 )
-                parser = SSEParser() if sse else None
-                if sse:
-                    trace = StreamTrace(t0, chat=chat)
+                # The client's path only forwards bytes: an SSE stream's chunks are kept with
+                # their arrival times and parsed after the answer went out (_stream_trace).
+                # Only when the usage event must be hidden are chunks cut into events here,
+                # and then only those that may hold it or end mid-event.
+                fwd = SSEParser() if rechunk else None
                 first = True
                 async for chunk in resp.content.iter_any():
                     t = clock()
                     last_t = t
-                    if rechunk:  # whole events only, without the usage one the client lacks
-                        assert parser is not None and trace is not None
-                        events = parser.feed(chunk)
-                        out = b"".join([e.raw for e in events if not is_usage_only(e.data)])
-                        if out:
-                            await send(
-                                {"type": "http.response.body", "body": out, "more_body": True}
-                            )
-                        for e in events:
-                            trace.add(t, e.data)
-                    else:  # the bytes as they came; parsed after they went out
+                    if sse:
+                        stash.append((t, chunk))
+                        if fwd is not None and not passes_whole(fwd, chunk):
+                            events = fwd.feed(chunk)
+                            chunk = b"".join([e.raw for e in events if not is_usage_only(e.data)])
+                    elif status is Status.OK or len(parts) < 64:
+                        parts.append(chunk)
+                    if chunk:
                         await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                        if parser is not None:
-                            assert trace is not None
-                            for e in parser.feed(chunk):
-                                trace.add(t, e.data)
-                        elif status is Status.OK or len(parts) < 64:
-                            parts.append(chunk)
                     if first:
                         first = False
                         m.ADDED.observe((t0 - t_ready) + (clock() - t))
-                if parser is not None:
-                    tail = parser.pending()
+                if fwd is not None:
+                    tail = fwd.pending()
                     if tail:
                         await send({"type": "http.response.body", "body": tail, "more_body": True})
                 state.done = True
@@ -573,6 +578,7 @@ class Mirror:
             m.REQUESTS.labels(route=route, code=str(client_code or 499)).inc()
             if not complete and status is Status.OK:
                 status = Status.CONNECTION_ERROR
+            trace = _stream_trace(stash, t0, chat) if sse else None
             outcome = self._outcome(trace, parts, chat, t0, last_t, status)
             if status is Status.HTTP_ERROR and parts:
                 error = error_text(b"".join(parts)[:ERROR_BODY_KEEP])
@@ -670,7 +676,8 @@ class Mirror:
         status = Status.OK
         http_status: int | None = None
         error: str | None = None
-        trace: StreamTrace | None = None
+        sse = False
+        stash: list[tuple[float, bytes]] = []
         raw = b""
         last_t: float | None = None
         self._inflight[role] += 1
@@ -693,12 +700,9 @@ class Mirror:
                 http_status = resp.status
                 status = status_of(resp.status)
                 if resp.content_type == "text/event-stream":
-                    parser = SSEParser()
-                    trace = StreamTrace(t0, chat=chat)
+                    sse = True  # parsed when the stream ends (_stream_trace)
                     async for chunk in resp.content.iter_any():
-                        t = clock()
-                        for e in parser.feed(chunk):
-                            trace.add(t, e.data)
+                        stash.append((clock(), chunk))
                 else:
                     raw = await resp.read()
                     last_t = clock()
@@ -716,8 +720,8 @@ class Mirror:
             self._inflight[role] -= 1
             self._m_inflight[role].dec()
             self._shadow_inflight -= 1
-            if trace is not None:
-                outcome = trace.outcome()
+            if sse:
+                outcome = _stream_trace(stash, t0, chat).outcome()
             elif status is Status.OK and last_t is not None:
                 outcome = parse_body(raw, chat=chat, e2e_s=last_t - t0)
             else:

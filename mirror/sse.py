@@ -18,6 +18,9 @@ import orjson
 
 DONE = b"[DONE]"
 _EMPTY_CHOICES = re.compile(rb'"choices"\s*:\s*\[\s*\]')
+_EMPTY_CHOICES_RAW = re.compile(rb'"choices"(?:\s|data:)*:(?:\s|data:)*\[(?:\s|data:)*\]')
+"""As ``_EMPTY_CHOICES`` but on a stream's raw bytes, where data may go on in another
+``data:`` line."""
 
 
 class SSEEvent(NamedTuple):
@@ -106,6 +109,10 @@ class SSEParser:
         self._pos = pos
         return out
 
+    def idle(self) -> bool:
+        """No unfinished event is held (the next byte starts a new event)."""
+        return not self._buf
+
     def pending(self) -> bytes:
         """Bytes received that no event has carried yet (an unfinished event at stream end)."""
         return bytes(self._buf)
@@ -154,3 +161,17 @@ def is_usage_only(data: bytes | None) -> bool:
         return False
     obj = decode_data(data)
     return obj is not None and obj.get("choices") == [] and isinstance(obj.get("usage"), dict)
+
+
+def passes_whole(parser: SSEParser, chunk: bytes) -> bool:
+    """Whether ``chunk`` may be forwarded as it is where usage events are hidden: the parser
+    holds no unfinished event, the chunk ends exactly at an event's end (LF framing), and no
+    event in it can be a usage-only one (byte checks, as :func:`is_usage_only`'s first ones).
+    When False, the chunk goes through ``parser``; when True, the parser is not fed it (its
+    state is the same either way: nothing pending)."""
+    return (
+        parser.idle()
+        and chunk[-2:] == b"\n\n"
+        and b"\r" not in chunk
+        and (b'"usage"' not in chunk or _EMPTY_CHOICES_RAW.search(chunk) is None)
+    )

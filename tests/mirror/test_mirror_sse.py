@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mirror.sse import SSEParser, decode_data, is_usage_only
+from mirror.sse import SSEParser, decode_data, is_usage_only, passes_whole
 from simulator.generate import Token
 from simulator.wire import Flavor, Framer
 
@@ -122,3 +122,17 @@ def test_fast_and_general_paths_agree_on_random_streams() -> None:
         want = [e for i in range(len(stream)) for e in bytewise._feed_any(stream[i : i + 1])]
         assert [(e.data, e.raw, e.event) for e in got] == [(e.data, e.raw, e.event) for e in want]
         assert whole.pending() == bytewise.pending()
+
+
+def test_passes_whole_only_when_no_usage_event_can_hide_in_it() -> None:
+    parser = SSEParser()
+    token = b'data: {"choices":[{"index":0,"delta":{"content":"hi"}}],"usage":null}\n\n'
+    assert passes_whole(parser, token)
+    assert passes_whole(parser, token + token)
+    assert not passes_whole(parser, b'data: {"choices":[],"usage":{"prompt_tokens":1}}\n\n')
+    # a usage event whose data goes on in a second data: line
+    assert not passes_whole(parser, b'data: {"choices":\ndata: [],"usage":{}}\n\n')
+    assert not passes_whole(parser, token[:-1])  # ends mid-event
+    assert not passes_whole(parser, token.replace(b"\n", b"\r\n"))
+    parser.feed(b"data: {")
+    assert not passes_whole(parser, token)  # an event is under way
