@@ -17,6 +17,8 @@ from storage.partitions import ensure_partitions
 from storage.write import write_exchanges
 
 TABLES = {"deployments", "exchanges", "health_samples", "incidents", "reports", "drops"}
+ROLLUP_TABLES = {"latency_rollups", "latency_rollup_hours", "latency_samples"}  # 0003
+HEAD = "0003"
 
 
 def _tables(url: str) -> set[str]:
@@ -47,7 +49,11 @@ def _diff(engine: Engine) -> list[object]:
 def _up_down_up(url: str) -> None:
     assert current(url) is None
     upgrade(url)
-    assert current(url) == head() == "0002"
+    assert current(url) == head() == HEAD
+    assert _tables(url) == TABLES | ROLLUP_TABLES
+    assert _views(url) == {"pairs"}
+
+    downgrade(url, "0002")
     assert _tables(url) == TABLES
     assert _views(url) == {"pairs"}
 
@@ -60,8 +66,8 @@ def _up_down_up(url: str) -> None:
     assert _tables(url) == set()
 
     upgrade(url)
-    assert current(url) == "0002"
-    assert _tables(url) == TABLES
+    assert current(url) == HEAD
+    assert _tables(url) == TABLES | ROLLUP_TABLES
     assert _views(url) == {"pairs"}
 
 
@@ -177,4 +183,4 @@ def test_concurrent_upgrades_postgres(empty_pg_url: str) -> None:
     ]
     outputs = [p.communicate(timeout=120)[0].decode() for p in procs]
     assert [p.returncode for p in procs] == [0, 0, 0], outputs
-    assert current(empty_pg_url) == "0002"
+    assert current(empty_pg_url) == HEAD
