@@ -57,7 +57,7 @@ from mirror.recording import Dispatch, build_record, error_text, status_of
 from mirror.rewrite import INCLUDE_USAGE, candidate_request, stored_request, with_stream_usage
 from mirror.sampling import Sampler
 from mirror.sse import SSEParser, is_usage_only, passes_whole
-from mirror.trace import Outcome, StreamTrace, parse_body
+from mirror.trace import Outcome, StreamTrace, parse_body, stream_trace
 from shadow_ab.records import Endpoint, ExchangeRecord, Role, Status, utcnow
 
 log = logging.getLogger(__name__)
@@ -129,17 +129,6 @@ def _error_json(status: int, message: str, err_type: str) -> bytes:
     return orjson.dumps(
         {"error": {"message": message, "type": err_type, "param": None, "code": status}}
     )
-
-
-def _stream_trace(stash: list[tuple[float, bytes]], sent: float, chat: bool) -> StreamTrace:
-    """The trace of an SSE stream from its chunks and their arrival times (an event's time is
-    that of the chunk completing it)."""
-    trace = StreamTrace(sent, chat=chat)
-    parser = SSEParser()
-    for t, chunk in stash:
-        for e in parser.feed(chunk):
-            trace.add(t, e.data)
-    return trace
 
 
 def _path_qs(scope: Scope) -> str:
@@ -533,7 +522,7 @@ class Mirror:
                     }
                 )
                 # The client's path only forwards bytes: an SSE stream's chunks are kept with
-                # their arrival times and parsed after the answer went out (_stream_trace).
+                # their arrival times and parsed after the answer went out (stream_trace).
                 # Only when the usage event must be hidden are chunks cut into events here,
                 # and then only those that may hold it or end mid-event.
                 fwd = SSEParser() if rechunk else None
@@ -578,7 +567,7 @@ class Mirror:
             m.REQUESTS.labels(route=route, code=str(client_code or 499)).inc()
             if not complete and status is Status.OK:
                 status = Status.CONNECTION_ERROR
-            trace = _stream_trace(stash, t0, chat) if sse else None
+            trace = stream_trace(stash, t0, chat=chat) if sse else None
             outcome = self._outcome(trace, parts, chat, t0, last_t, status)
             if status is Status.HTTP_ERROR and parts:
                 error = error_text(b"".join(parts)[:ERROR_BODY_KEEP])
@@ -700,7 +689,7 @@ class Mirror:
                 http_status = resp.status
                 status = status_of(resp.status)
                 if resp.content_type == "text/event-stream":
-                    sse = True  # parsed when the stream ends (_stream_trace)
+                    sse = True  # parsed when the stream ends (mirror.trace.stream_trace)
                     async for chunk in resp.content.iter_any():
                         stash.append((clock(), chunk))
                 else:
@@ -721,7 +710,7 @@ class Mirror:
             self._m_inflight[role].dec()
             self._shadow_inflight -= 1
             if sse:
-                outcome = _stream_trace(stash, t0, chat).outcome()
+                outcome = stream_trace(stash, t0, chat=chat).outcome()
             elif status is Status.OK and last_t is not None:
                 outcome = parse_body(raw, chat=chat, e2e_s=last_t - t0)
             else:

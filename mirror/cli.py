@@ -121,6 +121,7 @@ def serve(settings: MirrorSettings, sink: Any, *, health_only: bool = False) -> 
         http="httptools",
         lifespan="on",
         access_log=settings.access_log,
+        proxy_headers=False,  # the mirror reads no client address: no middleware per request
         log_level=settings.log_level,
         server_header=False,  # the client sees the incumbent's own Server and Date headers
         date_header=False,

@@ -9,6 +9,8 @@ was; everything computed from that lives here, free of I/O, tested with plain va
   successive such events; E2E = the last such event minus the send time (the usage event does
   not move it); TPOT = (E2E - TTFT) / (completion_tokens - 1), with ``completion_tokens`` from
   ``usage``. The output text is reassembled from the deltas of choice 0.
+- :func:`stream_trace` builds a :class:`StreamTrace` from a stream's raw chunks and their
+  arrival times (the mirror keeps those while it forwards, and parses them afterwards).
 - :func:`parse_body` reads a non-streamed answer (E2E only: the whole body's arrival).
 
 Both give an :class:`Outcome`. Logprobs (chat ``logprobs.content`` with ``top_logprobs``;
@@ -27,6 +29,7 @@ from typing import Any
 
 import orjson
 
+from mirror.sse import SSEParser
 from shadow_ab.records import INT32_MAX, TokenLogprob
 
 LOGPROB_FLOOR = -9999.0
@@ -228,3 +231,24 @@ def parse_body(body: bytes, *, chat: bool, e2e_s: float) -> Outcome:
                 o.finish_reason = str(ch["finish_reason"])
             break
     return o
+
+
+def stream_trace(chunks: list[tuple[float, bytes]], sent: float, *, chat: bool) -> StreamTrace:
+    """The trace of an SSE stream from its chunks and their arrival times (an event's time is
+    that of the chunk completing it). Chunks of whole ``data: ...`` events (the engines' usual
+    framing) are split without the general parser; anything else goes through it."""
+    trace = StreamTrace(sent, chat=chat)
+    add = trace.add
+    parser = SSEParser()
+    for t, chunk in chunks:
+        if chunk[-2:] == b"\n\n" and b"\r" not in chunk and parser.idle():
+            for block in chunk[:-2].split(b"\n\n"):
+                if block[:6] == b"data: " and b"\n" not in block:
+                    add(t, block[6:])
+                else:
+                    for e in parser.feed(block + b"\n\n"):
+                        add(t, e.data)
+        else:
+            for e in parser.feed(chunk):
+                add(t, e.data)
+    return trace

@@ -11,7 +11,7 @@ import pytest
 
 from mirror.recording import Dispatch, build_record, error_text, status_of
 from mirror.sse import SSEParser
-from mirror.trace import LOGPROB_FLOOR, Outcome, StreamTrace, parse_body
+from mirror.trace import LOGPROB_FLOOR, Outcome, StreamTrace, parse_body, stream_trace
 from shadow_ab.records import Endpoint, Role, Status
 from simulator.generate import Completion, Token
 from simulator.wire import Flavor, Framer
@@ -159,3 +159,37 @@ def test_record_carries_dispatch_and_outcome() -> None:
     )
     assert err.status is Status.HTTP_ERROR and err.error == "boom" and err.ttft_s is None
     assert status_of(204) is Status.OK
+
+
+@pytest.mark.parametrize("flavor", ["vllm", "trtllm"])
+@pytest.mark.parametrize("endpoint", ["chat", "completions"])
+def test_stream_trace_matches_the_general_parser_on_any_cut(flavor: Flavor, endpoint: str) -> None:
+    """The fast split of whole ``data:`` chunks gives what the spec parser gives, whatever the
+    chunking and framing (CRLF, extra blank lines, multi-line data, comments)."""
+    import random
+
+    whole = b"".join(chunks(flavor, endpoint, 2))
+    variants = [
+        whole,
+        whole.replace(b"\n", b"\r\n"),
+        b": keep-alive\n\n" + whole.replace(b"\n\n", b"\n\n\n", 2),
+        whole.replace(b'"choices":', b'"choices":\ndata: ', 1),
+    ]
+    rng = random.Random(7)
+    for data in variants:
+        for _ in range(20):
+            cuts = sorted(rng.sample(range(1, len(data)), rng.randint(0, 12)))
+            pieces = [data[a:b] for a, b in zip([0, *cuts], [*cuts, len(data)], strict=True)]
+            if rng.random() < 0.5:  # event-aligned chunks, the engines' usual writes
+                sep = b"\r\n\r\n" if b"\r" in data else b"\n\n"
+                pieces = [p + sep for p in data.split(sep)[:-1]]
+                assert b"".join(pieces) == data
+            timed = [(float(i), p) for i, p in enumerate(pieces)]
+            reference = StreamTrace(0.0, chat=endpoint == "chat")
+            parser = SSEParser()
+            for t, p in timed:
+                for e in parser.feed(p):
+                    reference.add(t, e.data)
+            fast = stream_trace(timed, 0.0, chat=endpoint == "chat")
+            assert fast.outcome() == reference.outcome()
+            assert reference.outcome().events >= len(TOKENS)
