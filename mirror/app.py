@@ -38,6 +38,7 @@ from typing import Any
 
 import aiohttp
 import orjson
+import yarl
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -187,7 +188,30 @@ class Mirror:
             for s in Status
         }
         self._m_records = m.RECORDS.labels(sink=self._sink_label, kind="exchange")
+        self._m_requests_cache: dict[tuple[str, int], Any] = {}
+        self._urls: dict[str, yarl.URL] = {}
         self.api = build_api(self)
+
+    def _m_requests(self, route: str, code: int) -> Any:
+        """The ``shadow_ab_mirror_requests_total`` child of a hot route and status (looked up
+        once: ``labels()`` costs microseconds per call)."""
+        child = self._m_requests_cache.get((route, code))
+        if child is None:
+            child = m.REQUESTS.labels(route=route, code=str(code))
+            if len(self._m_requests_cache) < 1024:
+                self._m_requests_cache[(route, code)] = child
+        return child
+
+    def _url(self, base: str, path_qs: str) -> yarl.URL:
+        """An engine URL, parsed once per engine and path (aiohttp parses a str per request);
+        paths with a query string are not kept."""
+        key = base + path_qs
+        url = self._urls.get(key)
+        if url is None:
+            url = yarl.URL(key)
+            if "?" not in path_qs and len(self._urls) < 64:
+                self._urls[key] = url
+        return url
 
     # -- ASGI entry -------------------------------------------------------------------------
 
@@ -428,7 +452,7 @@ class Mirror:
             await self._incumbent(
                 send,
                 route=route,
-                url=self.inc_url + _path_qs(scope),
+                url=self._url(self.inc_url, _path_qs(scope)),
                 d=d,
                 body=inc_body,
                 headers=_str_headers(up_headers),
@@ -464,7 +488,7 @@ class Mirror:
         send: Send,
         *,
         route: str,
-        url: str,
+        url: yarl.URL,
         d: Dispatch,
         body: bytes,
         headers: list[tuple[str, str]],
@@ -564,7 +588,7 @@ class Mirror:
         finally:
             self._inflight[role] -= 1
             self._m_inflight[role].dec()
-            m.REQUESTS.labels(route=route, code=str(client_code or 499)).inc()
+            self._m_requests(route, client_code or 499).inc()
             if not complete and status is Status.OK:
                 status = Status.CONNECTION_ERROR
             trace = stream_trace(stash, t0, chat=chat) if sse else None
@@ -684,7 +708,7 @@ class Mirror:
         try:
             async with (
                 asyncio.timeout(self.settings.shadow.timeout_s),
-                session.post(url + route, data=payload, headers=headers) as resp,
+                session.post(self._url(url, route), data=payload, headers=headers) as resp,
             ):
                 http_status = resp.status
                 status = status_of(resp.status)
