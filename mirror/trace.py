@@ -147,6 +147,8 @@ class StreamTrace:
         chat = self.chat
         loads = orjson.loads
         for t, data in self._events:
+            if data == b"[DONE]":
+                continue  # not JSON: cheaper to skip than to fail parsing
             try:
                 obj = loads(data)
             except orjson.JSONDecodeError:

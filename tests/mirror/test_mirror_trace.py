@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import uuid
 from datetime import UTC, datetime
 
 import orjson
 import pytest
+from pydantic import ValidationError
 
 from mirror.recording import Dispatch, build_record, error_text, status_of
 from mirror.sse import SSEParser
 from mirror.trace import LOGPROB_FLOOR, Outcome, StreamTrace, parse_body, stream_trace
-from shadow_ab.records import Endpoint, Role, Status
+from shadow_ab.records import Endpoint, ExchangeRecord, Role, Status
 from simulator.generate import Completion, Token
 from simulator.wire import Flavor, Framer
 
@@ -159,6 +161,14 @@ def test_record_carries_dispatch_and_outcome() -> None:
     )
     assert err.status is Status.HTTP_ERROR and err.error == "boom" and err.ttft_s is None
     assert status_of(204) is Status.OK
+    # built without validation, yet exactly what validation gives
+    for r in (rec, err):
+        assert ExchangeRecord.model_validate(r.model_dump()) == r
+        assert ExchangeRecord.model_validate_json(r.to_json()) == r
+    # what build_record cannot vouch for is validated
+    long_engine = dataclasses.replace(d, engine="e" * 201)
+    with pytest.raises(ValidationError):
+        build_record("dep", long_engine, status=Status.OK, outcome=o)
 
 
 @pytest.mark.parametrize("flavor", ["vllm", "trtllm"])
