@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import time
 import uuid
@@ -130,6 +131,20 @@ def _error_json(status: int, message: str, err_type: str) -> bytes:
     return orjson.dumps(
         {"error": {"message": message, "type": err_type, "param": None, "code": status}}
     )
+
+
+GC_THRESHOLD = (10_000, 20, 20)
+"""Collector thresholds while serving (default 700, 10, 10): a request makes hundreds of
+short-lived objects, and the default gen-0 threshold ran a collection every few requests."""
+
+
+def _tune_gc() -> None:
+    """Move everything alive after start-up (modules, settings, pydantic and SQLAlchemy
+    machinery) out of the collector's sight, and collect less often: the collector was ~6% of
+    the mirror's CPU under load (py-spy --native)."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLD)
 
 
 def _path_qs(scope: Scope) -> str:
@@ -238,6 +253,7 @@ class Mirror:
             self.candidate_session = self._session(self.settings.candidate, raw=False)
         if self.settings.health_enabled:
             self._start_health()
+        _tune_gc()
         log.info(
             "mirroring %s (incumbent) to %s (candidate), shadow rate %.3g, deployment %s",
             self.inc_url,
