@@ -7,14 +7,15 @@ PostgreSQL is the real server from `shadow-ab services up`; databases are throw-
 from __future__ import annotations
 
 import socket
+import uuid
 from collections.abc import Iterator
 
 import pytest
 from api_seed import TOKENS, seed
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
-from pg_throwaway import PgDatabases
-from sqlalchemy import Engine
+from pg_throwaway import SESSION_TAG, PgDatabases
+from sqlalchemy import Engine, text
 
 from api.app import create_app
 from api.auth import TokenAuth
@@ -78,3 +79,18 @@ def app(api_engine: Engine) -> FastAPI:
 def client(app: FastAPI) -> Iterator[TestClient]:
     with TestClient(app) as c:
         yield c
+
+
+@pytest.fixture
+def readonly_role(seeded_url: str, pg_admin: Engine) -> Iterator[str]:
+    """A fresh role name for a test that creates a read-only role; dropped afterwards."""
+    name = f"shadow_api_ro_{SESSION_TAG}_{uuid.uuid4().hex[:6]}"
+    yield name
+    owner = make_engine(seeded_url)
+    try:
+        with owner.begin() as conn:
+            conn.execute(text(f'DROP OWNED BY "{name}"'))
+    finally:
+        owner.dispose()
+    with pg_admin.connect() as conn:
+        conn.execute(text(f'DROP ROLE IF EXISTS "{name}"'))

@@ -7,15 +7,11 @@ import os
 import subprocess
 import sys
 import time
-import uuid
-from collections.abc import Iterator
 
 import httpx
-import pytest
 from api_seed import DEP, READ_TOKEN, TOKENS, bearer
 from click.testing import CliRunner
-from pg_throwaway import SESSION_TAG
-from sqlalchemy import Engine, text
+from sqlalchemy import text
 
 from api.cli import api
 from storage.db import make_engine
@@ -65,23 +61,9 @@ def test_tokens_file_flag_and_bad_file(tmp_path: object) -> None:
     assert "cannot read the tokens file" in result.output
 
 
-@pytest.fixture
-def role_name(seeded_url: str, pg_admin: Engine) -> Iterator[str]:
-    name = f"shadow_cli_ro_{SESSION_TAG}_{uuid.uuid4().hex[:6]}"
-    yield name
-    owner = make_engine(seeded_url)
-    try:
-        with owner.begin() as conn:
-            conn.execute(text(f'DROP OWNED BY "{name}"'))
-    finally:
-        owner.dispose()
-    with pg_admin.connect() as conn:
-        conn.execute(text(f'DROP ROLE IF EXISTS "{name}"'))
-
-
-def test_create_readonly_role_command(seeded_url: str, role_name: str) -> None:
+def test_create_readonly_role_command(seeded_url: str, readonly_role: str) -> None:
     result = CliRunner().invoke(
-        api, ["--create-readonly-role", role_name, "--database-url", seeded_url]
+        api, ["--create-readonly-role", readonly_role, "--database-url", seeded_url]
     )
     assert result.exit_code == 0, result.output
     assert "GRANT SELECT ON ALL TABLES IN SCHEMA" in result.output
@@ -89,7 +71,7 @@ def test_create_readonly_role_command(seeded_url: str, role_name: str) -> None:
     try:
         with owner.connect() as conn:
             (can_login,) = conn.execute(
-                text("SELECT rolcanlogin FROM pg_roles WHERE rolname = :n"), {"n": role_name}
+                text("SELECT rolcanlogin FROM pg_roles WHERE rolname = :n"), {"n": readonly_role}
             ).one()
             grants = (
                 conn.execute(
@@ -97,7 +79,7 @@ def test_create_readonly_role_command(seeded_url: str, role_name: str) -> None:
                         "SELECT DISTINCT privilege_type FROM information_schema.role_table_grants"
                         " WHERE grantee = :n"
                     ),
-                    {"n": role_name},
+                    {"n": readonly_role},
                 )
                 .scalars()
                 .all()

@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Iterator
-
 import pytest
 from api_seed import DEP, READ_TOKEN, TOKENS, bearer
 from fastapi.testclient import TestClient
-from pg_throwaway import SESSION_TAG
 from sqlalchemy import Engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
@@ -37,29 +33,15 @@ def test_api_engine_sessions_are_read_only(api_engine: Engine, sql: str) -> None
             conn.execute(text(sql))
 
 
-@pytest.fixture
-def role(seeded_url: str, pg_admin: Engine) -> Iterator[str]:
-    name = f"shadow_api_ro_{SESSION_TAG}_{uuid.uuid4().hex[:6]}"
-    yield name
+def test_readonly_role_can_select_and_nothing_else(seeded_url: str, readonly_role: str) -> None:
     owner = make_engine(seeded_url)
     try:
-        with owner.begin() as conn:
-            conn.execute(text(f'DROP OWNED BY "{name}"'))
-    finally:
-        owner.dispose()
-    with pg_admin.connect() as conn:
-        conn.execute(text(f'DROP ROLE IF EXISTS "{name}"'))
-
-
-def test_readonly_role_can_select_and_nothing_else(seeded_url: str, role: str) -> None:
-    owner = make_engine(seeded_url)
-    try:
-        shown = create_readonly_role(owner, role, login=True, password="p:a%ss'w")
+        shown = create_readonly_role(owner, readonly_role, login=True, password="p:a%ss'w")
         assert any("'***'" in s for s in shown) and not any("p:a%ss" in s for s in shown)
-        create_readonly_role(owner, role, login=True)  # re-running refreshes, no error
+        create_readonly_role(owner, readonly_role, login=True)  # re-running refreshes, no error
     finally:
         owner.dispose()
-    url = make_url(seeded_url).set(username=role, password=None)
+    url = make_url(seeded_url).set(username=readonly_role, password=None)
     as_role = make_engine(url.render_as_string(hide_password=False))
     try:
         with as_role.connect() as conn:

@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 
 import aiohttp
 import pytest
+from mirror_helpers import ListSink
 from prometheus_client import REGISTRY
 
 from mirror.health import (
@@ -20,28 +21,11 @@ from mirror.health import (
     parse_trtllm_metrics,
     parse_vllm_metrics,
 )
-from shadow_ab.records import HealthSample, Record, Role
+from shadow_ab.records import HealthSample, Role
 from simulator.testing import RunningSim, running_sim
 
 T = TypeVar("T")
 FAST = {"latency": {"prefill_base_ms": 1, "decode_ms": 0.5}}
-
-
-class ListSink:
-    """Collects what the sampler submits (our own sink seam, not an imitation of a store)."""
-
-    def __init__(self) -> None:
-        self.records: list[Record] = []
-
-    def submit(self, record: Record) -> bool:
-        self.records.append(record)
-        return True
-
-    def flush(self, timeout: float = 30.0) -> bool:
-        return True
-
-    def close(self, timeout: float = 30.0) -> bool:
-        return True
 
 
 def run(fn: Callable[[aiohttp.ClientSession], Awaitable[T]]) -> T:

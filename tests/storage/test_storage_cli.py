@@ -11,6 +11,7 @@ from test_storage_errors import closed_port
 
 from shadow_ab.cli import main
 from storage.db import make_engine
+from storage.migrate import head
 from storage.partitions import partition_name
 from storage.write import write_exchanges
 
@@ -21,20 +22,21 @@ def run(*args: str) -> tuple[int, str]:
 
 
 def test_upgrade_current_downgrade_sqlite(sqlite_url: str) -> None:
+    newest = head()
     assert run("current", "--database-url", sqlite_url) == (
         0,
-        "not migrated (newest is 0002): run `shadow-ab db upgrade`\n",
+        f"not migrated (newest is {newest}): run `shadow-ab db upgrade`\n",
     )
     code, out = run("upgrade", "--database-url", sqlite_url)
-    assert (code, out) == (0, "store at revision 0002\n")
-    assert run("current", "--database-url", sqlite_url) == (0, "0002 (head)\n")
+    assert (code, out) == (0, f"store at revision {newest}\n")
+    assert run("current", "--database-url", sqlite_url) == (0, f"{newest} (head)\n")
     assert run("downgrade", "--database-url", sqlite_url, "--revision", "0001") == (
         0,
         "store at revision 0001\n",
     )
     assert run("current", "--database-url", sqlite_url) == (
         0,
-        "0001 (newest is 0002: run `shadow-ab db upgrade`)\n",
+        f"0001 (newest is {newest}: run `shadow-ab db upgrade`)\n",
     )
     assert run("downgrade", "--database-url", sqlite_url, "--revision", "base") == (
         0,
