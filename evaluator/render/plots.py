@@ -22,6 +22,7 @@ matplotlib.use("Agg")
 
 import matplotlib.dates as mdates  # the backend is chosen first
 from matplotlib.figure import Figure
+from matplotlib.ticker import NullFormatter
 
 ROLE_COLORS = {"incumbent": "#1f77b4", "candidate": "#d62728", "replay": "#7f7f7f"}
 METRIC_LABELS = {
@@ -86,6 +87,8 @@ def latency_cdfs(latency: Mapping[str, Any]) -> str | None:
                 ax.plot(xs, ps, drawstyle="steps-post", label=role, color=ROLE_COLORS.get(role))
             if all(x > 0 for s in cdf[metric].values() for x in _numbers(s.get("values"))):
                 ax.set_xscale("log")
+                # A range under a decade would label every minor tick, on top of each other.
+                ax.xaxis.set_minor_formatter(NullFormatter())
             ax.set_xlabel(METRIC_LABELS.get(metric, metric))
             ax.set_ylim(0, 1)
             ax.grid(alpha=0.3)
@@ -168,13 +171,19 @@ def incident_timeline(incidents: Mapping[str, Any]) -> str | None:
                     color=color,
                     label=label,
                 )
-        ax.xaxis_date()
+        window = incidents.get("window") or {}
+        lo, hi = _when(window.get("from")), _when(window.get("to"))
+        if lo is not None and hi is not None and hi > lo:
+            # The whole reviewed window, so quiet stretches show as well as incidents.
+            ax.set_xlim(mdates.date2num(lo), mdates.date2num(hi))
+        locator = mdates.AutoDateLocator()
+        ax.xaxis.set_major_locator(locator)
+        ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator))
         ax.set_yticks(range(len(lanes)), lanes)
         ax.set_ylim(-0.7, len(lanes) - 0.3)
         ax.grid(axis="x", alpha=0.3)
         ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
-        fig.autofmt_xdate()
-        ax.set_title("Incidents")
+        ax.set_title("Incidents (UTC)")
         return to_svg(fig)
 
 
