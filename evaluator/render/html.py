@@ -23,8 +23,13 @@ SECTION_ORDER = ("latency", "incidents", "divergence")
 
 
 def _looks_numeric(text: str) -> bool:
-    head = text.split(" ", 1)[0].replace("e", "").replace("-", "").replace(".", "")
-    return head.isdigit()
+    """A cell that is one number ("12", "-0.5", "6.9e-04", "inf"), not a sentence or a name
+    such as "e2e": numbers are right-aligned, words stay left."""
+    try:
+        float(text.strip())
+    except ValueError:
+        return False
+    return True
 
 
 def table_html(t: Table) -> Markup:
