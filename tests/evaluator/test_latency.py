@@ -7,8 +7,8 @@ import json
 from datetime import timedelta
 
 import pytest
+from latency_factories import T0, pairs
 from sqlalchemy import Engine
-from test_latency_factories import T0, pairs
 
 from evaluator.latency import (
     METRICS,

@@ -8,8 +8,8 @@ from datetime import datetime, timedelta
 
 import numpy as np
 import pytest
+from latency_factories import T0, pairs
 from sqlalchemy import Engine, func, select
-from test_latency_factories import T0, pairs
 
 from evaluator.latency import group_sketches
 from evaluator.rollups import (
