@@ -131,6 +131,22 @@ _TPS = (
 _SCALARS = {"ttft": "ttft_s", "tpot": "tpot_s", "e2e": "e2e_s", "tokens_per_s": "tps"}
 
 
+SAMPLE_ROLE_COLUMNS = tuple(
+    f"{r}_{c}"
+    for r in ("incumbent", "candidate")
+    for c in (
+        "status",
+        "ttft_s",
+        "tpot_s",
+        "e2e_s",
+        "tokens_per_s",
+        "itl_mean_s",
+        "completion_tokens",
+    )
+)
+"""Both roles' columns of a ``latency_samples`` row, in table order."""
+
+
 def _x_sql(pg: bool, roles: Sequence[str]) -> str:
     """The ok exchanges of :deployment in [:lo, :hi) with their hour and slice buckets."""
     role_list = ", ".join(f"'{r}'" for r in roles)
@@ -267,19 +283,7 @@ def _sample_insert_sql(pg: bool) -> str:
             f"{alias}.completion_tokens AS {r}_completion_tokens",
         ]
     cols = ",\n           ".join(per_role)
-    names = ", ".join(
-        f"{r}_{c}"
-        for r in ("incumbent", "candidate")
-        for c in (
-            "status",
-            "ttft_s",
-            "tpot_s",
-            "e2e_s",
-            "tokens_per_s",
-            "itl_mean_s",
-            "completion_tokens",
-        )
-    )
+    names = ", ".join(SAMPLE_ROLE_COLUMNS)
     hour = _hour_expr(pg, "sent_at")
     return f"""
 INSERT INTO latency_samples (deployment, hour, rank, pair_id, sent_at, inflight_incumbent,
@@ -602,19 +606,7 @@ SAMPLE_FIELDS = (
     "sent_at",
     "inflight_incumbent",
     "prompt_tokens",
-    *(
-        f"{r}_{c}"
-        for r in ("incumbent", "candidate")
-        for c in (
-            "status",
-            "ttft_s",
-            "tpot_s",
-            "e2e_s",
-            "tokens_per_s",
-            "itl_mean_s",
-            "completion_tokens",
-        )
-    ),
+    *SAMPLE_ROLE_COLUMNS,
 )
 
 
