@@ -1,32 +1,52 @@
-# shadow-ab: the commands the README names. Each target does its own set-up on a fresh machine.
+# shadow-ab: the commands the README names. Each target does its own set-up on a fresh machine:
+# it makes the project venv .venv/ with $(PYTHON) -m venv (a stock Debian python3 refuses
+# `pip install` outside a venv, PEP 668), installs the package into it, and runs in it.
 PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
 PIP_FLAGS ?= --disable-pip-version-check -q
+# Installing again only when pyproject.toml changed (the install is editable: code changes need none).
+INSTALLED := $(VENV)/.installed
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: install services services-down check test demo bench-ingest bench-mirror
 
-install:
-	$(PYTHON) -m pip install $(PIP_FLAGS) -e '.[dev]'
+install: $(INSTALLED)
+
+# Debian ships venv and ensurepip apart from python3, in python3-venv. A failed attempt leaves
+# no half-made venv behind, so the next run starts over.
+$(BIN)/python:
+	@$(PYTHON) -c 'import venv, ensurepip' 2>/dev/null || { \
+	  echo "make: $(PYTHON) has no venv module: installing Debian's python3-venv with apt-get"; \
+	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq python3-venv >/dev/null && \
+	  echo "make: installed python3-venv"; }
+	rm -rf $(VENV)
+	$(PYTHON) -m venv $(VENV) || { rm -rf $(VENV); exit 1; }
+
+$(INSTALLED): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install $(PIP_FLAGS) -e '.[dev]'
+	touch $@
 
 services: install
-	shadow-ab services up
+	$(BIN)/shadow-ab services up
 
-services-down:
-	shadow-ab services down
+services-down: install
+	$(BIN)/shadow-ab services down
 
 check: install
-	ruff format --check .
-	ruff check .
-	mypy
+	$(BIN)/ruff format --check .
+	$(BIN)/ruff check .
+	$(BIN)/mypy
 
 test: services
-	$(PYTHON) -m pytest -q
+	$(BIN)/python -m pytest -q
 
 demo: install
-	shadow-ab demo
+	$(BIN)/shadow-ab demo
 
 bench-ingest: services
-	$(PYTHON) bench/ingest.py
+	$(BIN)/python bench/ingest.py
 
 # Needs no services: simulators, the mirror (SQLite sink) and a private nginx (installed if absent).
 bench-mirror: install
-	$(PYTHON) bench/mirror_overhead.py
+	$(BIN)/python bench/mirror_overhead.py

@@ -1,8 +1,8 @@
 """Is the candidate faster? The latency section of the review.
 
 :func:`analyze_latency` compares the candidate with the incumbent on TTFT, TPOT, ITL, E2E and
-output tokens/s (timing definitions as vLLM's benchmark, see DESIGN.md), over one deployment
-and window:
+output tokens/s (timing definitions as vLLM's benchmark, see docs/architecture.md, "Timing
+definitions"), over one deployment and window:
 
 - quantiles p50/p95/p99 per role come from the hourly rollup sketches
   (:mod:`evaluator.rollups`, ~1 % relative accuracy), merged over the whole window, per UTC day,

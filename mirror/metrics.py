@@ -80,7 +80,7 @@ UPSTREAM_REQUESTS = Counter(
 )
 TTFT = Histogram(
     "shadow_ab_mirror_ttft_seconds",
-    "Time to first token of streamed answers, by role (DESIGN.md timing definitions).",
+    "Time to first token of streamed answers, by role (docs/architecture.md timing definitions).",
     ["role"],
     buckets=LATENCY_BUCKETS,
 )

@@ -4,7 +4,7 @@ The I/O code only notes *when* each piece arrived (``time.monotonic()`` seconds)
 was; everything computed from that lives here, free of I/O, tested with plain values:
 
 - :class:`StreamTrace` takes the events of an SSE stream with their arrival times and computes
-  the timings of DESIGN.md "Timing definitions" (the same as vLLM's benchmark):
+  the timings of docs/architecture.md, "Timing definitions" (the same as vLLM's benchmark):
   TTFT = first event with non-empty ``choices`` minus the send time; ITL = the gaps between
   successive such events; E2E = the last such event minus the send time (the usage event does
   not move it); TPOT = (E2E - TTFT) / (completion_tokens - 1), with ``completion_tokens`` from

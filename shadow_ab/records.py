@@ -112,7 +112,8 @@ class ExchangeRecord(_Record):
     http_status: Annotated[int, Field(ge=100, le=599)] | None = None
     error: str | None = None
 
-    # Timings (seconds, monotonic clock, relative to sending). DESIGN.md "Timing definitions".
+    # Timings (seconds, monotonic clock, relative to sending): docs/architecture.md, "Timing
+    # definitions".
     ttft_s: NonNegFloat | None = None
     e2e_s: NonNegFloat | None = None
     tpot_s: NonNegFloat | None = None

@@ -199,7 +199,7 @@ class Report(Base):
 
 
 class Drop(Base):
-    """Records a sink or the mirror had to drop, counted (DESIGN.md promise 4)."""
+    """Records a sink or the mirror had to drop, counted (docs/architecture.md, promise 4)."""
 
     __tablename__ = "drops"
     __table_args__ = (Index(None, "ts"),)

@@ -17,6 +17,7 @@ import signal
 import subprocess
 import time
 import uuid
+from collections.abc import Callable
 from importlib import resources
 
 from shadow_ab.services.base import (
@@ -35,6 +36,20 @@ from shadow_ab.services.base import (
 
 def _resource(name: str) -> bytes:
     return resources.files("shadow_ab.services").joinpath(name).read_bytes()
+
+
+def new_cluster_id(random_uuid: Callable[[], uuid.UUID] = uuid.uuid4) -> str:
+    """A KRaft cluster id made as Kafka's own ``Uuid.randomUuid()`` makes one.
+
+    A random UUID as unpadded base64url, drawn again while it is one of Kafka's reserved ids
+    (0, and 1 for the metadata topic) or its text starts with '-', which about one id in 64
+    does and which a command line would read as an option.
+    """
+    while True:
+        drawn = random_uuid()
+        text = base64.urlsafe_b64encode(drawn.bytes).decode().rstrip("=")
+        if drawn.int > 1 and not text.startswith("-"):
+            return text
 
 
 class LocalKafka:
@@ -126,7 +141,7 @@ class LocalKafka:
     def _format(self, java: str) -> None:
         if (self.data / "meta.properties").exists():
             return
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        cluster_id = new_cluster_id()
         run(
             [
                 java,
@@ -136,8 +151,7 @@ class LocalKafka:
                 self._classpath(),
                 "kafka.tools.StorageTool",
                 "format",
-                "-t",
-                cluster_id,
+                f"--cluster-id={cluster_id}",  # one argument, whatever the id's first character
                 "-c",
                 str(self.config),
             ],

@@ -1,4 +1,5 @@
-"""Timings and contents of one exchange, from plain values (DESIGN.md "Timing definitions")."""
+"""Timings and contents of one exchange, from plain values (docs/architecture.md, "Timing
+definitions")."""
 
 from __future__ import annotations
 
