@@ -169,7 +169,7 @@ class IncidentBucket(_Passthrough):
 class IncidentComparison(_Passthrough):
     """Incident counts per day or ISO week per role, rates per observed day, and the exact
     candidate / incumbent rate comparison: what `shadow-ab incidents` shows, from
-    `evaluator.incidents_query.compare_incidents`."""
+    `evaluator.incidents.query.compare_incidents`."""
 
     deployment: str
     by: Literal["day", "week"]

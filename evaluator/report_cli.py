@@ -22,7 +22,7 @@ from typing import Any
 
 import click
 
-from evaluator.incidents_cli import parse_time
+from evaluator.incidents.cli import parse_time
 from evaluator.policy import Policy, PolicyError, load_policy, parse_policy
 from evaluator.render import FORMATS, render
 from evaluator.review import (

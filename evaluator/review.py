@@ -1,11 +1,12 @@
 """The migration review of one deployment over one window: analyses, verdict, stored report.
 
 :func:`build_review` runs the analyses in the order the contracts fix -- incidents first (they
-give the warm-up windows after each engine (re)start), then latency (leaving those windows
-out), then output divergence --, judges the policy on their measurements, renders the HTML page
-and stores a ``reports`` row (``body`` = :meth:`Review.to_dict`, ``html``). The body is plain
-JSON (NaN as null, infinities as the strings ``"inf"`` / ``"-inf"``), so a stored report renders
-again without the database (:func:`evaluator.render.render`).
+give the warm-up windows after each engine (re)start; the real analysis also stores the
+incidents it detects), then latency (leaving those windows out), then output divergence --,
+judges the policy on their measurements, renders the HTML page and stores a ``reports`` row
+(``body`` = :meth:`Review.to_dict`, ``html``). The body is plain JSON (NaN as null, infinities
+as the strings ``"inf"`` / ``"-inf"``), so a stored report renders again without the database
+(:func:`evaluator.render.render`).
 
 The analyses are passed in as an :class:`Analyses` (default: the real ones from
 :mod:`evaluator.incidents`, :mod:`evaluator.latency`, :mod:`evaluator.divergence`), so a test
@@ -73,7 +74,8 @@ class Analyses:
     """The three analyses a review runs (a seam for tests: hand in your own sections)."""
 
     incidents: Callable[..., Section]
-    """``(engine, deployment, window, progress=...) -> IncidentSection``."""
+    """``(engine, deployment, window, progress=...) -> IncidentSection``; the real one also
+    stores the incidents it finds."""
     warmup: Callable[[Section], Sequence[Any]]
     """The incident section's warm-up windows (``evaluator.latency.WarmupWindow``)."""
     latency: Callable[..., Section]
@@ -91,13 +93,34 @@ def default_analyses(
 ) -> Analyses:
     """The real analyses, with optional configurations (defaults: each analysis' own)."""
     from evaluator.divergence import analyze_divergence
-    from evaluator.incidents import analyze_incidents, warmup_windows
+    from evaluator.incidents.analysis import detect_incidents, incident_section
+    from evaluator.incidents.load import load_detection_input
+    from evaluator.incidents.model import IncidentConfig
+    from evaluator.incidents.restarts import warmup_windows
+    from evaluator.incidents.store import store_incidents
     from evaluator.latency import analyze_latency
 
-    def incidents(engine: Engine, deployment: str, window: Window, **kw: Any) -> Section:
-        if incident_config is not None:
-            kw["config"] = incident_config
-        section: Section = analyze_incidents(engine, deployment, window, **kw)
+    def incidents(
+        engine: Engine, deployment: str, window: Window, progress: Progress | None = None
+    ) -> Section:
+        """Detect the window's incidents, store them (idempotent), compare the engines."""
+        config = incident_config if incident_config is not None else IncidentConfig()
+
+        def step(name: str, fraction: float) -> None:
+            if progress is not None:
+                progress(name, fraction)
+
+        step("loading health and exchanges", 0.0)
+        data = load_detection_input(engine, deployment, window, config)
+        step("detecting incidents", 0.4)
+        findings = detect_incidents(data, config)
+        step("storing incidents", 0.7)
+        stored_new = store_incidents(engine, deployment, findings)
+        step("comparing rates", 0.8)
+        section = incident_section(
+            deployment, window, data, findings, config, stored_new=stored_new
+        )
+        step("incidents done", 1.0)
         return section
 
     def warmup(section: Section) -> Sequence[Any]:
