@@ -1,4 +1,4 @@
-"""``shadow-ab report``: the go/no-go review of one deployment, as HTML, Markdown or JSON.
+"""``shadow-ab report``: the report of a deployment's go/no-go review, as HTML, Markdown or JSON.
 
 ::
 
@@ -147,7 +147,7 @@ def report(
     progress: bool,
     database_url: str | None,
 ) -> None:
-    """Write the go/no-go review of a deployment (verdict, criteria, plots, tables)."""
+    """Review a deployment and write the go/no-go report (verdict, criteria, plots, tables)."""
     url = resolve_url(database_url)
     start, end = parse_time(from_, "--from"), parse_time(to, "--to")
     engine = make_engine(url)
