@@ -214,7 +214,7 @@ class Highlight(_Out):
 
 class Divergence(_Out):
     """How far ``other`` (candidate or replay) drifted from the incumbent: the figures of
-    ``evaluator.divergence.compare_pair`` plus the character offsets of the difference."""
+    ``evaluator.compare.compare_pair`` plus the character offsets of the difference."""
 
     comparable: bool = Field(description="both sides answered ok with text")
     greedy: bool = Field(description="temperature 0: exact match is meaningful")
