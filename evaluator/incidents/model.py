@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -22,7 +22,6 @@ from evaluator.incidents.leak import LeakParams
 from evaluator.rates import as_utc, observed_intervals
 
 Window = tuple[datetime, datetime]
-Progress = Callable[[str, float], None]
 KINDS: tuple[str, ...] = ("crash", "version_change", "leak", "error_burst", "hang")
 ROLES: tuple[str, ...] = ("incumbent", "candidate")
 MEMORY_SERIES: tuple[str, ...] = ("gpu_mem_bytes", "cpu_mem_bytes")
