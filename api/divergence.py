@@ -1,7 +1,7 @@
 """Divergence of one pair, for the list of divergent pairs and the side-by-side view.
 
 The figures (exact match, edit similarity, first divergence in tokens, finish mismatch, length
-ratio, JSON validity, logprob near-tie) come from :func:`evaluator.divergence.compare_pair`, so
+ratio, JSON validity, logprob near-tie) come from :func:`evaluator.compare.compare_pair`, so
 the API and the report agree. This module adds what only a viewer needs: where in the *text*
 the outputs part (:func:`highlight`), as character offsets a page can mark.
 """
@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from api.models import Divergence, Highlight, Span
-from evaluator.divergence import PairSide, compare_pair
+from evaluator.compare import PairSide, compare_pair
 
 
 def common_prefix(a: str, b: str) -> int:

@@ -1,4 +1,4 @@
-"""Incidents for the API: a thin adapter over :mod:`evaluator.incidents_query`, the module
+"""Incidents for the API: a thin adapter over :mod:`evaluator.incidents.query`, the module
 ``shadow-ab incidents`` uses too, so both show the same incidents and the same figures.
 
 The adapter computes nothing: it turns the evaluator's plain dicts into the response models
@@ -15,7 +15,7 @@ from sqlalchemy import Engine
 
 from api.errors import BadParameter, NotFound
 from api.models import Incident, IncidentComparison
-from evaluator import incidents_query as q
+from evaluator.incidents import query as q
 
 
 def finite(value: Any) -> Any:

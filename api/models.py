@@ -169,7 +169,7 @@ class IncidentBucket(_Passthrough):
 class IncidentComparison(_Passthrough):
     """Incident counts per day or ISO week per role, rates per observed day, and the exact
     candidate / incumbent rate comparison: what `shadow-ab incidents` shows, from
-    `evaluator.incidents_query.compare_incidents`."""
+    `evaluator.incidents.query.compare_incidents`."""
 
     deployment: str
     by: Literal["day", "week"]
@@ -214,7 +214,7 @@ class Highlight(_Out):
 
 class Divergence(_Out):
     """How far ``other`` (candidate or replay) drifted from the incumbent: the figures of
-    ``evaluator.divergence.compare_pair`` plus the character offsets of the difference."""
+    ``evaluator.compare.compare_pair`` plus the character offsets of the difference."""
 
     comparable: bool = Field(description="both sides answered ok with text")
     greedy: bool = Field(description="temperature 0: exact match is meaningful")

@@ -1,1 +1,2 @@
-"""The evaluator and go/no-go report (issue: the evaluator). Not built yet."""
+"""The evaluator: the go/no-go review of a deployment's window (incidents, latency, divergence,
+verdict) and its reports (:mod:`evaluator.render`)."""

@@ -13,8 +13,8 @@ definitions"), over one deployment and window:
   pairs (both roles ``ok``) that the rollups draw in SQL, with bootstrap intervals
   (:mod:`evaluator.stats`);
 - only ``status = 'ok'`` exchanges count; exchanges sent during a :class:`WarmupWindow` (an
-  engine (re)start, built by B2's ``evaluator.incidents.warmup_windows``) are left out, and the
-  first requests after each restart are reported separately as cold-start times.
+  engine (re)start, built by B2's ``evaluator.incidents.restarts.warmup_windows``) are left
+  out, and the first requests after each restart are reported separately as cold-start times.
 
 Errors: :class:`LatencyError` (bad arguments, such as a naive or empty window). Database errors
 are SQLAlchemy's, as the store raises them.

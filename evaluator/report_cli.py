@@ -1,4 +1,4 @@
-"""``shadow-ab report``: the go/no-go review of one deployment, as HTML, Markdown or JSON.
+"""``shadow-ab report``: the report of a deployment's go/no-go review, as HTML, Markdown or JSON.
 
 ::
 
@@ -22,7 +22,7 @@ from typing import Any
 
 import click
 
-from evaluator.incidents_cli import parse_time
+from evaluator.incidents.cli import parse_time
 from evaluator.policy import Policy, PolicyError, load_policy, parse_policy
 from evaluator.render import FORMATS, render
 from evaluator.review import (
@@ -147,7 +147,7 @@ def report(
     progress: bool,
     database_url: str | None,
 ) -> None:
-    """Write the go/no-go review of a deployment (verdict, criteria, plots, tables)."""
+    """Review a deployment and write the go/no-go report (verdict, criteria, plots, tables)."""
     url = resolve_url(database_url)
     start, end = parse_time(from_, "--from"), parse_time(to, "--to")
     engine = make_engine(url)

@@ -1,11 +1,17 @@
-"""The migration review of one deployment over one window: analyses, verdict, stored report.
+"""The review of one deployment over one window: the analyses and the policy's verdict.
+
+Two words, two things: a **review** (:class:`Review`) is the evaluation of a deployment's
+window -- the analyses' sections, their measurements and the verdict; a **report** is a
+rendered document of a review (HTML, Markdown or JSON, :mod:`evaluator.render`). The
+``reports`` table keeps each stored review: its JSON body and its HTML report.
 
 :func:`build_review` runs the analyses in the order the contracts fix -- incidents first (they
-give the warm-up windows after each engine (re)start), then latency (leaving those windows
-out), then output divergence --, judges the policy on their measurements, renders the HTML page
-and stores a ``reports`` row (``body`` = :meth:`Review.to_dict`, ``html``). The body is plain
-JSON (NaN as null, infinities as the strings ``"inf"`` / ``"-inf"``), so a stored report renders
-again without the database (:func:`evaluator.render.render`).
+give the warm-up windows after each engine (re)start; the real analysis also stores the
+incidents it detects), then latency (leaving those windows out), then output divergence --,
+judges the policy on their measurements, renders the HTML report and stores the review as a
+``reports`` row (``body`` = :meth:`Review.to_dict`, ``html``). The body is plain JSON (NaN as
+null, infinities as the strings ``"inf"`` / ``"-inf"``), so a stored review renders again
+without the database (:func:`evaluator.render.render`).
 
 The analyses are passed in as an :class:`Analyses` (default: the real ones from
 :mod:`evaluator.incidents`, :mod:`evaluator.latency`, :mod:`evaluator.divergence`), so a test
@@ -73,7 +79,8 @@ class Analyses:
     """The three analyses a review runs (a seam for tests: hand in your own sections)."""
 
     incidents: Callable[..., Section]
-    """``(engine, deployment, window, progress=...) -> IncidentSection``."""
+    """``(engine, deployment, window, progress=...) -> IncidentSection``; the real one also
+    stores the incidents it finds."""
     warmup: Callable[[Section], Sequence[Any]]
     """The incident section's warm-up windows (``evaluator.latency.WarmupWindow``)."""
     latency: Callable[..., Section]
@@ -91,13 +98,34 @@ def default_analyses(
 ) -> Analyses:
     """The real analyses, with optional configurations (defaults: each analysis' own)."""
     from evaluator.divergence import analyze_divergence
-    from evaluator.incidents import analyze_incidents, warmup_windows
+    from evaluator.incidents.analysis import detect_incidents, incident_section
+    from evaluator.incidents.load import load_detection_input
+    from evaluator.incidents.model import IncidentConfig
+    from evaluator.incidents.restarts import warmup_windows
+    from evaluator.incidents.store import store_incidents
     from evaluator.latency import analyze_latency
 
-    def incidents(engine: Engine, deployment: str, window: Window, **kw: Any) -> Section:
-        if incident_config is not None:
-            kw["config"] = incident_config
-        section: Section = analyze_incidents(engine, deployment, window, **kw)
+    def incidents(
+        engine: Engine, deployment: str, window: Window, progress: Progress | None = None
+    ) -> Section:
+        """Detect the window's incidents, store them (idempotent), compare the engines."""
+        config = incident_config if incident_config is not None else IncidentConfig()
+
+        def step(name: str, fraction: float) -> None:
+            if progress is not None:
+                progress(name, fraction)
+
+        step("loading health and exchanges", 0.0)
+        data = load_detection_input(engine, deployment, window, config)
+        step("detecting incidents", 0.4)
+        findings = detect_incidents(data, config)
+        step("storing incidents", 0.7)
+        stored_new = store_incidents(engine, deployment, findings)
+        step("comparing rates", 0.8)
+        section = incident_section(
+            deployment, window, data, findings, config, stored_new=stored_new
+        )
+        step("incidents done", 1.0)
         return section
 
     def warmup(section: Section) -> Sequence[Any]:
@@ -133,8 +161,9 @@ class Review:
     notes: list[str] = field(default_factory=list)
     generated_at: datetime = field(default_factory=lambda: datetime.now(UTC))
     report_id: int | None = None
+    """The ``reports`` row the review was stored as (None when not stored)."""
     html: str | None = field(default=None, repr=False)
-    """The rendered page, when :func:`build_review` stored the report (not part of the body)."""
+    """The HTML report, when :func:`build_review` rendered it (not part of the body)."""
 
     @property
     def decision(self) -> str:
@@ -297,27 +326,28 @@ class _Stages:
             self._offsets[name] = (done, share)
             done += share
 
-    def report(self, stage: str, fraction: float) -> None:
+    def advance(self, stage: str, fraction: float) -> None:
         if self.progress is None:
             return
         offset, share = self._offsets.get(stage, (0.0, 0.0))
         self.progress(stage, min(1.0, offset + share * max(0.0, min(1.0, fraction))))
 
     def sub(self, stage: str) -> Progress:
-        return lambda _name, fraction: self.report(stage, fraction)
+        return lambda _name, fraction: self.advance(stage, fraction)
 
     def run(self, stage: str, work: Callable[[], Any]) -> Any:
-        self.report(stage, 0.0)
+        self.advance(stage, 0.0)
         started = self.clock()
         try:
             return work()
         finally:
             self.timings[stage] = round(self.clock() - started, 3)
-            self.report(stage, 1.0)
+            self.advance(stage, 1.0)
 
 
-def store_report(engine: Engine, review: Review, html: str | None) -> int:
-    """Insert the review as a ``reports`` row; its id."""
+def store_review(engine: Engine, review: Review, html: str | None) -> int:
+    """Insert the review (its body, and its HTML report if rendered) as a ``reports`` row; the
+    row's id."""
     body = review.to_dict()
     with engine.begin() as conn:
         result = conn.execute(
@@ -351,8 +381,8 @@ def build_review(
     notes: Sequence[str] = (),
     clock: Callable[[], float] = time.perf_counter,
 ) -> Review:
-    """Analyse ``deployment`` over ``window``, judge ``policy``, render the HTML page (unless
-    ``with_html`` is False) and store the report (unless ``store`` is False).
+    """Analyse ``deployment`` over ``window``, judge ``policy``, render the HTML report (unless
+    ``with_html`` is False) and store the review (unless ``store`` is False).
     ``progress(stage, fraction of the whole review)`` as it goes."""
     stages = _Stages(progress, clock)
     info = deployment_info(engine, deployment)
@@ -404,6 +434,6 @@ def build_review(
 
         review.html = stages.run("render", lambda: render_html(review.to_dict()))
     if store:
-        review.report_id = stages.run("store", lambda: store_report(engine, review, review.html))
+        review.report_id = stages.run("store", lambda: store_review(engine, review, review.html))
     review.timings = dict(stages.timings)
     return review

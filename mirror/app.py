@@ -2,16 +2,18 @@
 
 :func:`create_app` returns :class:`Mirror`, a raw ASGI callable (run by uvicorn with uvloop and
 httptools). It dispatches on the request path before any framework routing, because every
-microsecond on the client's path counts (DESIGN.md "Measured leads"):
+microsecond on the client's path counts (docs/architecture.md, "Promises"):
 
 - ``POST /v1/chat/completions`` and ``POST /v1/completions``: the hot path. The body is read
   (up to ``max_body_bytes``, else 413), a pair id is assigned, the shadow decision taken
-  (sampling, guard, cap), the shadow requests fired as tasks, and only then is the incumbent
-  asked. Its status, headers and bytes go to the client as they arrive, plus
-  ``x-shadow-pair-id``. The client's path never awaits a shadow request.
+  (sampling, guard, cap), the shadow requests fired as tasks (:mod:`mirror.shadow`), and only
+  then is the incumbent asked. Its status, headers and bytes go to the client as they arrive,
+  plus ``x-shadow-pair-id``. The client's path never awaits a shadow request: this module only
+  fires them (:meth:`mirror.shadow.Shadows.fire`) and awaits nothing else of
+  :mod:`mirror.shadow` but the drain at shutdown.
 - ``/metrics`` (the mirror's own Prometheus metrics), ``/healthz`` (the mirror's own health) and
-  ``/mirror/docs``: a small FastAPI application, which also runs the lifespan (sessions, health
-  sampler, draining).
+  ``/mirror/docs``: a small FastAPI application (:mod:`mirror.admin`), which also runs the
+  lifespan (sessions, health sampler, draining).
 - everything else (``/v1/models``, ``/health``, ``/version``, ...): passed through to the
   incumbent unchanged.
 
@@ -33,18 +35,16 @@ import gc
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, MutableMapping
 from datetime import datetime
 from typing import Any
 
 import aiohttp
 import orjson
 import yarl
-from fastapi import FastAPI
-from fastapi.responses import JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from mirror import metrics as m
+from mirror.admin import ADMIN_PATHS, admin_app
 from mirror.config import MirrorSettings
 from mirror.guard import InterferenceGuard
 from mirror.headers import (
@@ -55,9 +55,10 @@ from mirror.headers import (
     shadow_headers,
     upstream_headers,
 )
-from mirror.recording import Dispatch, build_record, error_text, status_of
+from mirror.recording import ERROR_BODY_KEEP, Dispatch, build_record, error_text, status_of
 from mirror.rewrite import INCLUDE_USAGE, candidate_request, stored_request, with_stream_usage
 from mirror.sampling import Sampler
+from mirror.shadow import Shadows
 from mirror.sse import SSEParser, is_usage_only, passes_whole
 from mirror.trace import Outcome, StreamTrace, parse_body, stream_trace
 from shadow_ab.records import Endpoint, ExchangeRecord, Role, Status, utcnow
@@ -73,7 +74,6 @@ ROUTES: dict[str, Endpoint] = {
     "/v1/chat/completions": Endpoint.CHAT,
     "/v1/completions": Endpoint.COMPLETIONS,
 }
-OWN_PATHS = frozenset({"/metrics", "/healthz", "/mirror/docs", "/mirror/openapi.json"})
 SKIP_AUTO_HEADERS = ("Accept-Encoding", "User-Agent", "Content-Type")
 """aiohttp adds these when absent; the engines must see exactly the client's. Sessions handed
 to :func:`create_app` should be made with ``skip_auto_headers=SKIP_AUTO_HEADERS`` too."""
@@ -93,8 +93,6 @@ DECISIONS = (
     SKIPPED_MALFORMED,
     SKIPPED_TOO_LARGE,
 )
-ERROR_BODY_KEEP = 64 * 1024
-"""Bytes of an engine's error answer kept for the record's ``error``."""
 
 
 class _TooLarge(Exception):
@@ -188,8 +186,7 @@ class Mirror:
         self.deployment = settings.deployment
         self._cand_extra = [(k.lower(), v) for k, v in settings.candidate.headers.items()]
         self._inflight = {Role.INCUMBENT: 0, Role.CANDIDATE: 0, Role.REPLAY: 0}
-        self._shadow_inflight = 0
-        self._shadow_tasks: set[asyncio.Task[None]] = set()
+        self.shadows = Shadows(self)
         self.draining = False
         self._sink_label = "kafka" if type(sink).__name__ == "KafkaSink" else "direct"
         # Metric children looked up once (labels() costs microseconds per call).
@@ -205,7 +202,7 @@ class Mirror:
         self._m_records = m.RECORDS.labels(sink=self._sink_label, kind="exchange")
         self._m_requests_cache: dict[tuple[str, int], Any] = {}
         self._urls: dict[str, yarl.URL] = {}
-        self.api = build_api(self)
+        self.admin = admin_app(self)
 
     def _m_requests(self, route: str, code: int) -> Any:
         """The ``shadow_ab_mirror_requests_total`` child of a hot route and status (looked up
@@ -237,12 +234,12 @@ class Mirror:
             if endpoint is not None and scope["method"] == "POST":
                 await self._generate(scope, receive, send, endpoint)
                 return
-            if path in OWN_PATHS:
-                await self.api(scope, receive, send)
+            if path in ADMIN_PATHS:
+                await self.admin(scope, receive, send)
                 return
             await self._passthrough(scope, receive, send)
             return
-        await self.api(scope, receive, send)
+        await self.admin(scope, receive, send)
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -292,14 +289,7 @@ class Mirror:
         """Let shadow requests finish (up to ``drain_timeout_s``; the rest are recorded as
         cancelled), stop the health sampler, close sessions, flush the sink."""
         self.draining = True
-        pending = set(self._shadow_tasks)
-        if pending:
-            log.info("draining %d shadow requests", len(pending))
-            _, late = await asyncio.wait(pending, timeout=self.settings.drain_timeout_s)
-            for t in late:
-                t.cancel()
-            if late:
-                await asyncio.wait(late)
+        await self.shadows.drain(self.settings.drain_timeout_s)
         if self._health_task is not None:
             self._health_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -318,7 +308,7 @@ class Mirror:
             "status": "draining" if self.draining else "ok",
             "deployment": self.deployment,
             "inflight": {r.value: n for r, n in self._inflight.items()},
-            "shadow_inflight": self._shadow_inflight,
+            "shadow_inflight": self.shadows.inflight,
             "guard": self.guard.state(),
         }
 
@@ -396,7 +386,7 @@ class Mirror:
                 decision = SKIPPED_SAMPLE
             elif not self.guard.admit(sampler.guard_draw(u)):
                 decision = SKIPPED_GUARD
-            elif self._shadow_inflight >= self.settings.shadow.max_concurrent:
+            elif self.shadows.inflight >= self.settings.shadow.max_concurrent:
                 decision = SKIPPED_CAP
             else:
                 decision = SAMPLED
@@ -436,16 +426,20 @@ class Mirror:
                 "guard": guard_state,
             }
             shadows.append(
-                self._fire(Role.CANDIDATE, route, cand_body, cand_rewrites, cand_headers, common)
+                self.shadows.fire(
+                    Role.CANDIDATE, route, cand_body, cand_rewrites, cand_headers, common
+                )
             )
             if (
                 self.sampler.replay()
-                and self._shadow_inflight < self.settings.shadow.max_concurrent
+                and self.shadows.inflight < self.settings.shadow.max_concurrent
             ):
                 m.REPLAYS.inc()
                 replay_body = inc_request if inc_request is not None else parsed
                 shadows.append(
-                    self._fire(Role.REPLAY, route, replay_body, inc_rewrites, sh_headers, common)
+                    self.shadows.fire(
+                        Role.REPLAY, route, replay_body, inc_rewrites, sh_headers, common
+                    )
                 )
 
         d = Dispatch(
@@ -475,7 +469,7 @@ class Mirror:
                 strip=strip,
                 chat=chat,
                 t_ready=t_ready,
-                shadow_active=self._shadow_inflight > 0,
+                shadow_active=self.shadows.inflight > 0,
                 state=state,
             )
         except asyncio.CancelledError:
@@ -669,96 +663,6 @@ class Mirror:
         elif self._sink_label == "direct":
             m.RECORDS_DROPPED.labels(reason="sink_refused").inc()
 
-    # -- the shadow path ----------------------------------------------------------------------
-
-    def _fire(
-        self,
-        role: Role,
-        route: str,
-        body: dict[str, Any],
-        rewrites: list[str],
-        headers: list[tuple[str, str]],
-        common: dict[str, Any],
-    ) -> asyncio.Task[None]:
-        self._shadow_inflight += 1
-        task = asyncio.create_task(self._shadow(role, route, body, rewrites, headers, common))
-        self._shadow_tasks.add(task)
-        task.add_done_callback(self._shadow_tasks.discard)
-        return task
-
-    async def _shadow(
-        self,
-        role: Role,
-        route: str,
-        body: dict[str, Any],
-        rewrites: list[str],
-        headers: list[tuple[str, str]],
-        common: dict[str, Any],
-    ) -> None:
-        if role is Role.CANDIDATE:
-            session, url, engine = self.candidate_session, self.cand_url, self.cand_engine
-        else:
-            session, url, engine = self.incumbent_session, self.inc_url, self.inc_engine
-        assert session is not None, "the mirror's lifespan has not started"
-        chat = common["endpoint"] is Endpoint.CHAT
-        clock = self._clock
-        status = Status.OK
-        http_status: int | None = None
-        error: str | None = None
-        sse = False
-        stash: list[tuple[float, bytes]] = []
-        raw = b""
-        last_t: float | None = None
-        self._inflight[role] += 1
-        self._m_inflight[role].inc()
-        d = Dispatch(
-            role=role,
-            engine=engine,
-            sent_at=self._wall(),
-            request=stored_request(body),
-            rewrites=rewrites,
-            **common,
-        )
-        payload = orjson.dumps(body)
-        t0 = clock()
-        try:
-            async with (
-                asyncio.timeout(self.settings.shadow.timeout_s),
-                session.post(self._url(url, route), data=payload, headers=headers) as resp,
-            ):
-                http_status = resp.status
-                status = status_of(resp.status)
-                if resp.content_type == "text/event-stream":
-                    sse = True  # parsed when the stream ends (mirror.trace.stream_trace)
-                    async for chunk in resp.content.iter_any():
-                        stash.append((clock(), chunk))
-                else:
-                    raw = await resp.read()
-                    last_t = clock()
-        except TimeoutError:
-            status, error = (
-                Status.TIMEOUT,
-                f"no complete answer within {self.settings.shadow.timeout_s}s",
-            )
-        except (aiohttp.ClientError, ValueError) as exc:
-            status, error = Status.CONNECTION_ERROR, repr(exc)
-        except asyncio.CancelledError:
-            status, error = Status.CANCELLED, "the client disconnected or the mirror stopped"
-            raise
-        finally:
-            self._inflight[role] -= 1
-            self._m_inflight[role].dec()
-            self._shadow_inflight -= 1
-            if sse:
-                outcome = stream_trace(stash, t0, chat=chat).outcome()
-            elif status is Status.OK and last_t is not None:
-                outcome = parse_body(raw, chat=chat, e2e_s=last_t - t0)
-            else:
-                outcome = Outcome(e2e_s=max(0.0, last_t - t0) if last_t is not None else None)
-            if status is Status.HTTP_ERROR:
-                error = error_text(raw[:ERROR_BODY_KEEP])
-            self._finish(d, status, outcome, http_status, error)
-
     # -- pass-through -------------------------------------------------------------------------
 
     async def _passthrough(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -803,90 +707,6 @@ class Mirror:
             log.warning("pass-through %s broke mid-answer", scope["path"])
         finally:
             resp.release()
-
-
-def build_api(mirror: Mirror) -> FastAPI:
-    """The mirror's own endpoints, and the lifespan that starts and drains the mirror."""
-
-    @contextlib.asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        await mirror.startup()
-        try:
-            yield
-        finally:
-            await mirror.shutdown()
-
-    api = FastAPI(
-        title="shadow-ab mirror",
-        description=(
-            "Serves the incumbent engine and mirrors sampled requests to the candidate."
-            " POST /v1/chat/completions and /v1/completions are the incumbent's (plus an"
-            " x-shadow-pair-id header); every other path not listed here is passed through"
-            " to the incumbent."
-        ),
-        lifespan=lifespan,
-        docs_url="/mirror/docs",
-        openapi_url="/mirror/openapi.json",
-        redoc_url=None,
-    )
-
-    @api.get("/metrics", summary="The mirror's Prometheus metrics")
-    def metrics() -> Response:
-        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
-
-    @api.get("/healthz", summary="The mirror's own health (not the engines')")
-    def healthz() -> JSONResponse:
-        body = mirror.health()
-        return JSONResponse(body, status_code=503 if mirror.draining else 200)
-
-    return api
-
-
-def create_health_app(settings: MirrorSettings, *, sink: Any) -> FastAPI:
-    """``--health-only``: the health sampler alone, with ``/metrics`` and ``/healthz``."""
-    from mirror.health import EngineTarget, HealthSampler
-
-    @contextlib.asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        targets = [
-            EngineTarget(
-                settings.incumbent_engine(),
-                Role.INCUMBENT,
-                settings.incumbent.url,
-                settings.incumbent.flavor,
-            ),
-            EngineTarget(
-                settings.candidate_engine(),
-                Role.CANDIDATE,
-                settings.candidate.url,
-                settings.candidate.flavor,
-            ),
-        ]
-        async with aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar()) as session:
-            sampler = HealthSampler(targets, sink, session, settings.deployment, settings.health)
-            task = asyncio.create_task(sampler.run(), name="health-sampler")
-            log.info("health sampling every %.1fs (health-only)", settings.health.interval_s)
-            try:
-                yield
-            finally:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-                await asyncio.to_thread(sink.flush, settings.sink_close_timeout_s)
-
-    api = FastAPI(
-        title="shadow-ab health sampler", lifespan=lifespan, docs_url=None, redoc_url=None
-    )
-
-    @api.get("/metrics", summary="Prometheus metrics (shadow_ab_engine_*)")
-    def metrics() -> Response:
-        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
-
-    @api.get("/healthz", summary="The sampler's own health")
-    def healthz() -> JSONResponse:
-        return JSONResponse({"status": "ok", "deployment": settings.deployment})
-
-    return api
 
 
 def create_app(

@@ -108,7 +108,8 @@ def serve(settings: MirrorSettings, sink: Any, *, health_only: bool = False) -> 
     (uvicorn drains, the lifespan flushes)."""
     import uvicorn
 
-    from mirror.app import create_app, create_health_app
+    from mirror.admin import create_health_app
+    from mirror.app import create_app
 
     app: Any = (
         create_health_app(settings, sink=sink) if health_only else create_app(settings, sink=sink)

@@ -20,6 +20,8 @@ from mirror.trace import Outcome
 from shadow_ab.records import INT32_MAX, Endpoint, ExchangeRecord, Role, Status
 
 ERROR_MAX_CHARS = 2000
+ERROR_BODY_KEEP = 64 * 1024
+"""Bytes of an engine's error answer kept for the record's ``error``."""
 ZERO = timedelta(0)
 
 

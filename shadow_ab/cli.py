@@ -19,8 +19,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "ingest": ("ingester.cli:ingest", "Consume Kafka records into the store."),
     "sim": ("simulator.cli:sim", "Run a simulated vLLM or TensorRT-LLM server."),
     "mirror": ("mirror.cli:mirror", "Serve the incumbent and mirror traffic to the candidate."),
-    "report": ("evaluator.report_cli:report", "Write the go/no-go review of a deployment."),
-    "incidents": ("evaluator.incidents_cli:incidents", "List and compare engine incidents."),
+    "report": ("evaluator.report_cli:report", "Review a deployment and write the go/no-go report."),
+    "incidents": ("evaluator.incidents.cli:incidents", "List and compare engine incidents."),
     "api": ("api.cli:api", "Serve the read-only query API."),
     "demo": ("shadow_ab.demo:demo", "Run a shadow deployment on simulators and report on it."),
 }

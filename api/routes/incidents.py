@@ -1,6 +1,6 @@
 """``/v1/deployments/{name}/incidents``: incidents with filters, and the day/week comparison.
 
-Both answer with what :mod:`evaluator.incidents_query` computes (through
+Both answer with what :mod:`evaluator.incidents.query` computes (through
 :mod:`api.incidents`), the same figures ``shadow-ab incidents`` prints.
 """
 

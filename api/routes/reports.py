@@ -1,4 +1,4 @@
-"""``/v1/deployments/{name}/reports``: the stored go/no-go reviews, as JSON or their HTML page.
+"""``/v1/deployments/{name}/reports``: the stored go/no-go reviews, as JSON or their HTML report.
 
 Without the ``content`` scope, prompt and output fields of the body are null
 (:func:`api.redact.redact`); the HTML page of a report whose body holds such text is then

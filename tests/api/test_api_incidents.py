@@ -1,4 +1,4 @@
-"""Incidents through the API are exactly what evaluator.incidents_query gives the CLI."""
+"""Incidents through the API are exactly what evaluator.incidents.query gives the CLI."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from sqlalchemy import Engine
 
 from api.incidents import finite
 from api.models import Incident, IncidentComparison
-from evaluator.incidents_query import compare_incidents, query_incidents
+from evaluator.incidents.query import compare_incidents, query_incidents
 
 READ = bearer(READ_TOKEN)
 URL = f"/v1/deployments/{DEP}/incidents"

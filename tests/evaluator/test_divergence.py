@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from evaluator.divergence import (
+from evaluator.compare import (
     PairSide,
     compare_pair,
     first_difference,

@@ -7,17 +7,16 @@ from typing import Any
 
 import pytest
 
-from evaluator.incidents import (
+from evaluator.incidents.analysis import detect_incidents
+from evaluator.incidents.leak import MB
+from evaluator.incidents.model import (
     DetectionInput,
     ExchangeEvent,
     HealthPoint,
     IncidentConfig,
     SentCounts,
-    detect_all,
-    detect_restarts,
-    warmup_windows,
 )
-from evaluator.leak import MB
+from evaluator.incidents.restarts import detect_restarts, warmup_windows
 
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 PST = 1_796_000_000.0
@@ -54,7 +53,7 @@ def kinds(findings: list[Any]) -> list[str]:
 
 def test_clean_engines_have_no_incidents() -> None:
     data = DetectionInput(health=series(400) + series(400, engine="vllm@incumbent"))
-    assert detect_all(data) == []
+    assert detect_incidents(data) == []
 
 
 def test_restart_is_exactly_one_crash() -> None:
@@ -138,7 +137,7 @@ def test_error_burst_far_above_baseline() -> None:
     background = [ev(t, "http_error", http_status=500) for t in range(150, 3600, 300)]  # 12
     burst = [ev(1800 + k, "http_error", http_status=503) for k in range(25)]
     data = DetectionInput(health=[], events=background + burst, sent=sent)
-    found = detect_all(data)
+    found = detect_incidents(data)
     assert kinds(found) == ["error_burst"]
     f = found[0]
     assert f.started_at == T0 + timedelta(seconds=1800)
@@ -149,7 +148,7 @@ def test_error_burst_far_above_baseline() -> None:
 def test_steady_error_share_is_not_a_burst() -> None:
     sent = sent_every(1.0, 3600)
     steady = [ev(t, "http_error", http_status=400) for t in range(0, 3600, 10)]  # 10 %
-    assert detect_all(DetectionInput(health=[], events=steady, sent=sent)) == []
+    assert detect_incidents(DetectionInput(health=[], events=steady, sent=sent)) == []
 
 
 def test_timeouts_and_stalls_are_hangs() -> None:
@@ -157,7 +156,7 @@ def test_timeouts_and_stalls_are_hangs() -> None:
     events = [ev(600 + k, "timeout", e2e_s=30.0) for k in range(3)]
     events += [ev(2000, "ok", ttft_s=0.05, e2e_s=40.0, max_itl_s=35.0)]
     events += [ev(2500, "ok", ttft_s=0.05, e2e_s=2.0, max_itl_s=0.5)]  # not a stall
-    found = detect_all(DetectionInput(health=[], events=events, sent=sent))
+    found = detect_incidents(DetectionInput(health=[], events=events, sent=sent))
     assert kinds(found) == ["hang", "hang"]
     assert found[0].evidence["timeouts"] == 3
     assert found[1].evidence["stalled"] == 1
@@ -167,7 +166,7 @@ def test_slow_health_is_a_hang() -> None:
     pts = series(40)
     pts[20] = hp(20, latency_s=8.0)
     pts[21] = hp(21, latency_s=9.5)
-    found = detect_all(DetectionInput(health=pts))
+    found = detect_incidents(DetectionInput(health=pts))
     assert kinds(found) == ["hang"] and found[0].evidence["max_latency_s"] == 9.5
 
 
@@ -176,7 +175,7 @@ def test_connection_errors_during_a_crash_are_its_evidence() -> None:
     pts += [hp(i, process_start_time=PST + 1600) for i in range(104, 200)]
     events = [ev(1500 + k, "connection_error", error="refused") for k in range(0, 60, 5)]
     events += [ev(1499, "http_error", http_status=502)]  # the dying process's last answer
-    found = detect_all(
+    found = detect_incidents(
         DetectionInput(health=pts, events=events, sent=sent_every(1.0, 3000)),
         IncidentConfig(burst_min_errors=1),
     )
@@ -186,7 +185,7 @@ def test_connection_errors_during_a_crash_are_its_evidence() -> None:
 
 def test_without_health_samples_connection_errors_make_a_crash() -> None:
     events = [ev(900 + k, "connection_error", error="refused") for k in range(0, 40, 4)]
-    found = detect_all(DetectionInput(health=[], events=events, sent=sent_every(1.0, 3000)))
+    found = detect_incidents(DetectionInput(health=[], events=events, sent=sent_every(1.0, 3000)))
     assert kinds(found) == ["crash"] and found[0].evidence["connection_errors"] == 10
 
 
@@ -203,7 +202,7 @@ def test_leak_of_known_rate_within_20_percent_and_warmup_after_crash() -> None:
             pts.append(refused(i, step_s=30.0))
         else:
             pts.append(hp(i, step_s=30.0, process_start_time=pst, gpu_mem_bytes=gpu))
-    found = detect_all(DetectionInput(health=pts))
+    found = detect_incidents(DetectionInput(health=pts))
     assert sorted(kinds(found)) == ["crash", "leak"]
     leak = next(f for f in found if f.kind == "leak")
     assert leak.evidence["mb_per_hour"] == pytest.approx(120.0, rel=0.2)
@@ -248,7 +247,7 @@ def test_config_for_a_time_accelerated_simulator() -> None:
         hp(i, step_s=1.0, gpu_mem_bytes=int(70_000 * MB + i / 3600 * 60 * 150 * MB))
         for i in range(480)
     ]
-    found = detect_all(DetectionInput(health=pts), fast)
+    found = detect_incidents(DetectionInput(health=pts), fast)
     assert kinds(found) == ["leak"]
     assert found[0].evidence["mb_per_hour"] / 60 == pytest.approx(150, rel=0.2)
     with pytest.raises(ValueError, match="positive"):

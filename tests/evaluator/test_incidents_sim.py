@@ -10,7 +10,9 @@ import aiohttp
 import pytest
 from sqlalchemy import Engine
 
-from evaluator.incidents import IncidentConfig, detect_incidents
+from evaluator.incidents.analysis import detect_incidents
+from evaluator.incidents.load import load_detection_input
+from evaluator.incidents.model import IncidentConfig
 from mirror.health import EngineTarget, HealthConfig, HealthSampler
 from shadow_ab.records import HealthSample, Record, Role
 from simulator.ledger import summarize
@@ -81,7 +83,9 @@ def test_sampled_crashes_and_leak_match_the_ledgers(sqlite_engine: Engine) -> No
         leak_bin_s=1.0,
         leak_min_points=5,
     )
-    found = detect_incidents(sqlite_engine, "dep-sim", (lo, hi), config)
+    found = detect_incidents(
+        load_detection_input(sqlite_engine, "dep-sim", (lo, hi), config), config
+    )
     assert sorted((f.role, f.kind) for f in found) == [
         *[("candidate", "crash")] * len(crashes),
         ("incumbent", "leak"),

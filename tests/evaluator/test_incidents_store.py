@@ -9,14 +9,18 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, func, select
 
-from evaluator.incidents import INCIDENTS, analyze_incidents, detect_incidents, store_incidents
-from evaluator.incidents_query import (
+from evaluator.incidents.analysis import IncidentSection, detect_incidents
+from evaluator.incidents.leak import MB
+from evaluator.incidents.load import load_detection_input
+from evaluator.incidents.model import Finding, Window
+from evaluator.incidents.query import (
     BadQuery,
     UnknownDeployment,
     compare_incidents,
     query_incidents,
 )
-from evaluator.leak import MB
+from evaluator.incidents.store import INCIDENTS, store_incidents
+from evaluator.review import default_analyses
 from shadow_ab.records import ExchangeRecord, HealthSample
 from storage.write import write_exchanges, write_health
 
@@ -116,11 +120,22 @@ def exchanges(*, crash: bool = True, deployment: str = DEP) -> list[ExchangeReco
 WINDOW = (T0, T0 + timedelta(hours=HOURS))
 
 
+def review_incidents(store: Engine, window: Window, **kw: Any) -> IncidentSection:
+    """What the review runs: load, detect, store, and the section."""
+    section = default_analyses().incidents(store, DEP, window, **kw)
+    assert isinstance(section, IncidentSection)
+    return section
+
+
+def detected(store: Engine, window: Window) -> list[Finding]:
+    return detect_incidents(load_detection_input(store, DEP, window))
+
+
 def test_leak_and_restart_found_stored_once_and_compared(store: Engine) -> None:
     write_health(store, health_samples())
     write_exchanges(store, exchanges())
     stages: list[str] = []
-    section = analyze_incidents(store, DEP, WINDOW, progress=lambda s, f: stages.append(s))
+    section = review_incidents(store, WINDOW, progress=lambda s, f: stages.append(s))
     assert stages[-1] == "incidents done"
     found = [(f.role, f.kind) for f in section.findings]
     assert sorted(found) == [("candidate", "crash"), ("candidate", "leak")]
@@ -143,9 +158,9 @@ def test_leak_and_restart_found_stored_once_and_compared(store: Engine) -> None:
     assert len(d["timeline"]) == 2 and d["stored_new"] == 2
 
     # Idempotent: the same window, then a wider one, add nothing.
-    again = analyze_incidents(store, DEP, WINDOW)
+    again = review_incidents(store, WINDOW)
     assert again.stored_new == 0
-    wider = detect_incidents(store, DEP, (T0 - timedelta(hours=1), WINDOW[1]))
+    wider = detected(store, (T0 - timedelta(hours=1), WINDOW[1]))
     assert store_incidents(store, DEP, wider) == 0
     with store.connect() as conn:
         assert conn.execute(select(func.count()).select_from(INCIDENTS)).scalar_one() == 2
@@ -171,7 +186,7 @@ def test_leak_and_restart_found_stored_once_and_compared(store: Engine) -> None:
 def test_a_a_run_has_no_incidents(store: Engine) -> None:
     write_health(store, health_samples(leak=False, crash=False))
     write_exchanges(store, exchanges(crash=False))
-    section = analyze_incidents(store, DEP, WINDOW)
+    section = review_incidents(store, WINDOW)
     assert section.findings == []
     m = {x.key: x for x in section.measurements()}
     assert m["errors.rate_ratio"].value is None  # no failures on either side
@@ -215,7 +230,7 @@ def test_trtllm_restart_seen_only_in_its_iteration_counter(store: Engine) -> Non
             )
         )
     write_health(store, samples)
-    found = detect_incidents(store, DEP, (T0, T0 + timedelta(hours=1)))
+    found = detected(store, (T0, T0 + timedelta(hours=1)))
     assert sorted((f.kind, f.started_at) for f in found) == [
         ("crash", T0 + timedelta(seconds=149 * 15)),
         ("hang", T0 + timedelta(seconds=140 * 15)),
@@ -223,8 +238,6 @@ def test_trtllm_restart_seen_only_in_its_iteration_counter(store: Engine) -> Non
 
 
 def test_store_merges_the_same_incident_not_a_later_one(store: Engine) -> None:
-    from evaluator.incidents import Finding
-
     eng, t = "trtllm@candidate", T0
     still_down = Finding(eng, "candidate", "crash", t, None, {"still_down_at": str(t)})
     assert store_incidents(store, DEP, [still_down]) == 1
@@ -240,8 +253,6 @@ def test_store_merges_the_same_incident_not_a_later_one(store: Engine) -> None:
 
 
 def test_default_window_counts_an_incident_at_the_last_data_point(store: Engine) -> None:
-    from evaluator.incidents import Finding
-
     samples = health_samples(leak=False, crash=False)[:20]
     write_health(store, samples)
     last = max(s.ts for s in samples)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from evaluator.leak import MB, LeakParams, binned, find_leaks, split_at, theil_sen, trend
+from evaluator.incidents.leak import MB, LeakParams, binned, find_leaks, split_at, theil_sen, trend
 
 T0 = 1_796_040_000.0  # 2026-11-30 12:00 UTC
 BASE = 70_000 * MB
@@ -95,7 +95,7 @@ def test_threshold_is_on_the_lower_bound() -> None:
 def test_own_theil_sen_equals_scipy_with_ties(n: int) -> None:
     from scipy import stats
 
-    from evaluator.leak import theil_sen_slopes
+    from evaluator.incidents.leak import theil_sen_slopes
 
     rng = np.random.default_rng(n)
     x = np.sort(rng.uniform(0.0, 2.0, n))

@@ -28,7 +28,7 @@ import pytest
 from sqlalchemy import Engine, func, select
 
 from evaluator.divergence import DivergenceConfig
-from evaluator.incidents import IncidentConfig
+from evaluator.incidents.model import IncidentConfig
 from evaluator.policy import default_policy
 from evaluator.results import Measurement
 from evaluator.review import Review, build_review, default_analyses, resolve_window

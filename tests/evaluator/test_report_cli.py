@@ -76,7 +76,7 @@ def _reports(url: str) -> int:
 
 
 def test_html_report_to_a_file(store_url: str, tmp_path: Path) -> None:
-    out = tmp_path / "out" / "review.html"
+    out = tmp_path / "out" / "report.html"
     before = _reports(store_url)
     result = CliRunner().invoke(
         report, ["--deployment", DEP, "--database-url", store_url, "-o", str(out)]

@@ -1,4 +1,4 @@
-"""build_review: the analyses in order, the verdict on their measurements, the stored report
+"""build_review: the analyses in order, the verdict on their measurements, the stored review
 (SQLite, the embedded default, and PostgreSQL), and errors that say what to do."""
 
 from __future__ import annotations

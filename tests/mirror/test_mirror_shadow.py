@@ -146,3 +146,35 @@ def test_candidate_rewrites_are_recorded(
     else:
         assert cand.status is Status.HTTP_ERROR and cand.http_status == 400
         assert cand.error and "guided_choice" in cand.error
+
+
+def test_the_client_path_never_awaits_the_shadow() -> None:
+    """mirror/app.py fires shadow requests (Shadows.fire) and awaits nothing of mirror.shadow
+    but the drain in ``shutdown``: the promise is a file boundary, and this keeps it one."""
+    import ast
+    import inspect
+
+    import mirror.app
+
+    tree = ast.parse(inspect.getsource(mirror.app))
+    imported = [
+        alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.module == "mirror.shadow"
+        for alias in node.names
+    ]
+    assert imported == ["Shadows"]
+
+    def waits_on_shadow(awaited: ast.expr) -> bool:
+        """The awaited callable or a positional argument (a gather, a wait) is shadow's."""
+        parts = [awaited.func, *awaited.args] if isinstance(awaited, ast.Call) else [awaited]
+        return any("shadow" in ast.unparse(p).lower() for p in parts)
+
+    awaited = [
+        f"{fn.name}: {ast.unparse(node)}"
+        for fn in ast.walk(tree)
+        if isinstance(fn, ast.AsyncFunctionDef) and fn.name != "shutdown"
+        for node in ast.walk(fn)
+        if isinstance(node, ast.Await) and waits_on_shadow(node.value)
+    ]
+    assert awaited == []

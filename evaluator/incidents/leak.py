@@ -1,7 +1,7 @@
 """Memory leaks: a robust slope (Theil-Sen) over sliding windows of one memory series.
 
-Pure functions over plain sequences (Unix seconds, bytes); :mod:`evaluator.incidents` feeds
-them each engine's ``gpu_mem_bytes`` and ``cpu_mem_bytes`` from the health samples.
+Pure functions over plain sequences (Unix seconds, bytes); :mod:`evaluator.incidents.exchanges`
+feeds them each engine's ``gpu_mem_bytes`` and ``cpu_mem_bytes`` from the health samples.
 
 How a leak is found:
 

@@ -26,19 +26,10 @@ from typing import Any
 
 from sqlalchemy import Engine, func, select
 
-from evaluator.incidents import (
-    DEPLOYMENTS,
-    EXCHANGES,
-    HEALTH,
-    INCIDENTS,
-    KINDS,
-    ROLES,
-    Finding,
-    SentCounts,
-    bucket_table,
-    epoch_bin,
-    role_intervals,
-)
+from evaluator.incidents.analysis import bucket_table, role_intervals
+from evaluator.incidents.load import EXCHANGES, HEALTH, epoch_bin
+from evaluator.incidents.model import KINDS, ROLES, Finding, SentCounts
+from evaluator.incidents.store import DEPLOYMENTS, INCIDENTS
 from evaluator.rates import (
     BUCKETS,
     By,

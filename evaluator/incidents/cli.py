@@ -2,7 +2,7 @@
 
 Reads the ``incidents`` table, which detection fills: ``shadow-ab report`` runs detection over
 its window, and ``--detect`` here runs it over ``--since``/``--until`` (default: all of the
-deployment's data) before listing. The figures are :mod:`evaluator.incidents_query`'s, the same
+deployment's data) before listing. The figures are :mod:`evaluator.incidents.query`'s, the same
 the query API serves.
 
 Exit status: 0 ok; 1 a store error; 2 a bad argument (unknown deployment, bad time); 3 the
@@ -18,8 +18,10 @@ from typing import Any
 import click
 import orjson
 
-from evaluator.incidents import KINDS, IncidentConfig, analyze_incidents
-from evaluator.incidents_query import (
+from evaluator.incidents.analysis import detect_incidents
+from evaluator.incidents.load import load_detection_input
+from evaluator.incidents.model import KINDS, IncidentConfig
+from evaluator.incidents.query import (
     BadQuery,
     IncidentQueryError,
     UnknownDeployment,
@@ -28,6 +30,7 @@ from evaluator.incidents_query import (
     data_span,
     query_incidents,
 )
+from evaluator.incidents.store import store_incidents
 from evaluator.rates import BUCKETS, By
 from storage.cli import resolve_url, storage_errors, url_option
 from storage.db import make_engine
@@ -298,10 +301,12 @@ def _detect(
             return {"found": 0, "new": 0, "from": "", "to": ""}
         since = since or span[0]
         until = until or span[1] + timedelta(microseconds=1)
-    section = analyze_incidents(engine, deployment, (since, until), IncidentConfig())
+    config = IncidentConfig()
+    data = load_detection_input(engine, deployment, (since, until), config)
+    findings = detect_incidents(data, config)
     return {
-        "found": len(section.findings),
-        "new": section.stored_new,
+        "found": len(findings),
+        "new": store_incidents(engine, deployment, findings),
         "from": since.isoformat(),
         "to": until.isoformat(),
     }

@@ -1,0 +1,338 @@
+"""Reading what detection needs from the store, bounded: :func:`load_detection_input`.
+
+The SQL runs on PostgreSQL and SQLite. Store failures surface as
+:class:`storage.errors.StorageError` (translated here).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import (
+    Connection,
+    Engine,
+    Integer,
+    and_,
+    case,
+    cast,
+    func,
+    literal_column,
+    or_,
+    select,
+)
+
+from evaluator.incidents.model import (
+    FAILED_STATUSES,
+    ROLES,
+    DetectionInput,
+    ExchangeEvent,
+    HealthPoint,
+    IncidentConfig,
+    SentCounts,
+    Window,
+    unix_s,
+    utc_at,
+    utc_window,
+)
+from evaluator.rates import as_utc, observed_intervals
+from storage.errors import translate
+from storage.models import Base
+
+EXCHANGES = Base.metadata.tables["exchanges"]
+HEALTH = Base.metadata.tables["health_samples"]
+
+
+def epoch_bin(engine: Engine, column: Any, bin_s: int) -> Any:
+    """SQL for ``floor(epoch seconds of column / bin_s)`` on PostgreSQL and SQLite."""
+    if engine.dialect.name == "postgresql":
+        return cast(func.floor(func.extract("epoch", column) / bin_s), Integer)
+    return cast(func.strftime("%s", column), Integer) / bin_s
+
+
+def gap_at_least(engine: Engine, seconds: float) -> Any:
+    """SQL: some inter-token gap of the exchange is at least ``seconds`` (short-circuits, 15x
+    cheaper than taking the maximum on PostgreSQL)."""
+    s = repr(float(seconds))
+    if engine.dialect.name == "postgresql":
+        return literal_column(f"({s} <= ANY(exchanges.itl_s))")
+    return literal_column(f"EXISTS (SELECT 1 FROM json_each(exchanges.itl_s) WHERE value >= {s})")
+
+
+def max_itl(engine: Engine) -> Any:
+    """SQL for the largest inter-token gap of an exchange (``itl_s`` array/JSON)."""
+    if engine.dialect.name == "postgresql":
+        return literal_column("(SELECT max(x) FROM unnest(exchanges.itl_s) AS x)")
+    return literal_column("(SELECT max(value) FROM json_each(exchanges.itl_s))")
+
+
+MAX_COUNT_RANGES = 100
+"""Most time ranges the per-minute counts around failures are read in (closest merged)."""
+
+
+def spans_around(
+    times: Sequence[float], pad_s: float, lo: float, hi: float, max_spans: int
+) -> list[tuple[float, float]]:
+    """Minute-aligned ``[t - pad, t + pad]`` around each time, merged, clipped to ``[lo, hi]``,
+    at most ``max_spans`` (the closest neighbours merged first)."""
+    spans: list[tuple[float, float]] = []
+    for t in sorted(times):
+        a = max(lo, math.floor((t - pad_s) / 60.0) * 60.0)
+        b = min(hi, math.ceil((t + pad_s) / 60.0) * 60.0)
+        if spans and a <= spans[-1][1]:
+            spans[-1] = (spans[-1][0], max(spans[-1][1], b))
+        elif b > a:
+            spans.append((a, b))
+    if len(spans) > max_spans:
+        gaps = sorted(spans[k + 1][0] - spans[k][1] for k in range(len(spans) - 1))
+        limit = gaps[len(spans) - max_spans - 1]
+        merged = [spans[0]]
+        for a, b in spans[1:]:
+            if a - merged[-1][1] <= limit:
+                merged[-1] = (merged[-1][0], b)
+            else:
+                merged.append((a, b))
+        spans = merged
+    return spans
+
+
+def burst_candidates(events: Sequence[ExchangeEvent], config: IncidentConfig) -> list[float]:
+    """Times of failures that start a ``burst_window_s`` window holding at least
+    ``burst_min_errors`` failures of one engine: the only places an error burst can be, so the
+    only places the per-minute sent counts are needed."""
+    by_engine: dict[str, list[float]] = defaultdict(list)
+    for e in events:
+        if e.status in FAILED_STATUSES:
+            by_engine[e.engine].append(unix_s(e.sent_at))
+    out: list[float] = []
+    k = max(1, config.burst_min_errors)
+    for times in by_engine.values():
+        times.sort()
+        out.extend(
+            times[i]
+            for i in range(len(times) - k + 1)
+            if times[i + k - 1] - times[i] < config.burst_window_s
+        )
+    return out
+
+
+def _count_failures(conn: Connection, in_window: tuple[Any, ...]) -> Counter[str]:
+    x = EXCHANGES.c
+    q = (
+        select(x.role, func.count())
+        .where(*in_window, x.status.in_(FAILED_STATUSES))
+        .group_by(x.role)
+    )
+    return Counter({role: int(n) for role, n in conn.execute(q)})
+
+
+MAX_EVENTS = 200_000
+"""Most notable exchanges one detection loads (a systematically failing engine would
+otherwise load every row); beyond it the section says the data was truncated."""
+
+
+def load_detection_input(
+    engine: Engine,
+    deployment: str,
+    window: Window,
+    config: IncidentConfig = IncidentConfig(),
+    *,
+    max_events: int = MAX_EVENTS,
+) -> DetectionInput:
+    """Read what detection needs, bounded: health samples where something changed (LAG/LEAD
+    in SQL), memory in ``leak_bin_s`` bins, exchanges sent per role (an index-only count) and
+    per minute only around failures, and only the exchanges that failed, timed out or stalled
+    (one filtered pass; the inter-token gaps are looked at only for answers that lasted at
+    least ``hang_stall_s``)."""
+    lo, hi = utc_window(window)
+    h = HEALTH.c
+    iteration = h.metrics["iter"].as_float()
+    prev = {
+        "up": func.lag(h.up).over(partition_by=h.engine, order_by=h.ts),
+        "next_up": func.lead(h.up).over(partition_by=h.engine, order_by=h.ts),
+        "pst": func.lag(h.process_start_time).over(partition_by=h.engine, order_by=h.ts),
+        "version": func.lag(h.version).over(partition_by=h.engine, order_by=h.ts),
+        "first": func.lag(h.ts).over(partition_by=h.engine, order_by=h.ts),
+        "iter": func.lag(iteration).over(partition_by=h.engine, order_by=h.ts),
+        "next_iter": func.lead(iteration).over(partition_by=h.engine, order_by=h.ts),
+    }
+    inner = (
+        select(
+            h.engine,
+            h.role,
+            h.ts,
+            h.up,
+            h.http_status,
+            h.latency_s,
+            h.error,
+            h.version,
+            h.process_start_time,
+            iteration.label("iteration"),
+            *(v.label(f"prev_{k}") for k, v in prev.items()),
+        )
+        .where(h.deployment == deployment, h.ts >= lo, h.ts < hi)
+        .subquery()
+    )
+    q = inner.c
+    changes = (
+        select(
+            q.engine,
+            q.role,
+            q.ts,
+            q.up,
+            q.http_status,
+            q.latency_s,
+            q.error,
+            q.version,
+            q.process_start_time,
+            q.iteration,
+        )
+        .where(
+            or_(
+                q.prev_first.is_(None),
+                q.up.is_(False),
+                q.prev_up.is_(False),
+                q.prev_next_up.is_(False),
+                q.process_start_time.is_distinct_from(q.prev_pst),
+                q.version.is_distinct_from(q.prev_version),
+                q.iteration < q.prev_iter,
+                q.prev_next_iter < q.iteration,
+                q.latency_s >= config.hang_health_latency_s,
+            )
+        )
+        .order_by(q.engine, q.ts)
+    )
+    mem_bin = epoch_bin(engine, h.ts, max(1, round(config.leak_bin_s)))  # whole seconds
+    up_only = h.up.is_(True)
+    memory_q = (  # also tells when the engine was watched: every scrape falls in some bin
+        select(
+            h.engine,
+            func.max(h.role),
+            func.min(h.ts),
+            func.max(h.ts),
+            func.avg(case((up_only, h.gpu_mem_bytes))),
+            func.avg(case((up_only, h.cpu_mem_bytes))),
+        )
+        .where(h.deployment == deployment, h.ts >= lo, h.ts < hi)
+        .group_by(h.engine, mem_bin)
+    )
+    x = EXCHANGES.c
+    in_window = (x.deployment == deployment, x.sent_at >= lo, x.sent_at < hi)
+    # Per role: an index-only scan of (deployment, role, sent_at), parallel on PostgreSQL.
+    totals_q = (
+        select(x.role, func.count(), func.min(x.sent_at), func.max(x.sent_at))
+        .where(*in_window)
+        .group_by(x.role)
+    )
+    itl = max_itl(engine)
+    events_q = (
+        select(
+            x.engine,
+            x.role,
+            x.sent_at,
+            x.status,
+            x.http_status,
+            x.error,
+            x.ttft_s,
+            x.e2e_s,
+            itl.label("max_itl"),
+        )
+        .where(
+            x.deployment == deployment,
+            x.sent_at >= lo,
+            x.sent_at < hi,
+            or_(
+                x.status != "ok",
+                x.ttft_s >= config.hang_stall_s,
+                # A gap that long makes the whole answer at least that long: the cheap test
+                # first, the per-row array scan only for the few that pass it.
+                and_(x.e2e_s >= config.hang_stall_s, gap_at_least(engine, config.hang_stall_s)),
+            ),
+        )
+        .order_by(x.sent_at)
+        .limit(max_events + 1)
+    )
+    with translate(), engine.connect() as conn:
+        health = [
+            HealthPoint(
+                r[0], r[1], as_utc(r[2]), bool(r[3]), r[4], r[5], r[6], r[7], r[8], iteration=r[9]
+            )
+            for r in conn.execute(changes)
+        ]
+        memory = []
+        seen: dict[str, list[float]] = defaultdict(list)
+        for r in conn.execute(memory_q):
+            first, last = unix_s(r[2]), unix_s(r[3])
+            seen[r[0]] += [first, last]
+            if r[4] is None and r[5] is None:
+                continue
+            memory.append(
+                HealthPoint(
+                    r[0],
+                    r[1],
+                    utc_at((first + last) / 2),
+                    True,
+                    gpu_mem_bytes=None if r[4] is None else int(r[4]),
+                    cpu_mem_bytes=None if r[5] is None else int(r[5]),
+                )
+            )
+        sent = SentCounts(60.0, by_role=True)
+        role_sent: dict[str, int] = {}
+        for role, n, first, last in conn.execute(totals_q):
+            role_sent[role] = int(n)
+            key = sent.key("", role)
+            a, b = unix_s(first), unix_s(last)
+            old = sent.extent.get(key, (a, b))
+            sent.extent[key] = (min(a, old[0]), max(b, old[1]))
+            sent.totals[key] = sent.totals.get(key, 0) + int(n)
+        events = [
+            ExchangeEvent(r[0], r[1], as_utc(r[2]), r[3], r[4], r[5], r[6], r[7], r[8])
+            for r in conn.execute(events_q)
+        ]
+        # Exchanges sent per minute, only around failures (where an error burst could be).
+        ranges = spans_around(
+            burst_candidates(events, config),
+            config.burst_window_s + 60.0,
+            unix_s(lo),
+            unix_s(hi),
+            MAX_COUNT_RANGES,
+        )
+        counted: dict[str, Counter[int]] = defaultdict(Counter)
+        if ranges:
+            sent_bin = epoch_bin(engine, x.sent_at, 60)
+            near = or_(*(and_(x.sent_at >= utc_at(a), x.sent_at < utc_at(b)) for a, b in ranges))
+            bins_q = (
+                select(x.role, sent_bin, func.count())
+                .where(x.deployment == deployment, near)
+                .group_by(x.role, sent_bin)
+            )
+            for role, b, n in conn.execute(bins_q):
+                counted[sent.key("", role)][int(b)] += int(n)
+        binned = SentCounts.from_bins(counted, 60.0)
+        sent.bins = binned.bins
+        truncated = len(events) > max_events
+        if truncated:
+            failed_by_role = _count_failures(conn, in_window)
+        else:
+            failed_by_role = Counter(e.role for e in events if e.status in FAILED_STATUSES)
+    outcomes = {
+        role: {"sent": role_sent.get(role, 0), "failed": int(failed_by_role.get(role, 0))}
+        for role in ROLES
+    }
+    role_of: dict[str, str] = {}
+    for e in events:
+        if e.role in ROLES and role_of.get(e.engine) != "incumbent":
+            role_of[e.engine] = e.role
+    observed = {eng: observed_intervals(ts, config.health_max_gap_s) for eng, ts in seen.items()}
+    return DetectionInput(
+        health=health,
+        events=events[:max_events],
+        sent=sent,
+        memory=memory,
+        observed=observed,
+        role_of=role_of,
+        truncated=truncated,
+        outcomes=outcomes,
+    )

@@ -1,0 +1,115 @@
+"""The mirror's own endpoints: ``/metrics``, ``/healthz`` and ``/mirror/docs``.
+
+:func:`admin_app` is a small FastAPI application that :class:`mirror.app.Mirror` hands the paths
+in :data:`ADMIN_PATHS` (and the ASGI lifespan, which starts the mirror and drains it). It is off
+the client's path: the generate routes never go through FastAPI. :func:`create_health_app` is
+the same for ``shadow-ab mirror --health-only`` (the health sampler alone).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from mirror.config import MirrorSettings
+from shadow_ab.records import Role
+
+if TYPE_CHECKING:
+    from mirror.app import Mirror
+
+log = logging.getLogger(__name__)
+
+ADMIN_PATHS = frozenset({"/metrics", "/healthz", "/mirror/docs", "/mirror/openapi.json"})
+"""The paths :func:`admin_app` serves (everything else is the incumbent's)."""
+
+
+def admin_app(mirror: Mirror) -> FastAPI:
+    """The mirror's own endpoints, and the lifespan that starts and drains the mirror."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await mirror.startup()
+        try:
+            yield
+        finally:
+            await mirror.shutdown()
+
+    api = FastAPI(
+        title="shadow-ab mirror",
+        description=(
+            "Serves the incumbent engine and mirrors sampled requests to the candidate."
+            " POST /v1/chat/completions and /v1/completions are the incumbent's (plus an"
+            " x-shadow-pair-id header); every other path not listed here is passed through"
+            " to the incumbent."
+        ),
+        lifespan=lifespan,
+        docs_url="/mirror/docs",
+        openapi_url="/mirror/openapi.json",
+        redoc_url=None,
+    )
+
+    @api.get("/metrics", summary="The mirror's Prometheus metrics")
+    def metrics() -> Response:
+        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
+    @api.get("/healthz", summary="The mirror's own health (not the engines')")
+    def healthz() -> JSONResponse:
+        body = mirror.health()
+        return JSONResponse(body, status_code=503 if mirror.draining else 200)
+
+    return api
+
+
+def create_health_app(settings: MirrorSettings, *, sink: Any) -> FastAPI:
+    """``--health-only``: the health sampler alone, with ``/metrics`` and ``/healthz``."""
+    from mirror.health import EngineTarget, HealthSampler
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        targets = [
+            EngineTarget(
+                settings.incumbent_engine(),
+                Role.INCUMBENT,
+                settings.incumbent.url,
+                settings.incumbent.flavor,
+            ),
+            EngineTarget(
+                settings.candidate_engine(),
+                Role.CANDIDATE,
+                settings.candidate.url,
+                settings.candidate.flavor,
+            ),
+        ]
+        async with aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar()) as session:
+            sampler = HealthSampler(targets, sink, session, settings.deployment, settings.health)
+            task = asyncio.create_task(sampler.run(), name="health-sampler")
+            log.info("health sampling every %.1fs (health-only)", settings.health.interval_s)
+            try:
+                yield
+            finally:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+                await asyncio.to_thread(sink.flush, settings.sink_close_timeout_s)
+
+    api = FastAPI(
+        title="shadow-ab health sampler", lifespan=lifespan, docs_url=None, redoc_url=None
+    )
+
+    @api.get("/metrics", summary="Prometheus metrics (shadow_ab_engine_*)")
+    def metrics() -> Response:
+        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
+    @api.get("/healthz", summary="The sampler's own health")
+    def healthz() -> JSONResponse:
+        return JSONResponse({"status": "ok", "deployment": settings.deployment})
+
+    return api

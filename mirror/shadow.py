@@ -1,0 +1,149 @@
+"""The shadow dispatch: the candidate's (and the replay's) copy of a client request.
+
+**The promise kept here: the client's path never waits on the shadow** (docs/architecture.md,
+"Promises"). :meth:`Shadows.fire` schedules a shadow request as an asyncio task and returns at
+once; :mod:`mirror.app`'s client path only ever fires (and, when its client disconnects, cancels
+the pair's tasks). It awaits nothing in this module: a shadow request that is slow, fails or
+hangs changes what the sink records, never what or when the client is answered. The one await
+on the shadow is :meth:`Shadows.drain`, at shutdown, once the server takes no more requests.
+
+A shadow request ends within ``shadow.timeout_s`` (a timeout is recorded, not raised); its
+answer is read whole (a stream's chunks are kept with their arrival times and parsed at the
+end, :func:`mirror.trace.stream_trace`) and becomes one record handed to the sink.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+import orjson
+
+from mirror.recording import ERROR_BODY_KEEP, Dispatch, error_text, status_of
+from mirror.rewrite import stored_request
+from mirror.trace import Outcome, parse_body, stream_trace
+from shadow_ab.records import Endpoint, Role, Status
+
+if TYPE_CHECKING:
+    from mirror.app import Mirror
+
+log = logging.getLogger(__name__)
+
+
+class Shadows:
+    """The shadow requests of one :class:`~mirror.app.Mirror`: fired as tasks, counted, drained.
+
+    It sends through the mirror's sessions and hands records to the mirror's sink
+    (``Mirror._finish``), sharing its in-flight counters."""
+
+    def __init__(self, mirror: Mirror) -> None:
+        self._mirror = mirror
+        self.inflight = 0
+        """Shadow requests not finished yet (the cap, ``shadow.max_concurrent``, is on this)."""
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    def fire(
+        self,
+        role: Role,
+        route: str,
+        body: dict[str, Any],
+        rewrites: list[str],
+        headers: list[tuple[str, str]],
+        common: dict[str, Any],
+    ) -> asyncio.Task[None]:
+        """Schedule one shadow request (``role`` candidate or replay) and return its task at
+        once: the caller must not await it."""
+        self.inflight += 1
+        task = asyncio.create_task(self._send(role, route, body, rewrites, headers, common))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        return task
+
+    async def drain(self, timeout_s: float) -> None:
+        """Let the shadow requests in flight finish, up to ``timeout_s``; cancel the rest (they
+        are recorded as cancelled)."""
+        pending = set(self.tasks)
+        if not pending:
+            return
+        log.info("draining %d shadow requests", len(pending))
+        _, late = await asyncio.wait(pending, timeout=timeout_s)
+        for t in late:
+            t.cancel()
+        if late:
+            await asyncio.wait(late)
+
+    async def _send(
+        self,
+        role: Role,
+        route: str,
+        body: dict[str, Any],
+        rewrites: list[str],
+        headers: list[tuple[str, str]],
+        common: dict[str, Any],
+    ) -> None:
+        mirror = self._mirror
+        if role is Role.CANDIDATE:
+            session, url, engine = mirror.candidate_session, mirror.cand_url, mirror.cand_engine
+        else:
+            session, url, engine = mirror.incumbent_session, mirror.inc_url, mirror.inc_engine
+        assert session is not None, "the mirror's lifespan has not started"
+        chat = common["endpoint"] is Endpoint.CHAT
+        clock = mirror._clock
+        status = Status.OK
+        http_status: int | None = None
+        error: str | None = None
+        sse = False
+        stash: list[tuple[float, bytes]] = []
+        raw = b""
+        last_t: float | None = None
+        mirror._inflight[role] += 1
+        mirror._m_inflight[role].inc()
+        d = Dispatch(
+            role=role,
+            engine=engine,
+            sent_at=mirror._wall(),
+            request=stored_request(body),
+            rewrites=rewrites,
+            **common,
+        )
+        payload = orjson.dumps(body)
+        t0 = clock()
+        try:
+            async with (
+                asyncio.timeout(mirror.settings.shadow.timeout_s),
+                session.post(mirror._url(url, route), data=payload, headers=headers) as resp,
+            ):
+                http_status = resp.status
+                status = status_of(resp.status)
+                if resp.content_type == "text/event-stream":
+                    sse = True  # parsed when the stream ends (mirror.trace.stream_trace)
+                    async for chunk in resp.content.iter_any():
+                        stash.append((clock(), chunk))
+                else:
+                    raw = await resp.read()
+                    last_t = clock()
+        except TimeoutError:
+            status, error = (
+                Status.TIMEOUT,
+                f"no complete answer within {mirror.settings.shadow.timeout_s}s",
+            )
+        except (aiohttp.ClientError, ValueError) as exc:
+            status, error = Status.CONNECTION_ERROR, repr(exc)
+        except asyncio.CancelledError:
+            status, error = Status.CANCELLED, "the client disconnected or the mirror stopped"
+            raise
+        finally:
+            mirror._inflight[role] -= 1
+            mirror._m_inflight[role].dec()
+            self.inflight -= 1
+            if sse:
+                outcome = stream_trace(stash, t0, chat=chat).outcome()
+            elif status is Status.OK and last_t is not None:
+                outcome = parse_body(raw, chat=chat, e2e_s=last_t - t0)
+            else:
+                outcome = Outcome(e2e_s=max(0.0, last_t - t0) if last_t is not None else None)
+            if status is Status.HTTP_ERROR:
+                error = error_text(raw[:ERROR_BODY_KEEP])
+            mirror._finish(d, status, outcome, http_status, error)
