@@ -12,9 +12,9 @@ from sqlalchemy import Engine
 
 from evaluator.incidents import IncidentConfig, detect_incidents
 from mirror.health import EngineTarget, HealthConfig, HealthSampler
+from shadow_ab.dev.processes import RunningSim, running_pair
 from shadow_ab.records import HealthSample, Record, Role
 from simulator.ledger import summarize
-from simulator.testing import RunningSim, running_pair
 from storage.write import write_health
 
 CANDIDATE = {"faults": [{"kind": "crash", "at_s": [240, 720], "restart_delay_s": 30}]}

@@ -19,7 +19,7 @@ import time
 import uuid
 from importlib import resources
 
-from shadow_ab.services.base import (
+from shadow_ab.dev.services.base import (
     LOOPBACK,
     PortTakenError,
     ServiceError,
@@ -34,7 +34,7 @@ from shadow_ab.services.base import (
 
 
 def _resource(name: str) -> bytes:
-    return resources.files("shadow_ab.services").joinpath(name).read_bytes()
+    return resources.files("shadow_ab.dev.services").joinpath(name).read_bytes()
 
 
 class LocalKafka:
