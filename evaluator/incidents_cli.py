@@ -29,7 +29,8 @@ from evaluator.incidents_query import (
     query_incidents,
 )
 from evaluator.rates import BUCKETS, By
-from storage.cli import resolve_url, storage_errors, url_option
+from shadow_ab.cli_support import resolve_url, url_option
+from storage.cli_support import storage_errors
 from storage.db import make_engine
 
 

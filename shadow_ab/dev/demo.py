@@ -290,8 +290,8 @@ def run_demo(
     from evaluator.divergence import DivergenceConfig
     from evaluator.policy import load_policy
     from evaluator.review import build_review, default_analyses, resolve_window
+    from shadow_ab.cli_support import resolve_url
     from shadow_ab.dev.processes import running_mirror, running_sim
-    from storage.cli import resolve_url
     from storage.db import make_engine, redact_url
     from storage.migrate import upgrade
 
