@@ -156,34 +156,60 @@ class ManagedProcess:
             ) from None
 
 
+class ServingProcess(ManagedProcess):
+    """A managed process that serves HTTP on ``host:port``."""
+
+    def __init__(
+        self,
+        cmd: Sequence[str],
+        log_path: Path,
+        host: str,
+        port: int,
+        *,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(cmd, log_path, env=env)
+        self.host = host
+        self.port = port
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def v1(self) -> str:
+        """The OpenAI-style base URL (``.../v1``)."""
+        return self.base_url + "/v1"
+
+
 P = TypeVar("P", bound=ManagedProcess)
 
 
-def start_on_free_port(
-    start: Callable[[int], P],
-    *,
-    host: str,
-    port: int | None,
-    port_taken: str,
-    error: type[ProcessError],
-    name: str,
-) -> P:
-    """``start(port)`` on ``port``, or on a free port when None, until it is ready.
+@contextlib.contextmanager
+def on_free_port(
+    start: Callable[[int], P], kind: type[P], *, host: str, port: int | None, port_taken: str
+) -> Iterator[P]:
+    """``start(port)`` on ``port``, or on a free port when None, stopped when the block ends.
 
-    ``start`` launches the process and waits for it; when that fails with an error whose text
-    holds ``port_taken`` (someone took the free port between the probe and the bind), it is
-    tried again on another port, three times in all."""
+    ``start`` launches a ``kind`` process and waits until it is ready; when that fails with an
+    error whose text holds ``port_taken`` (someone took the free port between the probe and the
+    bind), it is tried again on another port, three times in all."""
     last_error = ""
     for _attempt in range(3):
         chosen = port or free_port(host)
         try:
-            return start(chosen)
+            proc = start(chosen)
         except ProcessError as exc:
             last_error = str(exc)
             if port_taken in last_error.lower() and port is None:
                 continue
             raise
-    raise error(f"could not start a {name}: {last_error}")
+        try:
+            yield proc
+        finally:
+            proc.stop()
+        return
+    raise kind.error(f"could not start a {kind.name}: {last_error}")
 
 
 def _launch(proc: P, wait: Callable[[P], None], stop_timeout: float | None = None) -> P:
@@ -200,7 +226,7 @@ def _launch(proc: P, wait: Callable[[P], None], stop_timeout: float | None = Non
 # -- simulators ----------------------------------------------------------------------------
 
 
-class RunningSim(ManagedProcess):
+class RunningSim(ServingProcess):
     """A ``shadow-ab sim`` subprocess."""
 
     name = "simulator"
@@ -215,20 +241,9 @@ class RunningSim(ManagedProcess):
         cmd: Sequence[str],
         log_path: Path,
     ) -> None:
-        super().__init__(cmd, log_path, env=os.environ)
+        super().__init__(cmd, log_path, host, port, env=os.environ)
         self.flavor = flavor
-        self.host = host
-        self.port = port
         self.ledger_path = ledger_path
-
-    @property
-    def base_url(self) -> str:
-        return f"http://{self.host}:{self.port}"
-
-    @property
-    def v1(self) -> str:
-        """The OpenAI-style base URL (``.../v1``)."""
-        return self.base_url + "/v1"
 
     def ledger(self) -> list[dict[str, Any]]:
         return read_ledger(self.ledger_path) if self.ledger_path else []
@@ -323,18 +338,10 @@ def running_sim(
                 return _launch(sim, lambda s: s.wait_healthy(startup_timeout))
             return _launch(sim, lambda s: s.wait_listening(startup_timeout))
 
-        sim = start_on_free_port(
-            start,
-            host=host,
-            port=port,
-            port_taken="cannot listen",
-            error=SimulatorError,
-            name=RunningSim.name,
-        )
-        try:
+        with on_free_port(
+            start, RunningSim, host=host, port=port, port_taken="cannot listen"
+        ) as sim:
             yield sim
-        finally:
-            sim.stop()
 
 
 @contextlib.contextmanager
@@ -355,7 +362,7 @@ def running_pair(
 # -- mirrors -------------------------------------------------------------------------------
 
 
-class RunningMirror(ManagedProcess):
+class RunningMirror(ServingProcess):
     """A ``shadow-ab mirror`` subprocess."""
 
     name = "mirror"
@@ -373,20 +380,9 @@ class RunningMirror(ManagedProcess):
         log_path: Path,
         env: Mapping[str, str],
     ) -> None:
-        super().__init__(cmd, log_path, env=env)
-        self.host = host
-        self.port = port
+        super().__init__(cmd, log_path, host, port, env=env)
         self.database_url = database_url
         self.config_path = config_path
-
-    @property
-    def base_url(self) -> str:
-        return f"http://{self.host}:{self.port}"
-
-    @property
-    def v1(self) -> str:
-        """The OpenAI-style base URL (``.../v1``)."""
-        return self.base_url + "/v1"
 
     def metrics_text(self) -> str:
         status, body = http_get(self.base_url + "/metrics", timeout=5.0)
@@ -470,15 +466,7 @@ def running_mirror(
                 stop_timeout=10.0,
             )
 
-        mirror = start_on_free_port(
-            start,
-            host=host,
-            port=port,
-            port_taken="address already in use",
-            error=MirrorStartError,
-            name=RunningMirror.name,
-        )
-        try:
+        with on_free_port(
+            start, RunningMirror, host=host, port=port, port_taken="address already in use"
+        ) as mirror:
             yield mirror
-        finally:
-            mirror.stop()
