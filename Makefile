@@ -37,6 +37,7 @@ check: install
 	$(BIN)/ruff format --check .
 	$(BIN)/ruff check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 test: services
 	$(BIN)/python -m pytest -q

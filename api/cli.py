@@ -17,6 +17,7 @@ from pydantic import ValidationError
 from pydantic_settings import SettingsError
 
 from api.settings import APISettings
+from shadow_ab.cli_support import explain
 
 PASSWORD_ENV = "SHADOW_AB_API_ROLE_PASSWORD"
 
@@ -27,8 +28,7 @@ def load_settings(**overrides: Any) -> APISettings:
     try:
         return APISettings(**given)
     except ValidationError as exc:
-        message = "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors())
-        raise click.UsageError(message) from None
+        raise click.UsageError("; ".join(explain(exc, where=None))) from None
     except SettingsError as exc:  # an environment value pydantic-settings could not decode
         raise click.UsageError(str(exc)) from None
 
@@ -81,7 +81,7 @@ def api(role: str | None, login: bool, **flags: Any) -> None:
 
 def _create_role(name: str, login: bool, url: str | None) -> None:
     from api.roles import create_readonly_role
-    from storage.cli import resolve_url
+    from shadow_ab.cli_support import resolve_url
     from storage.db import make_engine
     from storage.errors import StorageError
 

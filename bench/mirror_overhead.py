@@ -26,7 +26,7 @@ Paths, side by side in one run, each with its own keep-alive client session:
 nginx is installed with ``apt-get install -y nginx`` when absent (the bench says so first); it
 runs as its own master process with ``daemon off`` and never reads /etc/nginx's sites.
 
-Traffic (``shadow_ab.traffic``, uniform mode): one fixed streaming greedy chat request shape,
+Traffic (``shadow_ab.dev.traffic``, uniform mode): one fixed streaming greedy chat request shape,
 closed loop at each concurrency; TTFT (first SSE event with non-empty ``choices``) and E2E (last
 such event) measured by the client on a monotonic clock. Per concurrency level and round the
 paths run one after another in a rotated order (``--repeat`` rounds; rows pooled per path), each
@@ -60,13 +60,22 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 
-from shadow_ab.traffic import (
+from shadow_ab.dev.processes import (
+    ManagedProcess,
+    ProcessError,
+    RunningSim,
+    free_port,
+    http_get,
+    running_sim,
+)
+from shadow_ab.dev.processes import running_mirror as dev_running_mirror
+from shadow_ab.dev.traffic import (
     RequestRow,
     TrafficMix,
     TrafficResult,
@@ -75,7 +84,6 @@ from shadow_ab.traffic import (
     quantile,
     run_traffic,
 )
-from simulator.testing import RunningSim, free_port, http_get, running_sim
 
 GOAL_CONCURRENCY = 32
 GOAL_TTFT_P50_MS = 1.0
@@ -107,7 +115,7 @@ LABELS = {
 }
 
 
-class BenchError(RuntimeError):
+class BenchError(ProcessError):
     """A piece of the benchmark did not start."""
 
 
@@ -146,33 +154,27 @@ def machine_busy() -> tuple[float, float]:
     return float(sum(vals) - idle), float(sum(vals))
 
 
-def wait_http(url: str, proc: subprocess.Popen[bytes], stderr: Path, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise BenchError(f"{proc.args!r} exited with {proc.returncode}:\n{_tail(stderr)}")
-        if http_get(url, timeout=1.0)[0] == 200:
-            return
-        time.sleep(0.1)
-    raise BenchError(f"{url} did not answer 200 within {timeout}s:\n{_tail(stderr)}")
+def answers(url: str) -> bool:
+    """Whether ``url`` answers 200."""
+    return http_get(url, timeout=1.0)[0] == 200
 
 
-def _tail(path: Path) -> str:
-    try:
-        return path.read_text(errors="replace")[-3000:]
-    except OSError:
-        return ""
+class Nginx(ManagedProcess):
+    """The private nginx (master + one worker); its startup errors go to its error log."""
 
+    name = "nginx"
+    error = BenchError
+    stop_timeout = 30.0
 
-def stop_process(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> None:
-    if proc.poll() is not None:
-        return
-    proc.send_signal(sig)
-    try:
-        proc.wait(30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+    def __init__(self, cmd: list[str], prefix: Path) -> None:
+        super().__init__(cmd, prefix / "stderr.log", merge_stdout=True)
+        self.error_log = prefix / "error.log"
+
+    def stderr(self) -> str:
+        try:
+            return self.error_log.read_text(errors="replace")[-3000:]
+        except OSError:
+            return ""
 
 
 # -- shadow-ab mirror ------------------------------------------------------------------------
@@ -198,37 +200,18 @@ def running_mirror(
 ) -> Iterator[Proxy]:
     """``shadow-ab mirror`` as a subprocess: shadow ``rate`` of requests (default every one),
     guard off, direct sink."""
-    port = free_port()
-    config = workdir / f"{name}.yaml"
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "shadow": {"rate": rate, "max_concurrent": 512, "timeout_s": 60.0},
-                "guard": {"enabled": False},
-            }
-        )
-    )
     db = database_url or f"sqlite:///{workdir / (name + '.db')}"
-    cmd = [sys.executable, "-m", "shadow_ab", "mirror", "--incumbent", incumbent]
-    cmd += ["--candidate", candidate, "--port", str(port), "--config", str(config)]
-    cmd += ["--database-url", db, "--deployment", f"bench-{name}"]
-    stderr = workdir / f"{name}.stderr"
-    # records go where the flags say: not to a Kafka or store named in this shell's environment
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("SHADOW_AB_KAFKA_BOOTSTRAP", "SHADOW_AB_DATABASE_URL")
-        and not k.startswith("SHADOW_AB_MIRROR_")
-    }
-    env["SHADOW_AB_HOME"] = str(workdir / "home")
-    with open(stderr, "wb") as err:
-        proc = subprocess.Popen(cmd, stdout=err, stderr=err, env=env)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_http(base + "/v1/models", proc, stderr, 60.0)
-        yield Proxy(base, proc.pid, base + "/metrics")
-    finally:
-        stop_process(proc)
+    with dev_running_mirror(
+        incumbent,
+        candidate,
+        database_url=db,
+        deployment=f"bench-{name}",
+        shadow={"rate": rate, "max_concurrent": 512, "timeout_s": 60.0},
+        guard={"enabled": False},
+    ) as mirror:
+        models = mirror.base_url + "/v1/models"
+        mirror.wait_until(lambda: answers(models), f"answering {models}", 60.0, interval=0.1)
+        yield Proxy(mirror.base_url, mirror.pid, mirror.base_url + "/metrics")
 
 
 def mirror_available() -> str | None:
@@ -353,19 +336,19 @@ def running_nginx(incumbent: str, candidate: str, workdir: Path) -> Iterator[tup
             mirror_port=mirror_port,
         )
     )
-    stderr = prefix / "stderr.log"
     cmd = [binary, "-p", str(prefix), "-c", str(conf), "-e", str(prefix / "error.log")]
-    with open(stderr, "wb") as err:
-        proc = subprocess.Popen(cmd, stdout=err, stderr=err)
+    nginx = Nginx(cmd, prefix)
     try:
         for port in (pass_port, mirror_port):
-            wait_http(f"http://127.0.0.1:{port}/health", proc, prefix / "error.log", 30.0)
+            health = f"http://127.0.0.1:{port}/health"
+            nginx.wait_until(partial(answers, health), f"answering {health}", 30.0, interval=0.1)
         yield (
-            Proxy(f"http://127.0.0.1:{pass_port}", proc.pid),
-            Proxy(f"http://127.0.0.1:{mirror_port}", proc.pid),
+            Proxy(f"http://127.0.0.1:{pass_port}", nginx.pid),
+            Proxy(f"http://127.0.0.1:{mirror_port}", nginx.pid),
         )
     finally:
-        stop_process(proc, signal.SIGQUIT)
+        with contextlib.suppress(BenchError):  # killed when SIGQUIT did not stop it
+            nginx.stop(sig=signal.SIGQUIT)
 
 
 # -- candidates going idle between segments --------------------------------------------------

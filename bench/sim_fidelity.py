@@ -22,7 +22,7 @@ import time
 
 import aiohttp
 
-from simulator.testing import RunningSim, running_sim
+from shadow_ab.dev.processes import RunningSim, running_sim
 
 MODEL = "sim-llama-3-8b-instruct"
 DECODE_MS = 8.0

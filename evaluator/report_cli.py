@@ -32,7 +32,8 @@ from evaluator.review import (
     deployment_info,
     resolve_window,
 )
-from storage.cli import resolve_url, storage_errors, url_option
+from shadow_ab.cli_support import resolve_url, url_option
+from storage.cli_support import storage_errors
 from storage.db import make_engine
 from storage.errors import translate
 from storage.models import Deployment

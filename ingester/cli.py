@@ -2,19 +2,14 @@
 
 from __future__ import annotations
 
-import logging
-import signal
-import sys
-from types import FrameType
 from typing import Any
 
 import click
 from pydantic import ValidationError
 
-from ingester.errors import IngestError
+from ingester.run import log_setup, run_one
 from ingester.settings import IngestSettings
-
-log = logging.getLogger("ingester")
+from shadow_ab.cli_support import explain
 
 
 def load_settings(**overrides: Any) -> IngestSettings:
@@ -23,11 +18,7 @@ def load_settings(**overrides: Any) -> IngestSettings:
     try:
         return IngestSettings(**given)
     except ValidationError as exc:
-        lines = []
-        for err in exc.errors():
-            loc = ".".join(str(p) for p in err["loc"])
-            msg = str(err["msg"]).removeprefix("Value error, ")
-            lines.append(f"{_where(loc)}: {msg}" if loc else msg)
+        lines = explain(exc, where=_where)
         raise click.UsageError("invalid settings:\n  " + "\n  ".join(lines)) from None
 
 
@@ -61,63 +52,13 @@ def ingest(verbose: bool, **flags: Any) -> None:
     process); SIGTERM/SIGINT are passed on to each, worker i serves metrics on port + i, and
     the command exits non-zero if any worker did.
     """
-    _log_setup(verbose)
+    log_setup(verbose)
     settings = load_settings(**flags)
     if settings.ingest_workers > 1:
         from ingester.workers import run_workers
 
         raise SystemExit(run_workers(settings, verbose))
     run_one(settings)
-
-
-def _log_setup(verbose: bool, prefix: str = "") -> None:
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        format=f"%(asctime)s %(levelname)s {prefix}%(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-
-
-def run_one(settings: IngestSettings) -> None:
-    """One ingester in this process, until SIGTERM/SIGINT; raises SystemExit(1) or
-    ClickException when it could not finish cleanly."""
-    from ingester.app import close_all, open_processor
-    from shadow_ab.topics import TopicError
-    from storage.db import redact_url
-    from storage.errors import StorageError
-
-    try:
-        processor, resources = open_processor(settings)
-    except (IngestError, TopicError, StorageError) as exc:
-        raise click.ClickException(str(exc)) from exc
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        if processor.stopping:
-            log.warning("second signal: exiting now without flushing (nothing committed is lost)")
-            raise SystemExit(1)
-        log.info("signal %d: writing the current batch, committing, then exiting", signum)
-        processor.stop()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    log.info(
-        "ingesting %s and %s into %s (group %s, batch %d / %d ms)",
-        settings.ingest_topic_exchanges,
-        settings.ingest_topic_health,
-        redact_url(settings.database_url),
-        settings.ingest_group,
-        settings.ingest_batch_size,
-        settings.ingest_batch_timeout_ms,
-    )
-    try:
-        ok = processor.run(settings.ingest_shutdown_timeout_s)
-    except IngestError as exc:
-        close_all(resources)
-        raise click.ClickException(str(exc)) from exc
-    close_all(resources)
-    if not ok:
-        raise SystemExit(1)
-    log.info("stopped cleanly")
 
 
 _FLAGS = {

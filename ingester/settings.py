@@ -6,8 +6,8 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from shadow_ab.records import TOPIC_DLQ, TOPIC_EXCHANGES, TOPIC_HEALTH
 from shadow_ab.settings import CommonSettings
+from shadow_ab.topics import TOPIC_DLQ, TOPIC_EXCHANGES, TOPIC_HEALTH
 
 
 class IngestSettings(CommonSettings):

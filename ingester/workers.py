@@ -46,9 +46,9 @@ def _worker(settings: IngestSettings, index: int, verbose: bool, parent: int) ->
     _die_with_parent()
     if os.getppid() != parent:  # the parent died before prctl took effect
         raise SystemExit(1)
-    from ingester.cli import _log_setup, run_one
+    from ingester.run import log_setup, run_one
 
-    _log_setup(verbose, prefix=f"[worker {index}] ")
+    log_setup(verbose, prefix=f"[worker {index}] ")
     port = settings.ingest_metrics_port
     update: dict[str, object] = {"ingest_create_topics": False}
     if port:

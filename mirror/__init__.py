@@ -4,7 +4,8 @@ copies to the candidate, one exchange record per engine answer.
 Modules: ``app`` (the ASGI serving path), ``config`` (settings), ``sse`` / ``trace`` /
 ``recording`` (parsing and timing, pure), ``rewrite`` / ``sampling`` / ``headers`` (pure
 decisions), ``guard``, ``health``, ``sinks`` / ``kafka_sink`` / ``spool``, ``metrics``,
-``cli``, ``testing`` (a subprocess mirror for tests and benchmarks). See mirror/README.md.
+``cli``. A subprocess mirror for tests and benchmarks: :mod:`shadow_ab.dev.processes`. See
+mirror/README.md.
 
 Errors::
 

@@ -29,6 +29,7 @@ from pydantic import (
     model_validator,
 )
 from pydantic.fields import FieldInfo
+from pydantic_core import ErrorDetails
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from mirror.guard import GuardConfig
@@ -36,6 +37,7 @@ from mirror.health import HealthConfig
 from mirror.kafka_sink import KafkaSinkConfig
 from mirror.rewrite import CandidateRewrite
 from mirror.sampling import ShadowConfig
+from shadow_ab.cli_support import explain as explain_lines
 from shadow_ab.settings import CommonSettings, default_sqlite_url
 
 Flavor = Literal["vllm", "trtllm", "auto"]
@@ -255,13 +257,12 @@ _FLAG_HINT = {
 
 def explain(exc: ValidationError) -> str:
     """One line per problem: the setting's dotted name and what is wrong with it."""
-    lines = []
-    for err in exc.errors():
-        loc = ".".join(str(p) for p in err["loc"])
-        msg = str(err["msg"]).removeprefix("Value error, ")
-        if err["type"] == "missing" and loc in _FLAG_HINT:
-            msg = f"required: give {_FLAG_HINT[loc]}"
-        elif err["type"] == "extra_forbidden":
-            msg = "unknown setting (see mirror/README.md for the settings)"
-        lines.append(f"{loc}: {msg}" if loc else msg)
-    return "invalid mirror settings:\n  " + "\n  ".join(lines)
+    return "invalid mirror settings:\n  " + "\n  ".join(explain_lines(exc, message=_hint))
+
+
+def _hint(loc: str, err: ErrorDetails) -> str | None:
+    if err["type"] == "missing" and loc in _FLAG_HINT:
+        return f"required: give {_FLAG_HINT[loc]}"
+    if err["type"] == "extra_forbidden":
+        return "unknown setting (see mirror/README.md for the settings)"
+    return None

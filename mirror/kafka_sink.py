@@ -54,8 +54,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from mirror.metrics import RECORDS, RECORDS_DROPPED, SINK_ERRORS
 from mirror.spool import Spool, SpoolError
-from shadow_ab.records import TOPIC_EXCHANGES, TOPIC_HEALTH, ExchangeRecord, HealthSample, Record
+from shadow_ab.records import ExchangeRecord, HealthSample, Record
 from shadow_ab.settings import state_dir
+from shadow_ab.topics import TOPIC_EXCHANGES, TOPIC_HEALTH
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,10 @@ from shadow_ab import __version__
 
 # name -> "module:attribute" of a click command or group
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "services": ("shadow_ab.services.cli:services", "Local Kafka and PostgreSQL for development."),
+    "services": (
+        "shadow_ab.dev.services.cli:services",
+        "Local Kafka and PostgreSQL for development.",
+    ),
     "db": ("storage.cli:db", "Migrate the store and manage its partitions."),
     "ingest": ("ingester.cli:ingest", "Consume Kafka records into the store."),
     "sim": ("simulator.cli:sim", "Run a simulated vLLM or TensorRT-LLM server."),
@@ -22,7 +25,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "report": ("evaluator.report_cli:report", "Review a deployment and write the go/no-go report."),
     "incidents": ("evaluator.incidents.cli:incidents", "List and compare engine incidents."),
     "api": ("api.cli:api", "Serve the read-only query API."),
-    "demo": ("shadow_ab.demo:demo", "Run a shadow deployment on simulators and report on it."),
+    "demo": ("shadow_ab.dev.demo:demo", "Run a shadow deployment on simulators and report on it."),
 }
 
 

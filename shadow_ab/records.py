@@ -30,10 +30,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 SCHEMA_VERSION = 1
 """Bumped on an incompatible change; consumers accept every version up to their own."""
 
-TOPIC_EXCHANGES = "shadow.exchanges"
-TOPIC_HEALTH = "shadow.health"
-TOPIC_DLQ = "shadow.dlq"
-
 
 class RecordError(ValueError):
     """A payload that is not a valid record. It will never become valid: do not retry it."""

@@ -13,7 +13,12 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass, field
 
-from shadow_ab.records import TOPIC_DLQ, TOPIC_EXCHANGES, TOPIC_HEALTH
+TOPIC_EXCHANGES = "shadow.exchanges"
+"""Exchange records (:class:`shadow_ab.records.ExchangeRecord`), keyed by ``pair_id``."""
+TOPIC_HEALTH = "shadow.health"
+"""Health samples (:class:`shadow_ab.records.HealthSample`), keyed by engine."""
+TOPIC_DLQ = "shadow.dlq"
+"""Poison messages the ingester could not decode, with the reason in a header."""
 
 DAY_MS = 24 * 60 * 60 * 1000
 

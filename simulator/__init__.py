@@ -10,31 +10,24 @@ Modules: :mod:`~simulator.scenario` (the YAML schema), :mod:`~simulator.generate
 model answers), :mod:`~simulator.engine` (the scheduler), :mod:`~simulator.faults`,
 :mod:`~simulator.ledger`, :mod:`~simulator.metrics`, :mod:`~simulator.wire` (each flavor's wire
 format), :mod:`~simulator.server` (the aiohttp app), :mod:`~simulator.supervisor` and
-:mod:`~simulator.child` (the restart-on-crash process pair), :mod:`~simulator.testing`
-(``running_sim``).
+:mod:`~simulator.child` (the restart-on-crash process pair). To start one from Python
+(``running_sim``), see :mod:`shadow_ab.dev.processes`.
 
 Errors::
 
     ScenarioError       a scenario file or mapping that cannot be used (says which key)
-    SimulatorError      a simulator subprocess that did not start or stop as asked
 """
 
 from simulator.ledger import Incident, Injected, read_ledger, summarize
 from simulator.scenario import Scenario, ScenarioError, load_scenario, shipped
-from simulator.testing import RunningSim, SimulatorError, free_port, running_pair, running_sim
 
 __all__ = [
     "Incident",
     "Injected",
-    "RunningSim",
     "Scenario",
     "ScenarioError",
-    "SimulatorError",
-    "free_port",
     "load_scenario",
     "read_ledger",
-    "running_pair",
-    "running_sim",
     "shipped",
     "summarize",
 ]

@@ -7,61 +7,13 @@ do, with exit status 1 (2 for a bad URL, 3 when the database is unreachable).
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
-from typing import Any, TypeVar
-
 import click
-from pydantic import ValidationError
 
-from shadow_ab.settings import CommonSettings
+from shadow_ab.cli_support import resolve_url, url_option
+from storage.cli_support import storage_errors
 from storage.db import make_engine
-from storage.errors import BadConfiguration, StorageError, StoreUnavailable
 from storage.migrate import current, downgrade, head, upgrade
 from storage.partitions import apply_retention, ensure_partitions
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-url_option = click.option(
-    "--database-url",
-    envvar=None,
-    default=None,
-    metavar="URL",
-    help="sqlite:///PATH or postgresql+psycopg://USER@HOST:PORT/DB"
-    " (default: SHADOW_AB_DATABASE_URL, else the embedded SQLite file)",
-)
-
-
-def resolve_url(database_url: str | None) -> str:
-    try:
-        if database_url:
-            return CommonSettings(database_url=database_url).database_url
-        return CommonSettings().database_url
-    except ValidationError as exc:
-        message = "; ".join(str(e["msg"]) for e in exc.errors())
-        raise click.BadParameter(message, param_hint="--database-url") from exc
-
-
-def storage_errors(func: F) -> F:
-    """Show storage errors as one line and a distinct exit status, not a traceback."""
-
-    @functools.wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return func(*args, **kwargs)
-        except StoreUnavailable as exc:
-            click.echo(
-                f"error: {exc} (is the database running? `shadow-ab services status`)", err=True
-            )
-            raise SystemExit(3) from exc
-        except BadConfiguration as exc:
-            click.echo(f"error: {exc}", err=True)
-            raise SystemExit(2) from exc
-        except StorageError as exc:
-            click.echo(f"error: {exc}", err=True)
-            raise SystemExit(1) from exc
-
-    return wrapper  # type: ignore[return-value]  # functools.wraps keeps the signature
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

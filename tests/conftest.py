@@ -14,7 +14,7 @@ import pytest
 from pg_throwaway import SESSION_TAG, PgDatabases
 from sqlalchemy import Engine, text
 
-from shadow_ab.services.base import port_open
+from shadow_ab.dev.services.base import port_open
 from shadow_ab.settings import services_env_file
 from storage.db import make_engine
 

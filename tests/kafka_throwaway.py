@@ -1,7 +1,7 @@
 """A private, throw-away Kafka broker for tests that stop and start Kafka.
 
 The shared broker from ``shadow-ab services up`` must never be stopped (other engineers' tests
-use it), so a test that needs a Kafka outage starts its own: :class:`shadow_ab.services.kafka.
+use it), so a test that needs a Kafka outage starts its own: :class:`shadow_ab.dev.services.kafka.
 LocalKafka` with its own :class:`ServicesSettings` (state folder under the test's tmp path, free
 ports, a small heap). The broker jars are linked from the shared install when it has resolved
 the same pom (no Maven run, start takes ~10 s); otherwise Maven resolves them from its cache.
@@ -19,19 +19,13 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
-from shadow_ab.services.base import ServicesSettings, pid_alive, port_open
-from shadow_ab.services.kafka import LocalKafka
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from shadow_ab.dev.processes import free_port
+from shadow_ab.dev.services.base import ServicesSettings, pid_alive, port_open
+from shadow_ab.dev.services.kafka import LocalKafka
 
 
 class PrivateKafka:
@@ -39,8 +33,8 @@ class PrivateKafka:
 
     def __init__(self, root: Path, *, heap: str = "384m") -> None:
         settings = ServicesSettings(
-            kafka_port=_free_port(),
-            kafka_controller_port=_free_port(),
+            kafka_port=free_port(),
+            kafka_controller_port=free_port(),
             kafka_heap=heap,
             root=root,
         )

@@ -12,7 +12,7 @@ from pg_throwaway import PgDatabases
 from sqlalchemy import select
 
 from evaluator.review import SIMULATOR_NOTE
-from shadow_ab.demo import demo
+from shadow_ab.dev.demo import demo
 from storage.db import make_engine
 from storage.models import Deployment, Exchange, HealthSampleRow, Report
 

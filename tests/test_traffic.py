@@ -10,7 +10,8 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from shadow_ab.traffic import (
+from shadow_ab.dev.processes import RunningSim, free_port, running_sim
+from shadow_ab.dev.traffic import (
     _SSE,
     PAIR_ID_HEADER,
     SESSION_HEADER,
@@ -23,7 +24,6 @@ from shadow_ab.traffic import (
     run_traffic,
     run_traffic_sync,
 )
-from simulator.testing import RunningSim, free_port, running_sim
 
 FAST = {
     "latency": {"decode_ms": 1.0, "prefill_base_ms": 2.0, "noise": 0.0},

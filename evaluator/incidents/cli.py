@@ -32,7 +32,8 @@ from evaluator.incidents.query import (
 )
 from evaluator.incidents.store import store_incidents
 from evaluator.rates import BUCKETS, By
-from storage.cli import resolve_url, storage_errors, url_option
+from shadow_ab.cli_support import resolve_url, url_option
+from storage.cli_support import storage_errors
 from storage.db import make_engine
 
 

@@ -6,7 +6,6 @@ PostgreSQL is the real server from `shadow-ab services up`; databases are throw-
 
 from __future__ import annotations
 
-import socket
 import uuid
 from collections.abc import Iterator
 
@@ -21,6 +20,7 @@ from api.app import create_app
 from api.auth import TokenAuth
 from api.db import make_readonly_engine
 from api.settings import parse_token_map
+from shadow_ab.dev.processes import free_port
 from storage.db import make_engine
 from storage.migrate import upgrade
 
@@ -58,9 +58,7 @@ def fresh_url(pg_databases: PgDatabases, migrated_template: str) -> Iterator[str
 @pytest.fixture
 def unused_port() -> int:
     """A local TCP port nothing listens on."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free_port()
 
 
 @pytest.fixture(scope="session")

@@ -14,9 +14,9 @@ from evaluator.incidents.analysis import detect_incidents
 from evaluator.incidents.load import load_detection_input
 from evaluator.incidents.model import IncidentConfig
 from mirror.health import EngineTarget, HealthConfig, HealthSampler
+from shadow_ab.dev.processes import RunningSim, running_pair
 from shadow_ab.records import HealthSample, Record, Role
 from simulator.ledger import summarize
-from simulator.testing import RunningSim, running_pair
 from storage.write import write_health
 
 CANDIDATE = {"faults": [{"kind": "crash", "at_s": [240, 720], "restart_delay_s": 30}]}

@@ -33,11 +33,10 @@ from evaluator.policy import default_policy
 from evaluator.results import Measurement
 from evaluator.review import Review, build_review, default_analyses, resolve_window
 from evaluator.verdict import Decision, Outcome
-from mirror.testing import running_mirror
-from shadow_ab.traffic import TrafficMix, TrafficResult, run_traffic_sync
+from shadow_ab.dev.processes import running_mirror, running_sim
+from shadow_ab.dev.traffic import TrafficMix, TrafficResult, run_traffic_sync
 from simulator.ledger import Injected, summarize
 from simulator.scenario import read_raw
-from simulator.testing import running_sim
 from storage.db import make_engine
 from storage.migrate import upgrade
 from storage.models import Exchange, HealthSampleRow

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ from ingester.app import build_processor
 from ingester.clients import make_consumer, make_producer
 from ingester.processor import StreamProcessor
 from ingester.settings import IngestSettings
+from shadow_ab.dev.processes import free_port
 
 WAIT_S = 90.0
 """Upper bound for anything a test waits for; reaching it fails the test (never a speed check)."""
@@ -139,12 +139,6 @@ def run_until_committed(
         consumer.close(autocommit=False)
         producer.close(timeout=10)
         engine.dispose()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class IngestProcess:

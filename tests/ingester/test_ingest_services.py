@@ -14,7 +14,6 @@ from ingest_harness import (
     Topics,
     committed_total,
     count_rows,
-    free_port,
     produce,
     run_until_committed,
     settings_for,
@@ -232,8 +231,9 @@ def test_postgres_stopped_while_records_flow_loses_nothing(
     kafka_bootstrap: str, topics: Topics, tmp_path: Path, private_pg_root: Path
 ) -> None:
     """A private throwaway PostgreSQL cluster, so the shared server other tests use stays up."""
-    from shadow_ab.services.base import ServicesSettings
-    from shadow_ab.services.postgres import LocalPostgres
+    from shadow_ab.dev.processes import free_port
+    from shadow_ab.dev.services.base import ServicesSettings
+    from shadow_ab.dev.services.postgres import LocalPostgres
     from storage.db import make_engine
     from storage.migrate import upgrade
 

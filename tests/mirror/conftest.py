@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 from mirror_helpers import FAST
 
-from simulator.testing import RunningSim, running_pair
+from shadow_ab.dev.processes import RunningSim, running_pair
 
 
 @pytest.fixture(scope="session")

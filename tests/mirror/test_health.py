@@ -21,8 +21,8 @@ from mirror.health import (
     parse_trtllm_metrics,
     parse_vllm_metrics,
 )
+from shadow_ab.dev.processes import RunningSim, running_sim
 from shadow_ab.records import HealthSample, Role
-from simulator.testing import RunningSim, running_sim
 
 T = TypeVar("T")
 FAST = {"latency": {"prefill_base_ms": 1, "decode_ms": 0.5}}
@@ -227,7 +227,7 @@ def test_vllm_multiprocess_and_health_503() -> None:
 
 
 def test_unreachable_engine_is_a_down_sample() -> None:
-    from simulator.testing import free_port
+    from shadow_ab.dev.processes import free_port
 
     target = EngineTarget("gone", Role.CANDIDATE, f"http://127.0.0.1:{free_port()}")
 
@@ -262,7 +262,7 @@ def _until(
 
 
 def test_run_samples_every_interval_until_cancelled() -> None:
-    from simulator.testing import free_port
+    from shadow_ab.dev.processes import free_port
 
     sink = ListSink()
     target = EngineTarget("gone", Role.CANDIDATE, f"http://127.0.0.1:{free_port()}")

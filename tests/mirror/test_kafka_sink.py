@@ -23,6 +23,7 @@ from mirror.kafka_sink import (
     make_producer,
 )
 from mirror.spool import Spool
+from shadow_ab.dev.processes import free_port
 from shadow_ab.records import (
     Endpoint,
     ExchangeRecord,
@@ -115,12 +116,7 @@ def consume(bootstrap: str, topic: str, expected: int, timeout_s: float = 60.0) 
 
 
 def closed_port() -> str:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    return f"127.0.0.1:{port}"
+    return f"127.0.0.1:{free_port()}"
 
 
 def test_frame_round_trip() -> None:

@@ -17,9 +17,8 @@ import httpx
 import pytest
 from mirror_helpers import FAST, MODEL, entered_together, normalize, post, rows
 
-from mirror.testing import RunningMirror, running_mirror
+from shadow_ab.dev.processes import RunningMirror, RunningSim, running_mirror, running_sim
 from simulator.scenario import _deep_merge
-from simulator.testing import RunningSim, running_sim
 
 SLOW = {"latency": {"decode_ms": 6.0, "prefill_base_ms": 6.0}}
 """The candidate's streams last long enough to be cut by a crash."""

@@ -33,8 +33,8 @@ from mirror_helpers import MODEL
 from pg_throwaway import PgDatabases
 from sqlalchemy import text
 
+from shadow_ab.dev.processes import RunningSim
 from shadow_ab.topics import TopicSpec, ensure_topics
-from simulator.testing import RunningSim
 from storage.db import make_engine
 from storage.migrate import upgrade
 
@@ -124,7 +124,7 @@ def test_kafka_outage_loses_and_doubles_nothing(
     pg_databases: PgDatabases,
     tmp_path: Path,
 ) -> None:
-    from mirror.testing import running_mirror
+    from shadow_ab.dev.processes import running_mirror
 
     tag = uuid.uuid4().hex[:8]
     deployment = f"outage-{tag}"

@@ -16,8 +16,7 @@ import pytest
 from aiohttp import web
 from mirror_helpers import MODEL, normalize, pair_key, post, rows, wait_rows
 
-from mirror.testing import RunningMirror, running_mirror
-from simulator.testing import RunningSim, free_port, http_get
+from shadow_ab.dev.processes import RunningMirror, RunningSim, free_port, http_get, running_mirror
 
 
 @pytest.fixture(scope="module")

@@ -16,8 +16,8 @@ from mirror.app import Mirror
 from mirror.config import MirrorSettings, load_settings
 from mirror.guard import GuardConfig, InterferenceGuard
 from mirror.sampling import Sampler, header_draw
+from shadow_ab.dev.processes import RunningSim
 from shadow_ab.records import ExchangeRecord, Role, Status
-from simulator.testing import RunningSim
 
 
 def settings(engines: tuple[RunningSim, RunningSim], **over: Any) -> MirrorSettings:

@@ -13,8 +13,7 @@ from mirror_helpers import MODEL, post, rows
 from pg_throwaway import PgDatabases
 from sqlalchemy import text
 
-from mirror.testing import running_mirror
-from simulator.testing import RunningSim, http_get
+from shadow_ab.dev.processes import RunningSim, http_get, running_mirror
 from storage import migrate
 from storage.db import make_engine
 

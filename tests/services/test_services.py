@@ -11,10 +11,10 @@ import psycopg
 import pytest
 from kafka import KafkaAdminClient
 
-from shadow_ab.records import TOPIC_DLQ, TOPIC_EXCHANGES, TOPIC_HEALTH
-from shadow_ab.services.base import PortTakenError, ServicesSettings
-from shadow_ab.services.kafka import LocalKafka
-from shadow_ab.services.postgres import LocalPostgres
+from shadow_ab.dev.services.base import PortTakenError, ServicesSettings
+from shadow_ab.dev.services.kafka import LocalKafka
+from shadow_ab.dev.services.postgres import LocalPostgres
+from shadow_ab.topics import TOPIC_DLQ, TOPIC_EXCHANGES, TOPIC_HEALTH
 
 
 def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 from sim_helpers import FAST
 
-from simulator.testing import RunningSim, running_sim
+from shadow_ab.dev.processes import RunningSim, running_sim
 
 
 @pytest.fixture(scope="module", params=["vllm", "trtllm"])

@@ -10,7 +10,7 @@ import openai
 import pytest
 from sim_helpers import FAST
 
-from simulator.testing import http_get, running_sim
+from shadow_ab.dev.processes import http_get, running_sim
 
 MODEL = "sim-llama-3-8b-instruct"
 STREAMS = 200

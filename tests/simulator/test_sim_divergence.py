@@ -13,9 +13,9 @@ import openai
 import pytest
 from sim_helpers import FAST
 
+from shadow_ab.dev.processes import RunningSim, running_pair, running_sim
 from simulator.generate import choose_departure
 from simulator.ledger import summarize
-from simulator.testing import RunningSim, running_pair, running_sim
 
 MODEL = "sim-llama-3-8b-instruct"
 N = 300

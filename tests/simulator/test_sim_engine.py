@@ -11,6 +11,7 @@ import openai
 import pytest
 from sim_helpers import FAST
 
+from shadow_ab.dev.processes import http_get, running_sim
 from simulator.clock import SimClock
 from simulator.engine import Engine, Job, Sequence
 from simulator.faults import FaultRuntime
@@ -18,7 +19,6 @@ from simulator.generate import Completion, Token
 from simulator.ledger import Ledger
 from simulator.metrics import EngineStats
 from simulator.scenario import Flavor, load_scenario
-from simulator.testing import http_get, running_sim
 
 MODEL = "sim-llama-3-8b-instruct"
 

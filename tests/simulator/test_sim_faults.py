@@ -17,9 +17,9 @@ import openai
 import pytest
 from sim_helpers import FAST
 
+from shadow_ab.dev.processes import RunningSim, SimulatorError, http_get, running_sim
 from simulator.ledger import summarize
 from simulator.scenario import ScenarioError
-from simulator.testing import RunningSim, SimulatorError, http_get, running_sim
 
 MODEL = "sim-llama-3-8b-instruct"
 MESSAGES = [{"role": "user", "content": "Tell me a long story."}]

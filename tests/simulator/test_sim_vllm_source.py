@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 from sim_helpers import FAST
 
+from shadow_ab.dev.processes import RunningSim, http_get, running_sim
 from simulator.metrics import build_1_2_5_buckets
-from simulator.testing import RunningSim, http_get, running_sim
 from simulator.wire import chat_prompt, completion_prompts
 
 MODEL = "sim-llama-3-8b-instruct"

@@ -8,8 +8,8 @@ import urllib.request
 import openai
 import pytest
 
+from shadow_ab.dev.processes import RunningSim, http_get
 from simulator.generate import complete, natural_length, prompt_state
-from simulator.testing import RunningSim, http_get
 from simulator.wire import chat_prompt, completion_prompts
 
 MODEL = "sim-llama-3-8b-instruct"

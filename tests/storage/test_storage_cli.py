@@ -7,9 +7,9 @@ from datetime import UTC, datetime, timedelta
 from click.testing import CliRunner
 from sqlalchemy import text
 from store_factories import exchanges
-from test_storage_errors import closed_port
 
 from shadow_ab.cli import main
+from shadow_ab.dev.processes import free_port
 from storage.db import make_engine
 from storage.migrate import head
 from storage.partitions import partition_name
@@ -84,7 +84,7 @@ def test_retention_postgres(pg_url: str) -> None:
 
 
 def test_errors_are_one_line_with_an_exit_status(sqlite_url: str) -> None:
-    code, out = run("upgrade", "--database-url", f"postgresql://u@127.0.0.1:{closed_port()}/x")
+    code, out = run("upgrade", "--database-url", f"postgresql://u@127.0.0.1:{free_port()}/x")
     assert code == 3
     assert out.startswith("error: cannot reach the database")
     assert "Traceback" not in out

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -11,6 +10,7 @@ import pytest
 from sqlalchemy import Engine
 from store_factories import exchanges, health
 
+from shadow_ab.dev.processes import free_port
 from storage.db import make_engine
 from storage.errors import (
     BadConfiguration,
@@ -22,15 +22,6 @@ from storage.errors import (
 from storage.migrate import current, upgrade
 from storage.write import write_drops, write_exchanges, write_health
 
-
-def closed_port() -> int:
-    """A port nothing listens on (bound once to pick it, then released)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
-
-
 WRITES: list[Callable[[Engine], object]] = [
     lambda e: write_exchanges(e, exchanges(2)),
     lambda e: write_health(e, [health()]),
@@ -40,7 +31,7 @@ WRITES: list[Callable[[Engine], object]] = [
 
 @pytest.mark.parametrize("write", WRITES, ids=["exchanges", "health", "drops"])
 def test_unreachable_postgres_is_store_unavailable(write: Callable[[Engine], object]) -> None:
-    engine = make_engine(f"postgresql+psycopg://shadow@127.0.0.1:{closed_port()}/shadow_ab")
+    engine = make_engine(f"postgresql+psycopg://shadow@127.0.0.1:{free_port()}/shadow_ab")
     try:
         with pytest.raises(StoreUnavailable, match="cannot reach the database") as info:
             write(engine)
@@ -52,7 +43,7 @@ def test_unreachable_postgres_is_store_unavailable(write: Callable[[Engine], obj
 
 
 def test_unreachable_postgres_for_migrations() -> None:
-    url = f"postgresql://shadow@127.0.0.1:{closed_port()}/shadow_ab"
+    url = f"postgresql://shadow@127.0.0.1:{free_port()}/shadow_ab"
     with pytest.raises(StoreUnavailable):
         upgrade(url)
     with pytest.raises(StoreUnavailable):

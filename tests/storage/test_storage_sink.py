@@ -10,8 +10,8 @@ import pytest
 from prometheus_client import REGISTRY
 from sqlalchemy import Engine, text
 from store_factories import exchange, exchanges, health_series
-from test_storage_errors import closed_port
 
+from shadow_ab.dev.processes import free_port
 from shadow_ab.records import ExchangeRecord, HealthSample
 from storage.db import make_engine
 from storage.sink import DirectSink
@@ -163,7 +163,7 @@ def test_full_queue_drops_are_counted_and_stored(
 def test_unavailable_store_is_retried_then_counted_at_close(
     sink_factory: Callable[..., DirectSink],
 ) -> None:
-    engine = make_engine(f"postgresql+psycopg://shadow@127.0.0.1:{closed_port()}/x")
+    engine = make_engine(f"postgresql+psycopg://shadow@127.0.0.1:{free_port()}/x")
     before = dropped_metric("store_unavailable")
     sink = sink_factory(
         engine, batch_size=2, max_queue=4, backoff_initial_s=0.01, backoff_max_s=0.02

@@ -13,7 +13,7 @@ import pwd
 import shutil
 from pathlib import Path
 
-from shadow_ab.services.base import (
+from shadow_ab.dev.services.base import (
     LOOPBACK,
     PortTakenError,
     ServiceError,

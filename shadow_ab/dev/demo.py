@@ -36,20 +36,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 import orjson
 from sqlalchemy import Engine, func, insert, select, update
 
 from shadow_ab.settings import services_env_file, state_dir
+
+if TYPE_CHECKING:
+    from shadow_ab.dev.processes import ManagedProcess
 
 DEFAULT_SCENARIO = "fast-crashy"
 DEFAULT_INCUMBENT_SCENARIO = "noisy"
@@ -126,7 +128,7 @@ def _kafka_bootstrap(value: str) -> str:
 
 
 def _engine_version(base_url: str) -> str:
-    from simulator.testing import http_get
+    from shadow_ab.dev.processes import http_get
 
     status, body = http_get(base_url + "/version", timeout=5.0)
     if status != 200:
@@ -181,8 +183,10 @@ def _count_exchanges(engine: Engine, deployment: str) -> int:
 @contextlib.contextmanager
 def _ingester(
     bootstrap: str, database_url: str, topics: dict[str, str], group: str, workdir: Path
-) -> Iterator[subprocess.Popen[bytes]]:
+) -> Iterator[ManagedProcess]:
     """``shadow-ab ingest`` as a subprocess on the run's topics, stopped (SIGTERM) at exit."""
+    from shadow_ab.dev.processes import ManagedProcess, ProcessError
+
     env = {**os.environ, "SHADOW_AB_INGEST_AUTO_OFFSET_RESET": "earliest"}
     cmd = [
         sys.executable,
@@ -204,24 +208,17 @@ def _ingester(
         "--metrics-port",
         "0",
     ]
-    log = workdir / "ingest.log"
-    with open(log, "wb") as err:
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=env)
+    proc = ManagedProcess(cmd, workdir / "ingest.log", env=env)
     try:
         time.sleep(0.5)
-        if proc.poll() is not None:
+        if proc.process.poll() is not None:
             raise DemoError(
-                f"shadow-ab ingest exited with {proc.returncode}: {log.read_text()[-2000:]}"
+                f"shadow-ab ingest exited with {proc.process.returncode}: {proc.stderr()[-2000:]}"
             )
         yield proc
     finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        with contextlib.suppress(ProcessError):  # killed after 60 s: nothing more to do
+            proc.stop(60.0)
 
 
 def _wait_ingested(engine: Engine, deployment: str, timeout_s: float = 120.0) -> int:
@@ -245,7 +242,13 @@ async def _drive(
     seed: int,
     report: Callable[[float, int, Any], None],
 ) -> int:
-    from shadow_ab.traffic import RequestGenerator, TrafficMix, make_plan, make_session, run_traffic
+    from shadow_ab.dev.traffic import (
+        RequestGenerator,
+        TrafficMix,
+        make_plan,
+        make_session,
+        run_traffic,
+    )
 
     generator = RequestGenerator(TrafficMix(), seed)  # one generator: sessions span the phases
     phase_s = duration_s / len(phases)
@@ -287,9 +290,8 @@ def run_demo(
     from evaluator.divergence import DivergenceConfig
     from evaluator.policy import load_policy
     from evaluator.review import build_review, default_analyses, resolve_window
-    from mirror.testing import running_mirror
-    from simulator.testing import running_sim
-    from storage.cli import resolve_url
+    from shadow_ab.cli_support import resolve_url
+    from shadow_ab.dev.processes import running_mirror, running_sim
     from storage.db import make_engine, redact_url
     from storage.migrate import upgrade
 
@@ -517,8 +519,7 @@ def demo(
 ) -> None:
     """Run a shadow deployment on simulators and write its review."""
     from evaluator.policy import PolicyError
-    from mirror.testing import MirrorStartError
-    from simulator.testing import SimulatorError
+    from shadow_ab.dev.processes import ProcessError
 
     try:
         result = run_demo(
@@ -535,7 +536,7 @@ def demo(
         )
     except PolicyError as exc:
         raise click.UsageError(str(exc)) from None
-    except (DemoError, MirrorStartError, SimulatorError) as exc:
+    except (DemoError, ProcessError) as exc:
         _say(f"error: {exc}")
         raise SystemExit(1) from exc
     click.echo(f"verdict: {result.decision} ({result.reason})")

@@ -48,12 +48,16 @@ import aiohttp
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from shadow_ab.records import Endpoint
+
 DEFAULT_MODEL = "sim-llama-3-8b-instruct"
 SESSION_HEADER = "x-session-id"
 PAIR_ID_HEADER = "x-shadow-pair-id"
 
-Endpoint = Literal["chat", "completions"]
-PATHS: dict[Endpoint, str] = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+PATHS: dict[Endpoint, str] = {
+    Endpoint.CHAT: "/v1/chat/completions",
+    Endpoint.COMPLETIONS: "/v1/completions",
+}
 Timing = Literal["ttft_s", "e2e_s", "done_s"]
 
 
@@ -238,13 +242,13 @@ class RequestGenerator:
             "temperature": 0,
             "stream": True,
         }
-        return RequestSpec("chat", body, {mix.session_header: session_id}, session_id, 1)
+        return RequestSpec(Endpoint.CHAT, body, {mix.session_header: session_id}, session_id, 1)
 
     # -- the realistic mix
     def _new_session(self) -> _Session:
         self._session_no += 1
         rng, mix = self._rng, self.mix
-        endpoint: Endpoint = "chat" if rng.random() < mix.chat_share else "completions"
+        endpoint = Endpoint.CHAT if rng.random() < mix.chat_share else Endpoint.COMPLETIONS
         return _Session(
             id=f"s{self._seed}-{self._session_no}",
             endpoint=endpoint,
@@ -291,7 +295,7 @@ class RequestGenerator:
         json_ask = rng.random() < mix.json_share
         user = self._user_prompt(json_ask)
         body: dict[str, Any] = {"model": mix.model, "max_tokens": rng.choice(mix.max_tokens)}
-        if s.endpoint == "chat":
+        if s.endpoint == Endpoint.CHAT:
             messages = [{"role": "system", "content": s.system}, *s.history]
             messages.append({"role": "user", "content": user})
             body["messages"] = messages

@@ -20,7 +20,7 @@ import uuid
 from collections.abc import Callable
 from importlib import resources
 
-from shadow_ab.services.base import (
+from shadow_ab.dev.services.base import (
     LOOPBACK,
     PortTakenError,
     ServiceError,
@@ -35,7 +35,7 @@ from shadow_ab.services.base import (
 
 
 def _resource(name: str) -> bytes:
-    return resources.files("shadow_ab.services").joinpath(name).read_bytes()
+    return resources.files("shadow_ab.dev.services").joinpath(name).read_bytes()
 
 
 def new_cluster_id(random_uuid: Callable[[], uuid.UUID] = uuid.uuid4) -> str:

@@ -7,9 +7,9 @@ import time
 
 import click
 
-from shadow_ab.services.base import ServiceError, ServicesSettings
-from shadow_ab.services.kafka import LocalKafka, kafka_version_in_pom
-from shadow_ab.services.postgres import LocalPostgres
+from shadow_ab.dev.services.base import ServiceError, ServicesSettings
+from shadow_ab.dev.services.kafka import LocalKafka, kafka_version_in_pom
+from shadow_ab.dev.services.postgres import LocalPostgres
 from shadow_ab.settings import services_env_file
 
 Service = LocalPostgres | LocalKafka
