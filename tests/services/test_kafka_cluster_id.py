@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from kafka_throwaway import PrivateKafka
 
-from shadow_ab.services import kafka as kafka_module
-from shadow_ab.services.base import ServicesSettings
-from shadow_ab.services.kafka import LocalKafka, new_cluster_id
+from shadow_ab.dev.services import kafka as kafka_module
+from shadow_ab.dev.services.base import ServicesSettings
+from shadow_ab.dev.services.kafka import LocalKafka, new_cluster_id
 
 # `kafka-storage format -t ID` refused this id: "argument --cluster-id/-t: expected one argument".
 DASHED_ID = "-e9Gsu0AQ8aNDJlC7F53rA"
