@@ -32,6 +32,7 @@ import numpy as np
 import numpy.typing as npt
 from sqlalchemy import Engine
 
+from evaluator.rates import wilson_interval
 from evaluator.results import Interval, Measurement
 from evaluator.rollups import (
     SLICES,
@@ -54,7 +55,6 @@ from evaluator.stats import (
     pooled_comparison,
     share_delta,
     subsample,
-    wilson_interval,
 )
 
 Window = tuple[datetime, datetime]
@@ -504,13 +504,13 @@ def analyze_latency(
     goodput: dict[str, Any] = {"slo": slo.to_dict(), "delta": delta.to_dict()}
     for role in ROLES:
         k = int(good[role].sum())
-        low, high = wilson_interval(k, n_good)
+        iv = wilson_interval(k, n_good)
         goodput[role] = {
             "good": k,
             "n": n_good,
             "share": k / n_good if n_good else None,
-            "low": None if math.isnan(low) else low,
-            "high": None if math.isnan(high) else high,
+            "low": iv.low if iv else None,
+            "high": iv.high if iv else None,
         }
     measurements.append(
         _measurement(
