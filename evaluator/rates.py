@@ -29,6 +29,7 @@ from typing import Any, Literal
 from scipy import stats
 
 from evaluator.results import Interval
+from shadow_ab.timestamps import as_utc
 
 By = Literal["day", "week"]
 BUCKETS: tuple[By, ...] = ("day", "week")
@@ -132,13 +133,9 @@ def compare_failure_shares(
 # -- buckets ------------------------------------------------------------------------------
 
 
-def as_utc(ts: datetime) -> datetime:
-    """``ts`` in UTC; naive timestamps (SQLite hands them back so) are taken as UTC."""
-    return ts.replace(tzinfo=UTC) if ts.tzinfo is None else ts.astimezone(UTC)
-
-
 def bucket_start(ts: datetime, by: By) -> datetime:
-    """Start of the UTC day, or of the ISO week (Monday 00:00 UTC), that holds ``ts``."""
+    """Start of the UTC day, or of the ISO week (Monday 00:00 UTC), that holds ``ts`` (naive =
+    UTC)."""
     day: date = as_utc(ts).date()
     if by == "week":
         day = day - timedelta(days=day.weekday())

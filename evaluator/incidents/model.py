@@ -19,7 +19,8 @@ from typing import Any
 import numpy as np
 
 from evaluator.incidents.leak import LeakParams
-from evaluator.rates import as_utc, observed_intervals
+from evaluator.rates import observed_intervals
+from shadow_ab.timestamps import as_utc
 
 Window = tuple[datetime, datetime]
 KINDS: tuple[str, ...] = ("crash", "version_change", "leak", "error_burst", "hang")
