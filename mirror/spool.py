@@ -26,10 +26,8 @@ opaque bytes (the Kafka sink puts topic, key and value in them).
 
 Thread-safe (one lock). The clock is injectable.
 
-Errors::
-
-    SpoolError          the folder cannot be used (not a directory, unreadable cursor, in use
-                        by another process)
+Errors: :class:`~mirror.errors.SpoolError` (a :class:`~mirror.errors.MirrorError`): the folder
+cannot be used (not a directory, unreadable cursor, in use by another process).
 """
 
 from __future__ import annotations
@@ -50,6 +48,7 @@ from typing import BinaryIO
 
 import orjson
 
+from mirror.errors import SpoolError
 from mirror.metrics import SPOOL_BYTES, SPOOL_RECORDS
 
 log = logging.getLogger(__name__)
@@ -60,10 +59,6 @@ MAX_ENTRY_BYTES = 64 * 1024 * 1024
 SEGMENT_RE = re.compile(r"^seg-(\d{20})\.log$")
 CURSOR_FILE = "cursor"
 LOCK_FILE = "lock"
-
-
-class SpoolError(Exception):
-    """The spool folder cannot be used."""
 
 
 @dataclass(frozen=True, slots=True)
