@@ -39,7 +39,6 @@ import yaml
 from evaluator.errors import PolicyError
 
 Op = Literal["<=", ">="]
-OPS: tuple[str, ...] = ("<=", ">=")
 
 _METRIC = r"(ttft|tpot|itl|e2e|tokens_per_s)"
 _KIND = r"(crash|leak|error_burst|hang|version_change)"

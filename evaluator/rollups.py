@@ -58,10 +58,9 @@ CHUNK_HOURS = 24
 DEFAULT_GRACE = timedelta(minutes=10)
 SAMPLE_PER_HOUR = 1000
 WORK_MEM = "128MB"
+"""PostgreSQL work_mem of a refresh transaction (SET LOCAL; the server default is 4 MB)."""
 _LOCK_KEY = 0x5AB_0003
 """First half of the advisory lock key of a deployment's refresh (storage uses 0x5AB_0001)."""
-"""PostgreSQL work_mem of a refresh transaction (SET LOCAL; the server default is 4 MB)."""
-LATENCY_METRICS = ("ttft", "tpot", "itl", "e2e", "tokens_per_s")
 
 LOAD_EDGES = (1, 2, 4, 8, 16, 32, 64)
 """inflight_incumbent at dispatch: buckets 0, 1, 2-3, 4-7, ..., 64+."""

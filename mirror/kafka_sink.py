@@ -343,11 +343,6 @@ class KafkaSink:
                 dropped=Counter(s.dropped),
             )
 
-    @property
-    def kafka_ok(self) -> bool:
-        """Whether the last send went through (False while records go to the spool)."""
-        return self._kafka_ok
-
     def __enter__(self) -> KafkaSink:
         return self
 

@@ -20,9 +20,12 @@ opaque bytes (the Kafka sink puts topic, key and value in them).
 - The cursor is written atomically (temporary file + rename) at most every
   ``cursor_interval_s`` and on segment changes and :meth:`Spool.close`; after a crash, entries
   acked since the last write are handed out again (at-least-once: the ingester is idempotent).
-- :meth:`Spool.open` (the constructor) resumes the entries a previous process left. A segment
-  whose tail is torn (a crash mid-write: short header, short payload or a CRC mismatch) is cut at
-  its last whole entry; what was cut is counted in :attr:`Spool.corrupt_bytes` and logged.
+- Constructing a :class:`Spool` on a folder takes the folder's lock (:class:`SpoolError` when
+  another process holds it) and resumes what a previous process left: the entries after the
+  cursor, segments wholly before it deleted. Each segment is read from the cursor (or its start)
+  up to its first entry that is not whole (a crash mid-write: short header, short payload or a
+  CRC mismatch) and cut there; what was cut is counted in :attr:`Spool.corrupt_bytes` and
+  logged.
 
 Thread-safe (one lock). The clock is injectable.
 
