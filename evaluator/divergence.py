@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, time, timedelta
 from typing import Any
@@ -26,13 +26,11 @@ from sqlalchemy import Connection, Engine, func, literal, select, tablesample
 
 from evaluator.compare import PairDivergence, PairSide, compare_pair
 from evaluator.rates import newcombe_interval, wilson_interval
-from evaluator.results import Interval, Measurement
+from evaluator.results import Interval, Measurement, Progress, Window
 from shadow_ab.timestamps import as_utc
 from storage.errors import translate
 from storage.models import EXCHANGES
 
-Window = tuple[datetime, datetime]
-Progress = Callable[[str, float], None]
 OTHER_ROLES: tuple[str, ...] = ("candidate", "replay")
 SIMILARITY_EDGES: tuple[float, ...] = tuple(round(i * 0.05, 2) for i in range(21))
 POSITION_EDGES: tuple[float, ...] = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, math.inf)

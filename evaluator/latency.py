@@ -23,7 +23,7 @@ window). Database errors are SQLAlchemy's, as the store raises them.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -34,7 +34,7 @@ from sqlalchemy import Engine
 
 from evaluator.errors import LatencyError
 from evaluator.rates import wilson_interval
-from evaluator.results import Interval, Measurement
+from evaluator.results import Interval, Measurement, Progress, Window
 from evaluator.rollups import (
     SLICES,
     SketchRow,
@@ -56,9 +56,6 @@ from evaluator.stats import (
     share_delta,
     subsample,
 )
-
-Window = tuple[datetime, datetime]
-Progress = Callable[[str, float], None]
 
 METRICS = ("ttft", "tpot", "itl", "e2e", "tokens_per_s")
 """Metric names as in the measurement keys (evaluator/results.py)."""

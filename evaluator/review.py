@@ -35,13 +35,10 @@ from sqlalchemy import Engine, func, insert, select, update
 
 from evaluator.errors import EmptyWindow, UnknownDeployment
 from evaluator.policy import Policy
-from evaluator.results import Measurement, Section
+from evaluator.results import Measurement, Progress, Section, Window
 from evaluator.verdict import Verdict, decide
 from shadow_ab.timestamps import as_utc
 from storage.models import DEPLOYMENTS, Deployment, Exchange, Report
-
-Window = tuple[datetime, datetime]
-Progress = Callable[[str, float], None]
 
 STAGES: tuple[tuple[str, float], ...] = (
     ("data", 0.03),

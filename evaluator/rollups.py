@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
@@ -40,6 +40,7 @@ from sqlalchemy import Connection, Engine, bindparam, delete, insert, select, te
 from sqlalchemy.sql.elements import TextClause
 from sqlalchemy.sql.selectable import TextualSelect
 
+from evaluator.results import Progress, Window
 from evaluator.sketch import LN_GAMMA
 from storage.models import (
     EXCHANGES,
@@ -49,9 +50,6 @@ from storage.models import (
     LatencyRollupHour,
     Timestamp,
 )
-
-Window = tuple[datetime, datetime]
-Progress = Callable[[str, float], None]
 
 HOUR = timedelta(hours=1)
 CHUNK_HOURS = 24
