@@ -14,6 +14,7 @@ from sqlalchemy import Connection, Engine
 from api import queries
 from api.errors import BadParameter, NotFound
 from api.queries import AnyRow
+from shadow_ab.timestamps import as_utc
 
 MAX_PAGE = 500
 
@@ -82,7 +83,7 @@ def deployment_row(conn: Connection, name: str) -> AnyRow:
 def utc_param(value: datetime | None, name: str) -> datetime | None:
     """A time query parameter in UTC (no zone means UTC); 422 when it cannot be one."""
     try:
-        return queries.as_utc(value)
+        return as_utc(value) if value is not None else None
     except OverflowError:
         raise BadParameter(f"{name}={value} is outside the range of UTC times") from None
 

@@ -15,6 +15,7 @@ from sqlalchemy import Engine
 
 from api.errors import BadParameter, NotFound
 from api.models import Incident, IncidentComparison
+from evaluator.errors import BadQuery, EvaluatorError, UnknownDeployment
 from evaluator.incidents import query as q
 
 
@@ -29,10 +30,10 @@ def finite(value: Any) -> Any:
     return value
 
 
-def _translate(exc: Exception) -> Exception:
-    if isinstance(exc, q.UnknownDeployment):
+def _translate(exc: EvaluatorError) -> Exception:
+    if isinstance(exc, UnknownDeployment):
         return NotFound(str(exc))
-    if isinstance(exc, q.BadQuery):
+    if isinstance(exc, BadQuery):
         return BadParameter(str(exc))
     return exc
 
@@ -50,7 +51,7 @@ def list_incidents(
         rows = q.query_incidents(
             engine, deployment, engine_role=engine_role, kind=kind, since=since, until=until
         )
-    except q.IncidentQueryError as exc:
+    except EvaluatorError as exc:
         raise _translate(exc) from exc
     return [Incident.model_validate(finite(row)) for row in rows]
 
@@ -66,6 +67,6 @@ def compare(
 ) -> IncidentComparison:
     try:
         result = q.compare_incidents(engine, deployment, by=by, kind=kind, since=since, until=until)
-    except q.IncidentQueryError as exc:
+    except EvaluatorError as exc:
         raise _translate(exc) from exc
     return IncidentComparison.model_validate(finite(result))

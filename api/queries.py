@@ -20,11 +20,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Row, and_, func, or_, select, tuple_
+from sqlalchemy import Connection, Row, Table, and_, func, or_, select, tuple_
 from sqlalchemy.sql.elements import ColumnElement
 
 from api.errors import BadParameter
-from storage.models import Deployment, Exchange, Incident, Report
+from storage.models import DEPLOYMENTS, EXCHANGES, Exchange, Report
 
 Key = tuple[datetime, uuid.UUID]
 AnyRow = Row[*tuple[Any, ...]]
@@ -55,13 +55,6 @@ SIDE_COLUMNS = (
 )
 
 
-def as_utc(value: datetime | None) -> datetime | None:
-    """A query-parameter time in UTC; a time without zone is taken as UTC."""
-    if value is None:
-        return None
-    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
-
-
 def encode_cursor(key: Key) -> str:
     raw = f"{key[0].astimezone(UTC).isoformat()}|{key[1]}".encode()
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
@@ -84,15 +77,14 @@ def decode_cursor(cursor: str) -> Key:
 
 
 def deployments(conn: Connection) -> Sequence[AnyRow]:
-    return conn.execute(select(Deployment.__table__).order_by(Deployment.name)).all()
+    return conn.execute(select(DEPLOYMENTS).order_by(DEPLOYMENTS.c.name)).all()
 
 
 def deployment(conn: Connection, name: str) -> AnyRow | None:
-    return conn.execute(select(Deployment.__table__).where(Deployment.name == name)).one_or_none()
+    return conn.execute(select(DEPLOYMENTS).where(DEPLOYMENTS.c.name == name)).one_or_none()
 
 
-def count_of(conn: Connection, model: type[Report] | type[Incident], name: str) -> int:
-    table = model.__table__
+def count_of(conn: Connection, table: Table, name: str) -> int:
     stmt = select(func.count()).select_from(table).where(table.c.deployment == name)
     return int(conn.execute(stmt).scalar_one())
 
@@ -150,8 +142,8 @@ def _incumbent_bound(conn: Connection, name: str, *, last: bool) -> datetime | N
     col = Exchange.sent_at
     agg = func.max(col) if last else func.min(col)
     stmt = select(agg).where(Exchange.deployment == name, Exchange.role == "incumbent")
-    value = conn.execute(stmt).scalar_one_or_none()
-    return as_utc(value) if value is not None else None
+    bound: datetime | None = conn.execute(stmt).scalar_one_or_none()
+    return bound
 
 
 def _window(
@@ -167,8 +159,8 @@ def _window(
 
     Both sides carry constant time bounds, so PostgreSQL reads only the daily partitions of
     the window; the other role is looked for within :data:`PAIR_SKEW` of the window."""
-    inc = Exchange.__table__.alias("inc")
-    oth = Exchange.__table__.alias("oth")
+    inc = EXCHANGES.alias("inc")
+    oth = EXCHANGES.alias("oth")
     inc_cols = [inc.c[c].label(f"i_{c}") for c in SIDE_COLUMNS]
     oth_cols = [oth.c[c].label(f"o_{c}") for c in SIDE_COLUMNS]
     conditions = [
@@ -244,7 +236,7 @@ def divergent_pairs(
 def pair_exchanges(conn: Connection, name: str, pair_id: uuid.UUID) -> Sequence[AnyRow]:
     """Every exchange of one pair (one per role, normally)."""
     stmt = (
-        select(Exchange.__table__)
+        select(EXCHANGES)
         .where(Exchange.deployment == name, Exchange.pair_id == pair_id)
         .order_by(Exchange.role, Exchange.sent_at)
     )

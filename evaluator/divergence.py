@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, time, timedelta
 from typing import Any
@@ -26,13 +26,11 @@ from sqlalchemy import Connection, Engine, func, literal, select, tablesample
 
 from evaluator.compare import PairDivergence, PairSide, compare_pair
 from evaluator.rates import newcombe_interval, wilson_interval
-from evaluator.results import Interval, Measurement
+from evaluator.results import Interval, Measurement, Progress, Window
+from shadow_ab.timestamps import as_utc
 from storage.errors import translate
-from storage.models import Base
+from storage.models import EXCHANGES
 
-Window = tuple[datetime, datetime]
-Progress = Callable[[str, float], None]
-EXCHANGES = Base.metadata.tables["exchanges"]
 OTHER_ROLES: tuple[str, ...] = ("candidate", "replay")
 SIMILARITY_EDGES: tuple[float, ...] = tuple(round(i * 0.05, 2) for i in range(21))
 POSITION_EDGES: tuple[float, ...] = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, math.inf)
@@ -306,10 +304,6 @@ def _days(lo: datetime, hi: datetime) -> list[tuple[datetime, datetime]]:
     return out
 
 
-def _as_utc(ts: datetime) -> datetime:
-    return ts.replace(tzinfo=UTC) if ts.tzinfo is None else ts.astimezone(UTC)
-
-
 def _chunks(items: Sequence[Any], size: int) -> list[Sequence[Any]]:
     return [items[i : i + size] for i in range(0, len(items), size)]
 
@@ -466,7 +460,7 @@ def analyze_divergence(
 ) -> DivergenceSection:
     """Candidate-vs-incumbent and replay-vs-incumbent divergence over ``window``, on at most
     ``config.max_pairs_per_day`` pairs per UTC day and role (``config.max_pairs`` in all)."""
-    lo, hi = _as_utc(window[0]), _as_utc(window[1])
+    lo, hi = as_utc(window[0]), as_utc(window[1])
     if hi <= lo:
         raise ValueError(f"window end {hi.isoformat()} is not after its start {lo.isoformat()}")
     days = _days(lo, hi)

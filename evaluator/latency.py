@@ -16,14 +16,14 @@ definitions"), over one deployment and window:
   engine (re)start, built by B2's ``evaluator.incidents.restarts.warmup_windows``) are left
   out, and the first requests after each restart are reported separately as cold-start times.
 
-Errors: :class:`LatencyError` (bad arguments, such as a naive or empty window). Database errors
-are SQLAlchemy's, as the store raises them.
+Errors: :class:`~evaluator.errors.LatencyError` (bad arguments, such as a naive or empty
+window). Database errors are SQLAlchemy's, as the store raises them.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -32,11 +32,12 @@ import numpy as np
 import numpy.typing as npt
 from sqlalchemy import Engine
 
-from evaluator.results import Interval, Measurement
+from evaluator.errors import LatencyError
+from evaluator.rates import wilson_interval
+from evaluator.results import Interval, Measurement, Progress, Window
 from evaluator.rollups import (
     SLICES,
     SketchRow,
-    as_utc,
     bucket_labels,
     load_itl,
     load_sample,
@@ -54,20 +55,12 @@ from evaluator.stats import (
     pooled_comparison,
     share_delta,
     subsample,
-    wilson_interval,
 )
-
-Window = tuple[datetime, datetime]
-Progress = Callable[[str, float], None]
 
 METRICS = ("ttft", "tpot", "itl", "e2e", "tokens_per_s")
 """Metric names as in the measurement keys (evaluator/results.py)."""
 QUANTILES = {"p50": 0.50, "p95": 0.95, "p99": 0.99}
 ROLES = ("incumbent", "candidate")
-
-
-class LatencyError(ValueError):
-    """The latency analysis was asked something it cannot answer (bad window, unknown role)."""
 
 
 @dataclass(frozen=True)
@@ -400,7 +393,7 @@ def analyze_latency(
     sample = load_sample(engine, deployment, (lo, hi), target=config.max_pairs)
     cols = sample.columns
     all_spans = merge_intervals(s for spans in exclude.values() for s in spans)
-    in_warmup = _in_any([as_utc(t) for t in cols["sent_at"]], all_spans)
+    in_warmup = _in_any(cols["sent_at"], all_spans)
     status_ok = np.array(
         [
             a == "ok" and b == "ok"
@@ -504,13 +497,13 @@ def analyze_latency(
     goodput: dict[str, Any] = {"slo": slo.to_dict(), "delta": delta.to_dict()}
     for role in ROLES:
         k = int(good[role].sum())
-        low, high = wilson_interval(k, n_good)
+        iv = wilson_interval(k, n_good)
         goodput[role] = {
             "good": k,
             "n": n_good,
             "share": k / n_good if n_good else None,
-            "low": None if math.isnan(low) else low,
-            "high": None if math.isnan(high) else high,
+            "low": iv.low if iv else None,
+            "high": iv.high if iv else None,
         }
     measurements.append(
         _measurement(

@@ -19,10 +19,9 @@ Keys are those of :mod:`evaluator.results` (``latency.<metric>.<q>.ratio``, ...)
 ``<=`` (the figure must stay at or below the threshold) or ``>=``. The shipped default policy is
 ``evaluator/policies/default.yaml`` (:func:`default_policy`).
 
-Errors::
-
-    PolicyError (ValueError)     the file is missing, not YAML, or a criterion is malformed;
-                                 the message names the criterion and says what to fix
+Errors: :class:`~evaluator.errors.PolicyError` (an :class:`~evaluator.errors.EvaluatorError`):
+the file is missing, not YAML, or a criterion is malformed; the message names the criterion and
+says what to fix.
 """
 
 from __future__ import annotations
@@ -37,8 +36,9 @@ from typing import Any, Literal
 
 import yaml
 
+from evaluator.errors import PolicyError
+
 Op = Literal["<=", ">="]
-OPS: tuple[str, ...] = ("<=", ">=")
 
 _METRIC = r"(ttft|tpot|itl|e2e|tokens_per_s)"
 _KIND = r"(crash|leak|error_burst|hang|version_change)"
@@ -60,10 +60,6 @@ _KEY_RE = re.compile("|".join(f"(?:{p})" for p in KEY_PATTERNS))
 _SHORTHAND_RE = re.compile(r"^\s*(?P<key>[\w.]+)\s*(?P<op><=|>=|<|>|==|=)\s*(?P<thr>\S+)\s*$")
 
 DEFAULT_POLICY = "default"
-
-
-class PolicyError(ValueError):
-    """A policy that cannot be used; the message says what to fix."""
 
 
 def known_key(key: str) -> bool:

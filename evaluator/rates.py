@@ -29,6 +29,7 @@ from typing import Any, Literal
 from scipy import stats
 
 from evaluator.results import Interval
+from shadow_ab.timestamps import as_utc
 
 By = Literal["day", "week"]
 BUCKETS: tuple[By, ...] = ("day", "week")
@@ -132,13 +133,9 @@ def compare_failure_shares(
 # -- buckets ------------------------------------------------------------------------------
 
 
-def as_utc(ts: datetime) -> datetime:
-    """``ts`` in UTC; naive timestamps (SQLite hands them back so) are taken as UTC."""
-    return ts.replace(tzinfo=UTC) if ts.tzinfo is None else ts.astimezone(UTC)
-
-
 def bucket_start(ts: datetime, by: By) -> datetime:
-    """Start of the UTC day, or of the ISO week (Monday 00:00 UTC), that holds ``ts``."""
+    """Start of the UTC day, or of the ISO week (Monday 00:00 UTC), that holds ``ts`` (naive =
+    UTC)."""
     day: date = as_utc(ts).date()
     if by == "week":
         day = day - timedelta(days=day.weekday())
@@ -179,15 +176,12 @@ def count_by_bucket(times: Iterable[datetime], by: By) -> dict[datetime, int]:
 
 
 def wilson_interval(k: int, n: int, level: float = 0.95) -> Interval | None:
-    """Wilson score interval of the share ``k / n``; None when ``n`` is 0."""
+    """Wilson score interval of the share ``k / n`` (:func:`scipy.stats.binomtest`'s
+    ``proportion_ci(method="wilson")``); None when ``n`` is 0."""
     if n <= 0:
         return None
-    z = float(stats.norm.ppf(0.5 + level / 2))
-    p = k / n
-    denom = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / denom
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return Interval(max(0.0, centre - half), min(1.0, centre + half), level)
+    ci = stats.binomtest(k, n).proportion_ci(level, method="wilson")
+    return Interval(float(ci.low), float(ci.high), level)
 
 
 def newcombe_interval(k1: int, n1: int, k2: int, n2: int, level: float = 0.95) -> Interval | None:

@@ -21,22 +21,22 @@ from pathlib import Path
 from typing import Any
 
 import click
+from sqlalchemy import select
 
-from evaluator.incidents.cli import parse_time
-from evaluator.policy import Policy, PolicyError, load_policy, parse_policy
+from evaluator.errors import EvaluatorError
+from evaluator.policy import Policy, load_policy, parse_policy
 from evaluator.render import FORMATS, render
 from evaluator.review import (
     Review,
-    ReviewError,
     build_review,
     deployment_info,
     resolve_window,
 )
-from shadow_ab.cli_support import resolve_url, url_option
+from shadow_ab.cli_support import parse_time, resolve_url, url_option
 from storage.cli_support import storage_errors
 from storage.db import make_engine
 from storage.errors import translate
-from storage.models import Deployment
+from storage.models import DEPLOYMENTS
 
 PROGRESS_STEPS = 1000
 
@@ -80,12 +80,9 @@ class ProgressBar:
 
 def stored_policy(engine: Any, deployment: str) -> Policy | None:
     """The policy kept with the deployment (``deployments.policy``), if any."""
-    table = Deployment.__table__
-    from sqlalchemy import select
-
     with engine.connect() as conn:
         raw = conn.execute(
-            select(table.c.policy).where(table.c.name == deployment)
+            select(DEPLOYMENTS.c.policy).where(DEPLOYMENTS.c.name == deployment)
         ).scalar_one_or_none()
     return parse_policy(raw, f"deployments.policy of {deployment}") if raw else None
 
@@ -168,7 +165,7 @@ def report(
                         store=not no_store,
                         with_html=fmt == "html" or not no_store,
                     )
-            except (ReviewError, PolicyError) as exc:
+            except EvaluatorError as exc:
                 raise click.UsageError(str(exc)) from None
         text = review.html if fmt == "html" and review.html else render(review.to_dict(), fmt)
         if output is None:

@@ -34,8 +34,15 @@ Measurement keys (``<metric>`` in ttft, tpot, itl, e2e, tokens_per_s; ``<q>`` in
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Protocol
+
+Window = tuple[datetime, datetime]
+"""A time window ``[start, end)`` an analysis looks at."""
+Progress = Callable[[str, float], None]
+"""``progress(stage, fraction done)``: how an analysis reports how far it is."""
 
 
 @dataclass(frozen=True)

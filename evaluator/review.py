@@ -17,11 +17,9 @@ The analyses are passed in as an :class:`Analyses` (default: the real ones from
 :mod:`evaluator.incidents`, :mod:`evaluator.latency`, :mod:`evaluator.divergence`), so a test
 can hand its own sections to the verdict and the renderers.
 
-Errors::
-
-    ReviewError (ValueError)        base; the message says what to do
-    ├── UnknownDeployment           no such deployment (the message lists the known ones)
-    └── EmptyWindow                 the deployment has no paired exchanges in the window
+Errors (:mod:`evaluator.errors`): :class:`~evaluator.errors.UnknownDeployment` (the message
+lists the known ones), :class:`~evaluator.errors.EmptyWindow` (an empty window, or no paired
+exchanges of the deployment in it); the policy's and the analyses' own errors pass through.
 """
 
 from __future__ import annotations
@@ -35,13 +33,12 @@ from typing import Any
 
 from sqlalchemy import Engine, func, insert, select, update
 
+from evaluator.errors import EmptyWindow, UnknownDeployment
 from evaluator.policy import Policy
-from evaluator.results import Measurement, Section
+from evaluator.results import Measurement, Progress, Section, Window
 from evaluator.verdict import Verdict, decide
-from storage.models import Deployment, Exchange, Report
-
-Window = tuple[datetime, datetime]
-Progress = Callable[[str, float], None]
+from shadow_ab.timestamps import as_utc
+from storage.models import DEPLOYMENTS, Deployment, Exchange, Report
 
 STAGES: tuple[tuple[str, float], ...] = (
     ("data", 0.03),
@@ -60,18 +57,6 @@ SIMULATOR_NOTE = (
     " fault schedule (see simulator/README.md), so it shows what the evaluator finds, not how the"
     " real engines compare."
 )
-
-
-class ReviewError(ValueError):
-    """The review cannot be built as asked."""
-
-
-class UnknownDeployment(ReviewError):
-    """No deployment of that name in the store."""
-
-
-class EmptyWindow(ReviewError):
-    """No paired exchanges of the deployment in the window."""
 
 
 @dataclass(frozen=True)
@@ -217,15 +202,8 @@ def jsonable(value: Any) -> Any:
     return str(value)
 
 
-def _utc(ts: datetime | None) -> datetime | None:
-    if ts is None:
-        return None
-    return ts.replace(tzinfo=UTC) if ts.tzinfo is None else ts.astimezone(UTC)
-
-
 def _iso(ts: datetime | None) -> str | None:
-    utc = _utc(ts)
-    return utc.isoformat() if utc else None
+    return ts.isoformat() if ts else None
 
 
 def known_deployments(engine: Engine) -> list[str]:
@@ -235,13 +213,14 @@ def known_deployments(engine: Engine) -> list[str]:
 
 def deployment_info(engine: Engine, deployment: str) -> dict[str, Any]:
     """The deployment's row as a dict; :class:`UnknownDeployment` listing the known ones."""
-    table = Deployment.__table__
     with engine.connect() as conn:
-        row = conn.execute(select(table).where(table.c.name == deployment)).mappings().first()
+        row = (
+            conn.execute(select(DEPLOYMENTS).where(DEPLOYMENTS.c.name == deployment))
+            .mappings()
+            .first()
+        )
     if row is None:
-        known = known_deployments(engine)
-        listed = ", ".join(known) if known else "none (no records have been stored yet)"
-        raise UnknownDeployment(f"no deployment named {deployment!r}; known deployments: {listed}")
+        raise UnknownDeployment(deployment, known_deployments(engine))
     return {
         "name": row["name"],
         "incumbent_engine": row["incumbent_engine"],
@@ -264,13 +243,12 @@ def data_extent(engine: Engine, deployment: str, window: Window | None = None) -
     stmt = select(func.count(), func.min(Exchange.sent_at), func.max(Exchange.sent_at)).where(*cond)
     with engine.connect() as conn:
         count, first, last = conn.execute(stmt).one()
-    lo, hi = _utc(first), _utc(last)
-    days = (hi - lo).total_seconds() / 86400.0 if lo and hi else 0.0
+    days = (last - first).total_seconds() / 86400.0 if first and last else 0.0
     return {
         "pairs": int(count or 0),
         "days": days,
-        "first": lo.isoformat() if lo else None,
-        "last": hi.isoformat() if hi else None,
+        "first": _iso(first),
+        "last": _iso(last),
     }
 
 
@@ -279,7 +257,8 @@ def resolve_window(
 ) -> Window:
     """The window to evaluate: given bounds, else the deployment's first exchange .. just after
     its last one. Naive datetimes are taken as UTC."""
-    lo, hi = _utc(start), _utc(end)
+    lo = as_utc(start) if start else None
+    hi = as_utc(end) if end else None
     if lo is None or hi is None:
         extent = data_extent(engine, deployment)
         if extent["first"] is None:
@@ -289,7 +268,7 @@ def resolve_window(
         lo = lo or datetime.fromisoformat(extent["first"])
         hi = hi or datetime.fromisoformat(extent["last"]) + timedelta(microseconds=1)
     if lo >= hi:
-        raise ReviewError(f"the window is empty: --from {lo} is not before --to {hi}")
+        raise EmptyWindow(f"the window is empty: --from {lo} is not before --to {hi}")
     return lo, hi
 
 
@@ -386,7 +365,7 @@ def build_review(
     ``progress(stage, fraction of the whole review)`` as it goes."""
     stages = _Stages(progress, clock)
     info = deployment_info(engine, deployment)
-    window = (_utc(window[0]) or window[0], _utc(window[1]) or window[1])
+    window = (as_utc(window[0]), as_utc(window[1]))
     data = stages.run("data", lambda: data_extent(engine, deployment, window))
     if data["pairs"] == 0:
         raise EmptyWindow(

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
@@ -38,22 +38,27 @@ from typing import Any, NamedTuple
 import orjson
 from sqlalchemy import Connection, Engine, bindparam, delete, insert, select, text
 from sqlalchemy.sql.elements import TextClause
+from sqlalchemy.sql.selectable import TextualSelect
 
+from evaluator.results import Progress, Window
 from evaluator.sketch import LN_GAMMA
-from storage.models import Exchange, LatencyRollup, LatencyRollupHour, LatencySample
-
-Window = tuple[datetime, datetime]
-Progress = Callable[[str, float], None]
+from storage.models import (
+    EXCHANGES,
+    LATENCY_ROLLUP_HOURS,
+    LATENCY_ROLLUPS,
+    LATENCY_SAMPLES,
+    LatencyRollupHour,
+    Timestamp,
+)
 
 HOUR = timedelta(hours=1)
 CHUNK_HOURS = 24
 DEFAULT_GRACE = timedelta(minutes=10)
 SAMPLE_PER_HOUR = 1000
 WORK_MEM = "128MB"
+"""PostgreSQL work_mem of a refresh transaction (SET LOCAL; the server default is 4 MB)."""
 _LOCK_KEY = 0x5AB_0003
 """First half of the advisory lock key of a deployment's refresh (storage uses 0x5AB_0001)."""
-"""PostgreSQL work_mem of a refresh transaction (SET LOCAL; the server default is 4 MB)."""
-LATENCY_METRICS = ("ttft", "tpot", "itl", "e2e", "tokens_per_s")
 
 LOAD_EDGES = (1, 2, 4, 8, 16, 32, 64)
 """inflight_incumbent at dispatch: buckets 0, 1, 2-3, 4-7, ..., 64+."""
@@ -105,12 +110,11 @@ def _is_pg(conn: Connection) -> bool:
     return conn.dialect.name == "postgresql"
 
 
-def _ts(conn: Connection, value: datetime) -> Any:
-    """A timestamp bind value as the dialect compares it (SQLAlchemy's SQLite text form)."""
-    value = value.astimezone(UTC)
-    if _is_pg(conn):
-        return value
-    return value.strftime("%Y-%m-%d %H:%M:%S.%f")
+def _sql(sql: str, *, hour: bool = False) -> TextClause | TextualSelect:
+    """``sql`` with its ``:lo`` and ``:hi`` bound as the store's timestamps (and its ``hour``
+    column read as one, when it returns it)."""
+    stmt = text(sql).bindparams(bindparam("lo", type_=Timestamp), bindparam("hi", type_=Timestamp))
+    return stmt.columns(hour=Timestamp) if hour else stmt
 
 
 def _case(column: str, edges: Sequence[int]) -> str:
@@ -340,13 +344,6 @@ def _runs(hours: Sequence[datetime], max_len: int) -> list[tuple[datetime, datet
     return out
 
 
-def as_utc(value: Any) -> datetime:
-    if isinstance(value, str):
-        value = datetime.fromisoformat(value)
-    assert isinstance(value, datetime)
-    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
-
-
 def closed_hours(conn: Connection, deployment: str, lo: datetime, hi: datetime) -> set[datetime]:
     rows = conn.execute(
         select(LatencyRollupHour.hour).where(
@@ -356,7 +353,7 @@ def closed_hours(conn: Connection, deployment: str, lo: datetime, hi: datetime) 
             LatencyRollupHour.closed.is_(True),
         )
     ).scalars()
-    return {as_utc(h) for h in rows}
+    return set(rows)
 
 
 def _compute_chunk(
@@ -379,30 +376,30 @@ def _compute_chunk(
             text("SELECT pg_advisory_xact_lock(:key, hashtext(:deployment))"),
             {"key": _LOCK_KEY, "deployment": deployment},
         )
-    for table in (LatencyRollup, LatencySample, LatencyRollupHour):
-        conn.execute(
-            delete(table).where(table.deployment == deployment, table.hour >= lo, table.hour < hi)
-        )
-    params = {"deployment": deployment, "lo": _ts(conn, lo), "hi": _ts(conn, hi)}
+    for table in (LATENCY_ROLLUPS, LATENCY_SAMPLES, LATENCY_ROLLUP_HOURS):
+        c = table.c
+        conn.execute(delete(table).where(c.deployment == deployment, c.hour >= lo, c.hour < hi))
+    params = {"deployment": deployment, "lo": lo, "hi": hi}
     conn.execute(
-        text(
+        _sql(
             f"INSERT INTO latency_rollups ({ROLLUP_COLUMNS})\n"
             f"SELECT :deployment, hour, role, metric, slice, count, zero_count, sum, min, max,"
             f" keys, counts FROM ({_sketch_select_sql(pg)}) q"
         ),
         {**params, "ln_gamma": LN_GAMMA},
     )
-    conn.execute(text(_sample_insert_sql(pg)), {**params, "k": sample_per_hour})
-    pairs = {as_utc(h): int(n) for h, n in conn.execute(text(_pair_counts_sql(pg)), params).all()}
+    conn.execute(_sql(_sample_insert_sql(pg)), {**params, "k": sample_per_hour})
+    pairs = {h: int(n) for h, n in conn.execute(_sql(_pair_counts_sql(pg), hour=True), params)}
     sampled = {
-        as_utc(h): int(n)
+        h: int(n)
         for h, n in conn.execute(
-            text(
-                "SELECT hour, count(*) FROM latency_samples"
-                " WHERE deployment = :deployment AND hour >= :lo AND hour < :hi GROUP BY hour"
+            _sql(
+                "SELECT hour, count(*) AS n FROM latency_samples"
+                " WHERE deployment = :deployment AND hour >= :lo AND hour < :hi GROUP BY hour",
+                hour=True,
             ),
             params,
-        ).all()
+        )
     }
     rows = []
     h = lo
@@ -494,14 +491,9 @@ def _json_list(value: Any) -> list[int]:
     return list(value)
 
 
-def _row(r: Any, sign: int = 1, hours: dict[Any, datetime] | None = None) -> SketchRow:
-    hour = hours.get(r[0]) if hours is not None else None
-    if hour is None:
-        hour = as_utc(r[0])
-        if hours is not None:
-            hours[r[0]] = hour
+def _row(r: Any, sign: int = 1) -> SketchRow:
     return SketchRow(
-        hour,
+        r[0],
         r[1],
         r[2],
         r[3],
@@ -528,10 +520,9 @@ def raw_sketch_rows(
     """The rollup aggregation over the raw rows of [lo, hi), returned instead of stored."""
     if hi <= lo:
         return []
-    stmt: TextClause = text(_sketch_select_sql(_is_pg(conn), roles=roles))
     rows = conn.execute(
-        stmt,
-        {"deployment": deployment, "lo": _ts(conn, lo), "hi": _ts(conn, hi), "ln_gamma": LN_GAMMA},
+        _sql(_sketch_select_sql(_is_pg(conn), roles=roles), hour=True),
+        {"deployment": deployment, "lo": lo, "hi": hi, "ln_gamma": LN_GAMMA},
     )
     return [_row(r, sign) for r in rows]
 
@@ -567,15 +558,15 @@ def load_sketches(
             # on a month's ~100 k rows; one fetchall
             as_text = "::text" if _is_pg(conn) else ""
             stored = conn.execute(
-                text(
+                _sql(
                     "SELECT hour, role, metric, slice, count, zero_count, sum, min, max,"
                     f" keys{as_text} AS keys, counts{as_text} AS counts FROM latency_rollups"
-                    " WHERE deployment = :deployment AND hour >= :lo AND hour < :hi"
+                    " WHERE deployment = :deployment AND hour >= :lo AND hour < :hi",
+                    hour=True,
                 ),
-                {"deployment": deployment, "lo": _ts(conn, inner_lo), "hi": _ts(conn, inner_hi)},
+                {"deployment": deployment, "lo": inner_lo, "hi": inner_hi},
             ).all()
-            hours: dict[Any, datetime] = {}
-            out += [_row(r, 1, hours) for r in stored]
+            out += [_row(r) for r in stored]
             out += raw_sketch_rows(conn, deployment, lo, inner_lo)
             out += raw_sketch_rows(conn, deployment, inner_hi, hi)
         else:
@@ -630,12 +621,12 @@ def load_sample(
         cols: dict[str, list[Any]] = {f: [] for f in SAMPLE_FIELDS}
         if total == 0:
             return SampledPairs(cols, 0)
-        take = {as_utc(h): math.ceil(target * int(n) / total) for h, n in hours if n}
+        take = {h: math.ceil(target * int(n) / total) for h, n in hours if n}
         # one query: rank <= k for each hour's own k, as a join against a VALUES-like list
         by_k: dict[int, list[datetime]] = {}
         for h, k in take.items():
             by_k.setdefault(k, []).append(h)
-        table = LatencySample.__table__
+        table = LATENCY_SAMPLES
         fields = [table.c[f] for f in SAMPLE_FIELDS]
         for k, hs in by_k.items():
             stmt = (
@@ -661,7 +652,7 @@ def load_itl(
 ) -> dict[tuple[uuid.UUID, str], list[float]]:
     """ITL gaps of the given pairs' incumbent and candidate ok exchanges (by primary key)."""
     out: dict[tuple[uuid.UUID, str], list[float]] = {}
-    t = Exchange.__table__
+    t = EXCHANGES
     with engine.connect() as conn:
         for start in range(0, len(pair_ids), 500):
             chunk = list(pair_ids[start : start + 500])
@@ -685,7 +676,7 @@ def raw_role_rows(
 ) -> list[tuple[datetime, float | None, float | None]]:
     """(sent_at, ttft_s, e2e_s) of ``role``'s ok exchanges in [lo, hi), in time order (the
     cold-start look at the first requests after a restart)."""
-    t = Exchange.__table__
+    t = EXCHANGES
     with engine.connect() as conn:
         rows = conn.execute(
             select(t.c.sent_at, t.c.ttft_s, t.c.e2e_s)
@@ -699,4 +690,4 @@ def raw_role_rows(
             .order_by(t.c.sent_at)
             .limit(10_000)
         ).all()
-    return [(as_utc(s), a, b) for s, a, b in rows]
+    return [(s, a, b) for s, a, b in rows]

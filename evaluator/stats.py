@@ -8,7 +8,7 @@
   gaps of every pair pooled, as vLLM's benchmark pools them), resampling whole pairs (a cluster
   bootstrap, each resample a weighted quantile);
 - :func:`share_delta`: candidate - incumbent share of a paired yes/no outcome (goodput), with a
-  paired bootstrap interval, and :func:`wilson_interval` for one share;
+  paired bootstrap interval (one share's interval: :func:`evaluator.rates.wilson_interval`);
 - :func:`goodput_mask`: which requests meet the SLOs, as vLLM's benchmark decides it.
 
 Sizes are capped for speed (:class:`BootstrapConfig`): at most ``max_pairs`` pairs (a random
@@ -313,18 +313,6 @@ def share_delta(
 
     low, high = _bootstrap(n, statistic, n_resamples=config.n_resamples, config=config, rng=rng)
     return Estimate(point, float(low[0]), float(high[0]), n)
-
-
-def wilson_interval(successes: int, n: int, level: float = 0.95) -> tuple[float, float]:
-    """Wilson score interval of a share ``successes / n``; (nan, nan) when n == 0."""
-    if n <= 0:
-        return math.nan, math.nan
-    z = float(sps.norm.ppf(0.5 + level / 2))
-    p = successes / n
-    den = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / den
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
-    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 def goodput_mask(

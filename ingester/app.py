@@ -7,9 +7,12 @@ import logging
 import random
 from typing import Any
 
+from sqlalchemy import Engine
+
 from ingester import metrics
 from ingester.backoff import Backoff
 from ingester.batch import Message
+from ingester.clients import Consumer, Producer
 from ingester.clock import Clock, SystemClock
 from ingester.deadletter import DeadLetters
 from ingester.processor import StreamProcessor
@@ -49,9 +52,9 @@ def tune_gc() -> None:
 
 def build_processor(
     settings: IngestSettings,
-    consumer: Any,
-    producer: Any,
-    engine: Any,
+    consumer: Consumer,
+    producer: Producer,
+    engine: Engine,
     clock: Clock | None = None,
     rng: random.Random | None = None,
     runner: Runner | None = None,

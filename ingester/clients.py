@@ -1,11 +1,51 @@
-"""Building the Kafka consumer and producer the ingester is handed (kafka-python)."""
+"""The Kafka consumer and producer the ingester is handed: what it uses of them (the
+:class:`Consumer` and :class:`Producer` protocols, which tests fake), and building the real
+kafka-python ones."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Protocol
 
 from ingester.errors import SettingsError
 from ingester.settings import IngestSettings
+
+
+class Consumer(Protocol):
+    """What the ingester uses of kafka-python's ``KafkaConsumer`` (partitions are its
+    ``TopicPartition``)."""
+
+    def subscribe(self, topics: Sequence[str], *, listener: Any) -> None: ...
+    def partitions_for_topic(self, topic: str) -> set[int] | None: ...
+    def poll(self, timeout_ms: int = 0, max_records: int | None = None) -> dict[Any, list[Any]]: ...
+    def assignment(self) -> set[Any]: ...
+    def pause(self, *partitions: Any) -> None: ...
+    def paused(self) -> set[Any]: ...
+    def resume(self, *partitions: Any) -> None: ...
+    def commit(self, offsets: Mapping[Any, Any]) -> None: ...
+    def highwater(self, partition: Any) -> int | None: ...
+    def close(self, autocommit: bool = True) -> None: ...
+
+
+class SendResult(Protocol):
+    """A send's outcome, as kafka-python's ``FutureRecordMetadata``."""
+
+    def get(self, timeout: float | None = None) -> Any: ...
+
+
+class Producer(Protocol):
+    """What the ingester uses of kafka-python's ``KafkaProducer`` (the dead-letter topic)."""
+
+    def send(
+        self,
+        topic: str,
+        *,
+        key: bytes | None = None,
+        value: bytes | None = None,
+        headers: Iterable[tuple[str, bytes]] | None = None,
+    ) -> SendResult: ...
+    def flush(self, timeout: float | None = None) -> None: ...
+    def close(self, timeout: float | None = None) -> None: ...
 
 
 def _unreachable(bootstrap: str, exc: Exception) -> SettingsError:
@@ -15,7 +55,7 @@ def _unreachable(bootstrap: str, exc: Exception) -> SettingsError:
     )
 
 
-def make_consumer(settings: IngestSettings, *, client_id: str = "shadow-ab-ingester") -> Any:
+def make_consumer(settings: IngestSettings, *, client_id: str = "shadow-ab-ingester") -> Consumer:
     from kafka import KafkaConsumer
     from kafka.coordinator.assignors.range import RangePartitionAssignor
     from kafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
@@ -43,7 +83,9 @@ def make_consumer(settings: IngestSettings, *, client_id: str = "shadow-ab-inges
         raise _unreachable(bootstrap, exc) from exc
 
 
-def make_producer(settings: IngestSettings, *, client_id: str = "shadow-ab-ingester-dlq") -> Any:
+def make_producer(
+    settings: IngestSettings, *, client_id: str = "shadow-ab-ingester-dlq"
+) -> Producer:
     from kafka import KafkaProducer
     from kafka.errors import KafkaError
 

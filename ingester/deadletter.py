@@ -7,9 +7,9 @@ Headers: ``reason`` (``code: sentence``), ``source_topic``, ``source_partition``
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from ingester.batch import DeadLetter
+from ingester.clients import Producer
 from ingester.errors import DeadLetterUnavailable
 from ingester.metrics import DLQ_MESSAGES
 
@@ -28,7 +28,7 @@ class DeadLetters:
     """Sends dead letters through a kafka-python ``KafkaProducer`` (acks=all) and waits for
     Kafka to acknowledge them, so their offsets may be committed."""
 
-    def __init__(self, producer: Any, topic: str, timeout_s: float = 30.0) -> None:
+    def __init__(self, producer: Producer, topic: str, timeout_s: float = 30.0) -> None:
         self.producer = producer
         self.topic = topic
         self.timeout_s = timeout_s

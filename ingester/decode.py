@@ -38,17 +38,6 @@ class PoisonReason:
     WRONG_TOPIC = "wrong_topic"
     STORE_REJECTED = "store_rejected"
 
-    ALL = (
-        EMPTY,
-        NOT_JSON,
-        NOT_OBJECT,
-        UNKNOWN_KIND,
-        UNSUPPORTED_SCHEMA_VERSION,
-        INVALID_RECORD,
-        WRONG_TOPIC,
-        STORE_REJECTED,
-    )
-
 
 @dataclass(frozen=True)
 class Poison:

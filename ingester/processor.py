@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ingester.batch import Message, Partition
+from ingester.clients import Consumer
 from ingester.clock import Clock
 from ingester.errors import SettingsError
 from ingester.steps import MessageRejected, Step
@@ -32,7 +33,7 @@ PAUSED_POLL_MS = 10
 class StreamProcessor:
     def __init__(
         self,
-        consumer: Any,
+        consumer: Consumer,
         topics: list[str],
         make_steps: Callable[[], Step[Message]],
         clock: Clock,

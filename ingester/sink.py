@@ -15,9 +15,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ingester.errors import StoreDown, StoreRejected
+
+if TYPE_CHECKING:
+    from sqlalchemy import Engine
 
 T = TypeVar("T")
 Writer = Callable[[Any, Sequence[T]], int]
@@ -37,7 +40,7 @@ class StoreSink:
 
     def __init__(
         self,
-        engine: Any,
+        engine: Engine,
         write_exchanges: Writer[Any] | None = None,
         write_health: Writer[Any] | None = None,
     ) -> None:

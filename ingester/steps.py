@@ -27,6 +27,7 @@ from typing import Any, Protocol, TypeVar
 from ingester import metrics
 from ingester.backoff import Backoff
 from ingester.batch import Batch, DeadLetter, Decoded, Message, Partition
+from ingester.clients import Consumer
 from ingester.clock import Clock
 from ingester.decode import Poison, PoisonReason, decode
 from ingester.errors import DeadLetterUnavailable, TransientError
@@ -65,7 +66,7 @@ class CommitOffsets:
 
     def __init__(
         self,
-        consumer: Any,
+        consumer: Consumer,
         on_committed: Callable[[dict[Partition, int]], None] | None = None,
         clock: Clock | None = None,
         retry_s: float = 1.0,

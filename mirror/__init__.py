@@ -7,9 +7,8 @@ decisions), ``guard``, ``health``, ``sinks`` / ``kafka_sink`` / ``spool``, ``met
 ``cli``. A subprocess mirror for tests and benchmarks: :mod:`shadow_ab.dev.processes`. See
 mirror/README.md.
 
-Errors::
-
-    mirror.config.MirrorConfigError     settings that cannot work (says what to fix)
+Errors: one tree under :class:`mirror.errors.MirrorError` (settings that cannot work, a spool
+folder or Kafka sink that cannot start, a ``/metrics`` body that cannot be parsed).
 
 Everything else the mirror meets (engines down, slow, answering errors) is recorded, not raised.
 """

@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import aiohttp
 from fastapi import FastAPI
@@ -24,6 +24,7 @@ from shadow_ab.records import Role
 
 if TYPE_CHECKING:
     from mirror.app import Mirror
+    from mirror.sinks import RecordSink
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +69,7 @@ def admin_app(mirror: Mirror) -> FastAPI:
     return api
 
 
-def create_health_app(settings: MirrorSettings, *, sink: Any) -> FastAPI:
+def create_health_app(settings: MirrorSettings, *, sink: RecordSink) -> FastAPI:
     """``--health-only``: the health sampler alone, with ``/metrics`` and ``/healthz``."""
     from mirror.health import EngineTarget, HealthSampler
 

@@ -37,7 +37,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, MutableMapping
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import orjson
@@ -62,6 +62,9 @@ from mirror.shadow import Shadows
 from mirror.sse import SSEParser, is_usage_only, passes_whole
 from mirror.trace import Outcome, StreamTrace, parse_body, stream_trace
 from shadow_ab.records import Endpoint, ExchangeRecord, Role, Status, utcnow
+
+if TYPE_CHECKING:
+    from mirror.sinks import RecordSink
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +163,7 @@ class Mirror:
         self,
         settings: MirrorSettings,
         *,
-        sink: Any,
+        sink: RecordSink,
         incumbent_session: aiohttp.ClientSession | None = None,
         candidate_session: aiohttp.ClientSession | None = None,
         guard: InterferenceGuard | None = None,
@@ -188,7 +191,7 @@ class Mirror:
         self._inflight = {Role.INCUMBENT: 0, Role.CANDIDATE: 0, Role.REPLAY: 0}
         self.shadows = Shadows(self)
         self.draining = False
-        self._sink_label = "kafka" if type(sink).__name__ == "KafkaSink" else "direct"
+        self._sink_label = sink.label
         # Metric children looked up once (labels() costs microseconds per call).
         self._m_decision = {d: m.SHADOW_DECISIONS.labels(decision=d) for d in DECISIONS}
         self._m_inflight = {r: m.INFLIGHT.labels(role=r.value) for r in Role}
@@ -712,7 +715,7 @@ class Mirror:
 def create_app(
     settings: MirrorSettings,
     *,
-    sink: Any,
+    sink: RecordSink,
     incumbent_session: aiohttp.ClientSession | None = None,
     candidate_session: aiohttp.ClientSession | None = None,
 ) -> Mirror:

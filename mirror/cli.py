@@ -13,11 +13,14 @@ import signal
 import sys
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from mirror.config import MirrorConfigError, MirrorSettings, load_settings
+
+if TYPE_CHECKING:
+    from mirror.sinks import RecordSink
 
 log = logging.getLogger("mirror")
 
@@ -94,7 +97,7 @@ def mirror(
     log.info("stopped")
 
 
-def _open_sink(settings: MirrorSettings) -> Any:
+def _open_sink(settings: MirrorSettings) -> RecordSink:
     from mirror.sinks import open_sink
 
     try:
@@ -103,7 +106,7 @@ def _open_sink(settings: MirrorSettings) -> Any:
         raise click.ClickException(f"cannot open the record sink: {exc}") from exc
 
 
-def serve(settings: MirrorSettings, sink: Any, *, health_only: bool = False) -> None:
+def serve(settings: MirrorSettings, sink: RecordSink, *, health_only: bool = False) -> None:
     """Run the mirror (or only the health sampler, with its /metrics) until SIGTERM/SIGINT
     (uvicorn drains, the lifespan flushes)."""
     import uvicorn

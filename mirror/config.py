@@ -7,9 +7,8 @@ what to fix. Nested sections (``incumbent``, ``candidate``, ``shadow``, ``guard`
 The store and Kafka also honour the project-wide ``SHADOW_AB_DATABASE_URL`` and
 ``SHADOW_AB_KAFKA_BOOTSTRAP``.
 
-Errors::
-
-    MirrorConfigError       settings that cannot work (a sentence per problem)
+Errors: :class:`~mirror.errors.MirrorConfigError` (a :class:`~mirror.errors.MirrorError`):
+settings that cannot work (a sentence per problem).
 """
 
 from __future__ import annotations
@@ -32,6 +31,7 @@ from pydantic.fields import FieldInfo
 from pydantic_core import ErrorDetails
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from mirror.errors import MirrorConfigError
 from mirror.guard import GuardConfig
 from mirror.health import HealthConfig
 from mirror.kafka_sink import KafkaSinkConfig
@@ -41,10 +41,6 @@ from shadow_ab.cli_support import explain as explain_lines
 from shadow_ab.settings import CommonSettings, default_sqlite_url
 
 Flavor = Literal["vllm", "trtllm", "auto"]
-
-
-class MirrorConfigError(ValueError):
-    """Settings that cannot work; the message lists what to fix."""
 
 
 class EngineConfig(BaseModel):

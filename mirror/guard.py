@@ -206,10 +206,6 @@ class InterferenceGuard:
     def rate(self) -> float:
         return self._rate
 
-    @property
-    def current_state(self) -> GuardState:
-        return self._state
-
     def state(self) -> dict[str, Any]:
         """JSON-able summary for ``ExchangeRecord.guard`` (values as of the last evaluation)."""
         return {

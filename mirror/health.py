@@ -35,6 +35,7 @@ import aiohttp
 import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
+from mirror.errors import MetricsParseError
 from mirror.metrics import ENGINE_RESTARTS, ENGINE_UP, ENGINE_VERSION_CHANGES, HEALTH_SCRAPE
 from shadow_ab.records import INT32_MAX, HealthSample, Role, utcnow
 
@@ -44,10 +45,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 Flavor = Literal["vllm", "trtllm", "auto"]
-
-
-class MetricsParseError(ValueError):
-    """An engine's ``/metrics`` body is not in the format of its flavor."""
 
 
 class HealthConfig(BaseModel):

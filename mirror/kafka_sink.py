@@ -31,9 +31,8 @@ The mirror in Kafka mode cannot reach the store's ``drops`` table, so drops are 
 ``shadow_ab_mirror_records_dropped_total`` (reasons: ``queue_full``, ``closed``, ``spool_full``,
 ``encode_error``, ``spool_corrupt``) and summarised in a warning log at most every 10 s.
 
-Errors::
-
-    KafkaSinkError                  the sink cannot start (its spool folder is unusable)
+Errors: :class:`~mirror.errors.KafkaSinkError` (a :class:`~mirror.errors.MirrorError`): the
+sink cannot start (its spool folder is unusable).
 """
 
 from __future__ import annotations
@@ -48,12 +47,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from mirror.errors import KafkaSinkError, SpoolError
 from mirror.metrics import RECORDS, RECORDS_DROPPED, SINK_ERRORS
-from mirror.spool import Spool, SpoolError
+from mirror.spool import Spool
 from shadow_ab.records import ExchangeRecord, HealthSample, Record
 from shadow_ab.settings import state_dir
 from shadow_ab.topics import TOPIC_EXCHANGES, TOPIC_HEALTH
@@ -70,10 +70,6 @@ SPOOL_CORRUPT = "spool_corrupt"
 DROP_LOG_INTERVAL_S = 10.0
 
 _FRAME = struct.Struct("<HH")
-
-
-class KafkaSinkError(Exception):
-    """The Kafka sink cannot start."""
 
 
 def _default_spool_dir() -> Path:
@@ -166,7 +162,23 @@ def any_reachable(bootstrap: str, timeout_s: float) -> bool:
     return False
 
 
-def make_producer(config: KafkaSinkConfig) -> Any:
+class SendFuture(Protocol):
+    """A send's outcome, as kafka-python's ``FutureRecordMetadata``: callbacks run on the
+    producer's I/O thread."""
+
+    def add_callback(self, fn: Callable[[Any], Any]) -> Any: ...
+    def add_errback(self, fn: Callable[[Exception], Any]) -> Any: ...
+
+
+class Producer(Protocol):
+    """What the sink uses of kafka-python's ``KafkaProducer`` (tests hand in fakes)."""
+
+    def send(self, topic: str, *, key: bytes | None, value: bytes) -> SendFuture: ...
+    def partitions_for(self, topic: str) -> set[int] | None: ...
+    def close(self, timeout: float | None = None) -> None: ...
+
+
+def make_producer(config: KafkaSinkConfig) -> Producer:
     """A kafka-python producer as the sink wants it (raises kafka's errors when unreachable)."""
     from kafka import KafkaProducer
     from kafka.errors import KafkaTimeoutError
@@ -217,11 +229,13 @@ class KafkaSink:
     called on the sink's thread, again after a failure to build one.
     """
 
+    label = SINK
+
     def __init__(
         self,
         config: KafkaSinkConfig,
         *,
-        producer_factory: Callable[[KafkaSinkConfig], Any] = make_producer,
+        producer_factory: Callable[[KafkaSinkConfig], Producer] = make_producer,
         clock: Callable[[], float] = time.monotonic,
         poll_s: float = 0.05,
     ) -> None:
@@ -255,7 +269,7 @@ class KafkaSink:
         self._dropped_logged: Counter[str] = Counter()
         self._drops_logged_at = clock()
         # Owned by the thread (read elsewhere only as hints):
-        self._producer: Any = None
+        self._producer: Producer | None = None
         self._kafka_ok = True
         self._retry_at = 0.0
         self._backoff = config.retry_backoff_s
@@ -328,11 +342,6 @@ class KafkaSink:
                 errors=s.errors,
                 dropped=Counter(s.dropped),
             )
-
-    @property
-    def kafka_ok(self) -> bool:
-        """Whether the last send went through (False while records go to the spool)."""
-        return self._kafka_ok
 
     def __enter__(self) -> KafkaSink:
         return self
@@ -473,6 +482,8 @@ class KafkaSink:
         """Hand one frame to the producer; False when the producer refused it synchronously."""
         topic, key, value = decode_frame(frame)
         try:
+            if self._producer is None:  # the callers made one: lost meanwhile, a refused send
+                raise ConnectionError("no Kafka producer")
             future = self._producer.send(topic, key=key, value=value)
         except Exception as exc:
             self._error(type(exc).__name__)
@@ -658,7 +669,7 @@ class KafkaSink:
         self.spool.close()
 
 
-def _close_producer(producer: Any, timeout: float) -> None:
+def _close_producer(producer: Producer, timeout: float) -> None:
     """Close a kafka-python producer within ``timeout`` even when sends are pending.
 
     ``KafkaProducer.close(t)`` first flushes and raises KafkaTimeoutError when that does not

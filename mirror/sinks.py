@@ -13,7 +13,7 @@ Errors::
 
     ValueError                              the database URL's dialect is not supported
     storage.errors.StorageError             the embedded store could not be migrated
-    mirror.kafka_sink.KafkaSinkError        the Kafka sink's spool folder is unusable
+    mirror.errors.KafkaSinkError            the Kafka sink's spool folder is unusable
 """
 
 from __future__ import annotations
@@ -34,6 +34,11 @@ log = logging.getLogger(__name__)
 @runtime_checkable
 class RecordSink(Protocol):
     """What the mirror and the health sampler hand their records to."""
+
+    label: str
+    """The sink's name in the mirror's metrics (label ``sink``): ``kafka`` for a sink that
+    counts its own records (``shadow_ab_mirror_records_total``), ``direct`` for one the mirror
+    counts them for."""
 
     def submit(self, record: Record) -> bool:
         """Accept ``record`` without blocking; False when it was dropped (and counted)."""

@@ -20,16 +20,17 @@ opaque bytes (the Kafka sink puts topic, key and value in them).
 - The cursor is written atomically (temporary file + rename) at most every
   ``cursor_interval_s`` and on segment changes and :meth:`Spool.close`; after a crash, entries
   acked since the last write are handed out again (at-least-once: the ingester is idempotent).
-- :meth:`Spool.open` (the constructor) resumes the entries a previous process left. A segment
-  whose tail is torn (a crash mid-write: short header, short payload or a CRC mismatch) is cut at
-  its last whole entry; what was cut is counted in :attr:`Spool.corrupt_bytes` and logged.
+- Constructing a :class:`Spool` on a folder takes the folder's lock (:class:`SpoolError` when
+  another process holds it) and resumes what a previous process left: the entries after the
+  cursor, segments wholly before it deleted. Each segment is read from the cursor (or its start)
+  up to its first entry that is not whole (a crash mid-write: short header, short payload or a
+  CRC mismatch) and cut there; what was cut is counted in :attr:`Spool.corrupt_bytes` and
+  logged.
 
 Thread-safe (one lock). The clock is injectable.
 
-Errors::
-
-    SpoolError          the folder cannot be used (not a directory, unreadable cursor, in use
-                        by another process)
+Errors: :class:`~mirror.errors.SpoolError` (a :class:`~mirror.errors.MirrorError`): the folder
+cannot be used (not a directory, unreadable cursor, in use by another process).
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from typing import BinaryIO
 
 import orjson
 
+from mirror.errors import SpoolError
 from mirror.metrics import SPOOL_BYTES, SPOOL_RECORDS
 
 log = logging.getLogger(__name__)
@@ -60,10 +62,6 @@ MAX_ENTRY_BYTES = 64 * 1024 * 1024
 SEGMENT_RE = re.compile(r"^seg-(\d{20})\.log$")
 CURSOR_FILE = "cursor"
 LOCK_FILE = "lock"
-
-
-class SpoolError(Exception):
-    """The spool folder cannot be used."""
 
 
 @dataclass(frozen=True, slots=True)

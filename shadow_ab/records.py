@@ -27,6 +27,8 @@ from typing import Annotated, Any, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from shadow_ab.timestamps import aware_utc
+
 SCHEMA_VERSION = 1
 """Bumped on an incompatible change; consumers accept every version up to their own."""
 
@@ -133,7 +135,7 @@ class ExchangeRecord(_Record):
     @field_validator("sent_at")
     @classmethod
     def _aware_utc(cls, v: datetime) -> datetime:
-        return _as_utc(v, "sent_at")
+        return aware_utc(v, "sent_at")
 
     @property
     def greedy(self) -> bool:
@@ -167,16 +169,10 @@ class HealthSample(_Record):
     @field_validator("ts")
     @classmethod
     def _aware_utc(cls, v: datetime) -> datetime:
-        return _as_utc(v, "ts")
+        return aware_utc(v, "ts")
 
 
 Record = ExchangeRecord | HealthSample
-
-
-def _as_utc(v: datetime, name: str) -> datetime:
-    if v.tzinfo is None:
-        raise ValueError(f"{name} must carry a timezone (send ISO 8601 with 'Z' or an offset)")
-    return v.astimezone(UTC)
 
 
 def _explain(exc: ValidationError) -> str:

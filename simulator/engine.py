@@ -67,7 +67,6 @@ class Job:
     arrival: float = field(default_factory=time.monotonic)
     scheduled_at: float | None = None
     first_token_at: float | None = None
-    finished_at: float | None = None
     finished: bool = False
     aborted: bool = False
     event: asyncio.Event = field(default_factory=asyncio.Event)
@@ -261,7 +260,6 @@ class Engine:
 
     def _finish(self, job: Job, now: float) -> None:
         job.finished = True
-        job.finished_at = now
         self.running.remove(job)
         self.kv_reserved -= job.reserve_tokens
         s = self.stats

@@ -222,7 +222,6 @@ Fault = Annotated[
     CrashFault | HangFault | ErrorBurstFault | VersionChangeFault | LeakFault | DriftFault,
     Field(discriminator="kind"),
 ]
-WindowFault = HangFault | ErrorBurstFault
 _FAULT_MODELS: dict[str, type[BaseModel]] = {
     "crash": CrashFault,
     "hang": HangFault,

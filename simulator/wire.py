@@ -247,9 +247,6 @@ class TrtCompletionRequest(_Completion):
         return data
 
 
-ChatRequest = VllmChatRequest | TrtChatRequest
-CompletionRequest = VllmCompletionRequest | TrtCompletionRequest
-
 _MODELS: dict[tuple[str, str], type[_Chat] | type[_Completion]] = {
     ("vllm", "chat"): VllmChatRequest,
     ("vllm", "completions"): VllmCompletionRequest,

@@ -16,6 +16,7 @@ The natural keys double as the idempotency keys of the bulk writers:
 
 from __future__ import annotations
 
+import functools
 import uuid
 from datetime import datetime
 from typing import Any
@@ -25,6 +26,7 @@ from sqlalchemy import (
     BigInteger,
     Boolean,
     DateTime,
+    Dialect,
     Float,
     ForeignKey,
     Index,
@@ -32,13 +34,17 @@ from sqlalchemy import (
     MetaData,
     SmallInteger,
     String,
+    Table,
     Text,
+    TypeDecorator,
     UniqueConstraint,
     Uuid,
     func,
 )
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from shadow_ab.timestamps import as_utc, aware_utc
 
 # JSONB on PostgreSQL (indexable, compact), JSON text on SQLite; Python None is SQL NULL.
 JsonDoc = JSON(none_as_null=True).with_variant(postgresql.JSONB(none_as_null=True), "postgresql")
@@ -48,7 +54,41 @@ FloatList = JSON(none_as_null=True).with_variant(
 )
 # 64-bit ids on PostgreSQL; SQLite only autoincrements a column typed exactly INTEGER.
 BigId = BigInteger().with_variant(Integer(), "sqlite")
-Timestamp = DateTime(timezone=True)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """The store's timestamps: ``timestamptz`` on PostgreSQL, text on SQLite (which keeps no
+    zone). Aware UTC datetimes come out of both (SQLite's text is UTC: this type wrote it);
+    a datetime going in must carry a zone and is written in UTC (``ValueError`` otherwise).
+
+    Only SQL that knows the column's type converts: Core and ORM statements over these models'
+    tables (:data:`EXCHANGES`, ...), and ``text()`` given its types (``bindparams``,
+    ``columns``)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: Any, dialect: Dialect) -> Any:
+        return (
+            aware_utc(value, "a timestamp sent to the store")
+            if isinstance(value, datetime)
+            else value
+        )
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return _naive_as_utc(value) if value.tzinfo is None else as_utc(value)
+
+
+@functools.lru_cache(maxsize=4096)
+def _naive_as_utc(value: datetime) -> datetime:
+    # SQLite's values repeat (a month of hourly rollups is ~100 k rows over 720 hours), and
+    # datetime.replace costs microseconds: each distinct one is converted once.
+    return as_utc(value)
+
+
+Timestamp = UTCDateTime()
 
 NAMING_CONVENTION = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -287,3 +327,16 @@ class LatencySample(Base):
     candidate_itl_mean_s: Mapped[float | None] = mapped_column(Float)
     incumbent_completion_tokens: Mapped[int | None] = mapped_column(Integer)
     candidate_completion_tokens: Mapped[int | None] = mapped_column(Integer)
+
+
+# Table handles for Core statements: the only ones (a table defined again elsewhere, or a
+# lightweight ``table()``, would read timestamps without :class:`UTCDateTime`).
+DEPLOYMENTS: Table = Base.metadata.tables["deployments"]
+EXCHANGES: Table = Base.metadata.tables["exchanges"]
+HEALTH_SAMPLES: Table = Base.metadata.tables["health_samples"]
+INCIDENTS: Table = Base.metadata.tables["incidents"]
+REPORTS: Table = Base.metadata.tables["reports"]
+DROPS: Table = Base.metadata.tables["drops"]
+LATENCY_ROLLUPS: Table = Base.metadata.tables["latency_rollups"]
+LATENCY_ROLLUP_HOURS: Table = Base.metadata.tables["latency_rollup_hours"]
+LATENCY_SAMPLES: Table = Base.metadata.tables["latency_samples"]

@@ -21,9 +21,10 @@ from datetime import UTC, date, datetime, time, timedelta
 
 from sqlalchemy import Connection, Engine, delete, func, select, text
 
+from shadow_ab.timestamps import as_utc
 from storage.db import is_postgres
 from storage.errors import translate
-from storage.models import PARTITIONED_TABLES, Base
+from storage.models import DROPS, EXCHANGES, HEALTH_SAMPLES, PARTITIONED_TABLES
 
 _NAME = re.compile(r"^(?P<table>[a-z_]+)_p(?P<day>\d{8})$")
 # One advisory lock key for every DDL on partitions, so concurrent writers (direct sink,
@@ -45,9 +46,7 @@ def parse_partition_name(name: str) -> tuple[str, date] | None:
 
 def day_of(ts: datetime) -> date:
     """The UTC day a timestamp belongs to (naive timestamps are taken as UTC)."""
-    if ts.tzinfo is not None:
-        ts = ts.astimezone(UTC)
-    return ts.date()
+    return as_utc(ts).date()
 
 
 def day_start(day: date) -> datetime:
@@ -209,13 +208,14 @@ def _retention_postgres(engine: Engine, cutoff: datetime, dry_run: bool) -> Rete
         rows: dict[str, int] = {table: 0 for table in PARTITIONED_TABLES}
         for table, name in doomed:
             rows[table] += conn.execute(text(f"SELECT count(*) FROM {name}")).scalar_one()
+        old_drops = DROPS.c.ts < cutoff
         rows["drops"] = conn.execute(
-            text("SELECT count(*) FROM drops WHERE ts < :cutoff"), {"cutoff": cutoff}
+            select(func.count()).select_from(DROPS).where(old_drops)
         ).scalar_one()
         if not dry_run:
             for _table, name in doomed:
                 conn.execute(text(f"DROP TABLE {name}"))
-            conn.execute(text("DELETE FROM drops WHERE ts < :cutoff"), {"cutoff": cutoff})
+            conn.execute(delete(DROPS).where(old_drops))
     if not dry_run:
         _caches.pop(engine, None)
     return RetentionPlan(cutoff=cutoff, partitions=[name for _t, name in doomed], rows=rows)
@@ -226,8 +226,8 @@ def _retention_rows(engine: Engine, cutoff: datetime, dry_run: bool) -> Retentio
     # timestamps (naive UTC text).
     rows: dict[str, int] = {}
     with engine.begin() as conn:
-        for name, column in {**PARTITIONED_TABLES, "drops": "ts"}.items():
-            table = Base.metadata.tables[name]
+        for table, column in ((EXCHANGES, "sent_at"), (HEALTH_SAMPLES, "ts"), (DROPS, "ts")):
+            name = table.name
             where = table.c[column] < cutoff
             count = conn.execute(select(func.count()).select_from(table).where(where)).scalar_one()
             rows[name] = int(count)

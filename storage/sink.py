@@ -64,6 +64,9 @@ class SinkStats:
 class DirectSink:
     """Batches records into the store from a background thread; ``submit`` never blocks."""
 
+    label = "direct"
+    """Its name in the mirror's metrics (``mirror.sinks.RecordSink.label``)."""
+
     def __init__(
         self,
         engine: Engine,

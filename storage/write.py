@@ -36,15 +36,11 @@ from sqlalchemy import Connection, Engine, Table, insert
 from sqlalchemy.dialects import postgresql, sqlite
 
 from shadow_ab.records import ExchangeRecord, HealthSample, Record
+from shadow_ab.timestamps import aware_utc
 from storage.db import is_postgres
 from storage.errors import StoreError, translate
-from storage.models import Base
+from storage.models import DEPLOYMENTS, DROPS, EXCHANGES, HEALTH_SAMPLES
 from storage.partitions import cache_for, day_of
-
-EXCHANGES: Table = Base.metadata.tables["exchanges"]
-HEALTH: Table = Base.metadata.tables["health_samples"]
-DEPLOYMENTS: Table = Base.metadata.tables["deployments"]
-DROPS: Table = Base.metadata.tables["drops"]
 
 EXCHANGE_COLUMNS = (
     "pair_id",
@@ -372,8 +368,7 @@ def write_drops(engine: Engine, source: str, reason: str, count: int, ts: dateti
     """Record that ``source`` dropped ``count`` records for ``reason`` (at ``ts``, UTC)."""
     if count < 0:
         raise ValueError(f"drop count must be >= 0, got {count}")
-    if ts.tzinfo is None:
-        raise ValueError("drop ts must carry a timezone (use datetime.now(UTC))")
+    ts = aware_utc(ts, "drop ts")
     if not source or not reason:
         raise ValueError("drops need a non-empty source and reason")
     if count == 0:
@@ -422,7 +417,7 @@ def check_int_ranges(spec: _TableSpec, rows: Sequence[tuple[Any, ...]]) -> None:
 
 
 _EXCHANGE_SPEC = _TableSpec(EXCHANGES, EXCHANGE_COLUMNS, EXCHANGE_KEY, EXCHANGE_PG_TYPES)
-_HEALTH_SPEC = _TableSpec(HEALTH, HEALTH_COLUMNS, HEALTH_KEY, HEALTH_PG_TYPES)
+_HEALTH_SPEC = _TableSpec(HEALTH_SAMPLES, HEALTH_COLUMNS, HEALTH_KEY, HEALTH_PG_TYPES)
 
 
 RowBuilder = Callable[[Encoding], list[tuple[Any, ...]]]

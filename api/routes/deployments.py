@@ -9,7 +9,7 @@ from api.auth import Reader
 from api.deps import Conn, DeploymentName, deployment_row
 from api.models import Deployment, DeploymentList, DeploymentSummary, ReportSummary
 from api.queries import AnyRow
-from storage.models import Incident, Report
+from storage.models import INCIDENTS, REPORTS
 
 router = APIRouter(tags=["deployments"])
 
@@ -30,8 +30,8 @@ def get_deployment(name: DeploymentName, _who: Reader, conn: Conn) -> Deployment
     return Deployment.model_validate(
         {
             **row._mapping,
-            "reports": queries.count_of(conn, Report, name),
-            "incidents": queries.count_of(conn, Incident, name),
+            "reports": queries.count_of(conn, REPORTS, name),
+            "incidents": queries.count_of(conn, INCIDENTS, name),
             "latest_report": ReportSummary.model_validate(latest[0]._mapping) if latest else None,
         }
     )

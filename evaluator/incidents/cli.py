@@ -18,13 +18,11 @@ from typing import Any
 import click
 import orjson
 
+from evaluator.errors import EvaluatorError
 from evaluator.incidents.analysis import detect_incidents
 from evaluator.incidents.load import load_detection_input
 from evaluator.incidents.model import KINDS, IncidentConfig
 from evaluator.incidents.query import (
-    BadQuery,
-    IncidentQueryError,
-    UnknownDeployment,
     check_deployment,
     compare_incidents,
     data_span,
@@ -32,26 +30,9 @@ from evaluator.incidents.query import (
 )
 from evaluator.incidents.store import store_incidents
 from evaluator.rates import BUCKETS, By
-from shadow_ab.cli_support import resolve_url, url_option
+from shadow_ab.cli_support import parse_time, resolve_url, url_option
 from storage.cli_support import storage_errors
 from storage.db import make_engine
-
-
-def parse_time(value: str | None, name: str) -> datetime | None:
-    """ISO 8601 (``2026-11-30``, ``2026-11-30T12:00``, with ``Z`` or an offset); naive = UTC."""
-    if value is None:
-        return None
-    text = value.strip()
-    if text.endswith(("Z", "z")):
-        text = text[:-1] + "+00:00"
-    try:
-        ts = datetime.fromisoformat(text)
-    except ValueError as exc:
-        raise click.BadParameter(
-            f"{value!r} is not a time: use ISO 8601, e.g. 2026-11-30 or 2026-11-30T12:00:00Z",
-            param_hint=name,
-        ) from exc
-    return ts.replace(tzinfo=UTC) if ts.tzinfo is None else ts.astimezone(UTC)
 
 
 def _fmt_time(iso: str | None) -> str:
@@ -267,7 +248,7 @@ def incidents(
         comparison = compare_incidents(
             engine, deployment, by=bucket, kind=kind, since=since_t, until=until_t
         )
-    except (UnknownDeployment, BadQuery, IncidentQueryError) as exc:
+    except EvaluatorError as exc:
         click.echo(f"error: {exc}", err=True)
         raise SystemExit(2) from exc
     finally:

@@ -37,12 +37,9 @@ from evaluator.incidents.model import (
     utc_at,
     utc_window,
 )
-from evaluator.rates import as_utc, observed_intervals
+from evaluator.rates import observed_intervals
 from storage.errors import translate
-from storage.models import Base
-
-EXCHANGES = Base.metadata.tables["exchanges"]
-HEALTH = Base.metadata.tables["health_samples"]
+from storage.models import EXCHANGES, HEALTH_SAMPLES
 
 
 def epoch_bin(engine: Engine, column: Any, bin_s: int) -> Any:
@@ -147,7 +144,7 @@ def load_detection_input(
     (one filtered pass; the inter-token gaps are looked at only for answers that lasted at
     least ``hang_stall_s``)."""
     lo, hi = utc_window(window)
-    h = HEALTH.c
+    h = HEALTH_SAMPLES.c
     iteration = h.metrics["iter"].as_float()
     prev = {
         "up": func.lag(h.up).over(partition_by=h.engine, order_by=h.ts),
@@ -256,9 +253,7 @@ def load_detection_input(
     )
     with translate(), engine.connect() as conn:
         health = [
-            HealthPoint(
-                r[0], r[1], as_utc(r[2]), bool(r[3]), r[4], r[5], r[6], r[7], r[8], iteration=r[9]
-            )
+            HealthPoint(r[0], r[1], r[2], bool(r[3]), r[4], r[5], r[6], r[7], r[8], iteration=r[9])
             for r in conn.execute(changes)
         ]
         memory = []
@@ -288,7 +283,7 @@ def load_detection_input(
             sent.extent[key] = (min(a, old[0]), max(b, old[1]))
             sent.totals[key] = sent.totals.get(key, 0) + int(n)
         events = [
-            ExchangeEvent(r[0], r[1], as_utc(r[2]), r[3], r[4], r[5], r[6], r[7], r[8])
+            ExchangeEvent(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8])
             for r in conn.execute(events_q)
         ]
         # Exchanges sent per minute, only around failures (where an error burst could be).

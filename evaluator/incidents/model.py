@@ -19,9 +19,10 @@ from typing import Any
 import numpy as np
 
 from evaluator.incidents.leak import LeakParams
-from evaluator.rates import as_utc, observed_intervals
+from evaluator.rates import observed_intervals
+from evaluator.results import Window
+from shadow_ab.timestamps import as_utc
 
-Window = tuple[datetime, datetime]
 KINDS: tuple[str, ...] = ("crash", "version_change", "leak", "error_burst", "hang")
 ROLES: tuple[str, ...] = ("incumbent", "candidate")
 MEMORY_SERIES: tuple[str, ...] = ("gpu_mem_bytes", "cpu_mem_bytes")

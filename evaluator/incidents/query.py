@@ -9,11 +9,9 @@ Both read what detection stored (``shadow-ab report`` or ``shadow-ab incidents -
 it); exposure (observed time) comes from the health samples' minutes, or from the minutes with
 exchanges for a role without health samples.
 
-Errors::
-
-    IncidentQueryError          base
-    ├── UnknownDeployment       no such deployment; ``known`` lists the ones that exist
-    └── BadQuery                an argument that cannot work (``by``, an empty span, ...)
+Errors (:mod:`evaluator.errors`): :class:`~evaluator.errors.UnknownDeployment` (``known`` lists
+the ones that exist), :class:`~evaluator.errors.BadQuery` (an argument that cannot work: ``by``,
+a naive time, ...).
 
 Store failures surface as :class:`storage.errors.StorageError`.
 """
@@ -26,37 +24,22 @@ from typing import Any
 
 from sqlalchemy import Engine, func, select
 
+from evaluator.errors import BadQuery, UnknownDeployment
 from evaluator.incidents.analysis import bucket_table, role_intervals
-from evaluator.incidents.load import EXCHANGES, HEALTH, epoch_bin
+from evaluator.incidents.load import epoch_bin
 from evaluator.incidents.model import KINDS, ROLES, Finding, SentCounts
-from evaluator.incidents.store import DEPLOYMENTS, INCIDENTS
 from evaluator.rates import (
     BUCKETS,
     By,
-    as_utc,
     compare_poisson_rates,
     observed_intervals,
     overlap_s,
 )
+from shadow_ab.timestamps import aware_utc
 from storage.errors import translate
+from storage.models import DEPLOYMENTS, EXCHANGES, HEALTH_SAMPLES, INCIDENTS
 
 DEFAULT_MAX_GAP_S = 120.0
-
-
-class IncidentQueryError(Exception):
-    """Base of the incident queries' errors."""
-
-
-class UnknownDeployment(IncidentQueryError):
-    def __init__(self, name: str, known: list[str]) -> None:
-        self.name = name
-        self.known = known
-        hint = f"known deployments: {', '.join(known)}" if known else "the store has none yet"
-        super().__init__(f"no deployment named {name!r} ({hint})")
-
-
-class BadQuery(IncidentQueryError):
-    """An argument that cannot work, with a sentence saying what to pass instead."""
 
 
 def known_deployments(engine: Engine) -> list[str]:
@@ -76,14 +59,15 @@ def check_deployment(engine: Engine, deployment: str) -> None:
 def _utc(ts: datetime | None, name: str) -> datetime | None:
     if ts is None:
         return None
-    if ts.tzinfo is None:
-        raise BadQuery(f"{name} must carry a timezone (e.g. 2026-11-30T00:00:00Z)")
-    return ts.astimezone(UTC)
+    try:
+        return aware_utc(ts, name)
+    except ValueError as exc:
+        raise BadQuery(str(exc)) from None
 
 
 def _row_dict(r: Any) -> dict[str, Any]:
     evidence = dict(r.evidence or {})
-    started, ended = as_utc(r.started_at), (as_utc(r.ended_at) if r.ended_at else None)
+    started, ended = r.started_at, r.ended_at
     return {
         "id": r.id,
         "deployment": r.deployment,
@@ -94,7 +78,7 @@ def _row_dict(r: Any) -> dict[str, Any]:
         "ended_at": ended.isoformat() if ended else None,
         "duration_s": (ended - started).total_seconds() if ended else None,
         "evidence": evidence,
-        "detected_at": as_utc(r.detected_at).isoformat() if r.detected_at else None,
+        "detected_at": r.detected_at.isoformat() if r.detected_at else None,
     }
 
 
@@ -136,14 +120,18 @@ def data_span(engine: Engine, deployment: str) -> tuple[datetime, datetime] | No
     """First and last moment of the deployment's health samples, exchanges and incidents."""
     firsts, lasts = [], []
     with translate(), engine.connect() as conn:
-        for table, col in ((HEALTH, "ts"), (EXCHANGES, "sent_at"), (INCIDENTS, "started_at")):
+        for table, col in (
+            (HEALTH_SAMPLES, "ts"),
+            (EXCHANGES, "sent_at"),
+            (INCIDENTS, "started_at"),
+        ):
             column = table.c[col]
             lo, hi = conn.execute(
                 select(func.min(column), func.max(column)).where(table.c.deployment == deployment)
             ).one()
             if lo is not None:
-                firsts.append(as_utc(lo))
-                lasts.append(as_utc(hi))
+                firsts.append(lo)
+                lasts.append(hi)
     if not firsts:
         return None
     return min(firsts), max(lasts)
@@ -158,7 +146,7 @@ def load_exposure(
 ) -> dict[str, list[tuple[float, float]]]:
     """Observed intervals per role (Unix seconds): minutes with health samples, joined across
     gaps up to ``max_gap_s``; for a role without health samples, minutes with exchanges."""
-    h, x = HEALTH.c, EXCHANGES.c
+    h, x = HEALTH_SAMPLES.c, EXCHANGES.c
     hb = epoch_bin(engine, h.ts, 60)
     health_q = (
         select(h.engine, func.max(h.role), hb)

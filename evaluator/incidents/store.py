@@ -16,12 +16,8 @@ from sqlalchemy import Engine, func, select
 from sqlalchemy.dialects import postgresql, sqlite
 
 from evaluator.incidents.model import Finding, unix_s
-from evaluator.rates import as_utc
 from storage.errors import translate
-from storage.models import Base
-
-INCIDENTS = Base.metadata.tables["incidents"]
-DEPLOYMENTS = Base.metadata.tables["deployments"]
+from storage.models import DEPLOYMENTS, INCIDENTS
 
 
 def _overlaps(a0: float, a1: float | None, b0: float, b1: float | None, slack: float) -> bool:
@@ -98,8 +94,8 @@ def store_incidents(engine: Engine, deployment: str, findings: Sequence[Finding]
                     }
                 )
                 continue
-            start = min(as_utc(match["started_at"]), f.started_at)
-            ends = [as_utc(match["ended_at"]) if match["ended_at"] else None, f.ended_at]
+            start = min(match["started_at"], f.started_at)
+            ends = [match["ended_at"], f.ended_at]
             end = None if f.ended_at is None else max(e for e in ends if e is not None)
             conn.execute(
                 INCIDENTS.update()

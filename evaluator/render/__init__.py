@@ -12,7 +12,8 @@ Every renderer takes the review's JSON body (``Review.to_dict()``, also stored i
 - :mod:`evaluator.render.plots`: the figures (matplotlib, Agg backend) as SVG text;
 - :mod:`evaluator.render.tables`: flattening the sections' nested rows into table columns.
 
-Errors: :class:`RenderError` (ValueError) for an unknown format.
+Errors: :class:`~evaluator.errors.RenderError` (an :class:`~evaluator.errors.EvaluatorError`)
+for an unknown format.
 """
 
 from __future__ import annotations
@@ -21,11 +22,9 @@ from typing import Any
 
 import orjson
 
+from evaluator.errors import RenderError
+
 FORMATS = ("html", "md", "json")
-
-
-class RenderError(ValueError):
-    """The review cannot be rendered as asked (unknown format)."""
 
 
 def render_json(body: dict[str, Any]) -> str:

@@ -71,6 +71,16 @@ def test_failure_shares_sparse_counts() -> None:
     assert strong is not None and strong.interval.low > 1 and strong.p_value < 1e-10
 
 
+def test_wilson_interval() -> None:
+    none = wilson_interval(0, 100)
+    assert (
+        none is not None and none.low == pytest.approx(0.0, abs=1e-12) and 0.03 < none.high < 0.04
+    )
+    half = wilson_interval(50, 100)
+    assert half is not None and half.low < 0.5 < half.high
+    assert wilson_interval(0, 0) is None
+
+
 def test_wilson_and_newcombe_published_values() -> None:
     # Newcombe (1998), Stat Med 17:857 and 17:873: 81/263 -> 0.2553 .. 0.3662;
     # 56/70 - 48/80 -> 0.0524 .. 0.3339 and 9/10 - 3/10 -> 0.1705 .. 0.8090 (method 10).

@@ -15,7 +15,6 @@ from evaluator.stats import (
     quantiles,
     share_delta,
     weighted_quantiles,
-    wilson_interval,
 )
 
 FAST = BootstrapConfig(n_resamples=299, pooled_resamples=99, max_pairs=5000)
@@ -119,11 +118,3 @@ def test_share_delta_interval() -> None:
     assert est.high < 0
     same = share_delta([True, False, True], [True, False, True], FAST)
     assert (same.value, same.low, same.high) == (0.0, 0.0, 0.0)
-
-
-def test_wilson_interval() -> None:
-    low, high = wilson_interval(0, 100)
-    assert low == pytest.approx(0.0, abs=1e-12) and 0.03 < high < 0.04
-    low, high = wilson_interval(50, 100)
-    assert low < 0.5 < high
-    assert all(math.isnan(v) for v in wilson_interval(0, 0))

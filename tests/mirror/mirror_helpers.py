@@ -27,6 +27,8 @@ FAST: dict[str, Any] = {
 class ListSink:
     """A record sink (the mirror's RecordSink seam) that keeps what it is given."""
 
+    label = "direct"
+
     def __init__(self) -> None:
         self.records: list[Record] = []
 
