@@ -59,6 +59,7 @@ from ingester.app import build_processor, tune_gc
 from ingester.clients import make_consumer, make_producer
 from ingester.decode import decode
 from ingester.settings import IngestSettings
+from shadow_ab.dev.synthetic import text_of
 from shadow_ab.records import ExchangeRecord, parse_record
 from shadow_ab.settings import CommonSettings
 from shadow_ab.topics import TopicSpec, delete_topics, ensure_topics
@@ -79,16 +80,6 @@ WORDS = (
 # -- realistic records ------------------------------------------------------------------------
 
 
-def _text(rng: random.Random, size: int) -> str:
-    out: list[str] = []
-    n = 0
-    while n < size:
-        w = rng.choice(WORDS)
-        out.append(w)
-        n += len(w) + 1
-    return " ".join(out)[:size]
-
-
 def make_values(n: int, deployment: str, seed: int = 1) -> list[tuple[bytes, bytes]]:
     """(key, value) pairs of exchange records as the mirror would send them."""
     rng = random.Random(seed)
@@ -100,8 +91,8 @@ def make_values(n: int, deployment: str, seed: int = 1) -> list[tuple[bytes, byt
         # 1-4 KB of text per record in total, split between the prompt and the output.
         text_bytes = rng.randint(1024, 4096)
         prompt_bytes = int(text_bytes * rng.uniform(0.3, 0.7))
-        prompt = _text(rng, prompt_bytes)
-        output = _text(rng, text_bytes - prompt_bytes)
+        prompt = text_of(prompt_bytes, rng, WORDS)
+        output = text_of(text_bytes - prompt_bytes, rng, WORDS)
         tokens = max(2, len(output) // 4)
         events = max(2, tokens // 2)  # engines stream one or a few tokens per SSE event
         ttft = rng.uniform(0.03, 0.4)

@@ -34,13 +34,10 @@ import time
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, text
 from sqlalchemy.engine import make_url
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from evaluator.latency import analyze_latency
 from evaluator.rollups import refresh_rollups

@@ -30,10 +30,7 @@ from pathlib import Path
 from sqlalchemy import Engine, text
 from sqlalchemy.engine import make_url
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "storage"))
-
-from store_factories import T0, exchanges  # type: ignore[import-not-found]  # tests/storage, on sys.path above
-
+from shadow_ab.dev.synthetic import T0, exchanges
 from shadow_ab.settings import CommonSettings
 from storage.db import make_engine
 from storage.migrate import upgrade

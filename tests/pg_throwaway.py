@@ -1,4 +1,4 @@
-"""Throw-away PostgreSQL databases on the test server, shared by the storage and ingester tests."""
+"""Throw-away PostgreSQL databases on the test server, for the stores in tests/conftest.py."""
 
 from __future__ import annotations
 

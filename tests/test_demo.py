@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from pg_throwaway import PgDatabases
 from sqlalchemy import select
 
 from evaluator.review import SIMULATOR_NOTE
@@ -70,49 +69,44 @@ def test_demo_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.filterwarnings("ignore::scipy.stats.DegenerateDataWarning")
-@pytest.mark.services
 @pytest.mark.slow
 def test_demo_through_kafka_into_postgresql(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     kafka_bootstrap: str,
-    pg_databases: PgDatabases,
+    empty_pg_url: str,
 ) -> None:
     monkeypatch.setenv("SHADOW_AB_HOME", str(tmp_path / "home"))
-    name, url = pg_databases.create()
+    result = CliRunner().invoke(
+        demo,
+        [
+            "--duration",
+            "8",
+            "--deployment",
+            "demo-kafka",
+            "--database-url",
+            empty_pg_url,
+            "--kafka",
+            kafka_bootstrap,
+            "-o",
+            str(tmp_path / "r.html"),
+        ],
+    )
+    assert result.exit_code == 0, result.output + result.stderr
+    assert "shadow-ab ingest" in result.stderr  # the records went through Kafka
+    assert (tmp_path / "r.html").read_text().count("<svg") >= 1
+    engine = make_engine(empty_pg_url)
     try:
-        result = CliRunner().invoke(
-            demo,
-            [
-                "--duration",
-                "8",
-                "--deployment",
-                "demo-kafka",
-                "--database-url",
-                url,
-                "--kafka",
-                kafka_bootstrap,
-                "-o",
-                str(tmp_path / "r.html"),
-            ],
-        )
-        assert result.exit_code == 0, result.output + result.stderr
-        assert "shadow-ab ingest" in result.stderr  # the records went through Kafka
-        assert (tmp_path / "r.html").read_text().count("<svg") >= 1
-        engine = make_engine(url)
-        try:
-            with engine.connect() as conn:
-                roles = set(
-                    conn.execute(
-                        select(Exchange.role).where(Exchange.deployment == "demo-kafka").distinct()
-                    ).scalars()
-                )
-                health = conn.execute(select(HealthSampleRow.engine)).first()
-                reports = conn.execute(select(Report.verdict)).scalars().all()
-        finally:
-            engine.dispose()
-        assert roles == {"incumbent", "candidate", "replay"}
-        assert health is not None
-        assert len(reports) == 1 and f"verdict: {reports[0]} " in result.stdout
+        with engine.connect() as conn:
+            roles = set(
+                conn.execute(
+                    select(Exchange.role).where(Exchange.deployment == "demo-kafka").distinct()
+                ).scalars()
+            )
+            health = conn.execute(select(HealthSampleRow.engine)).first()
+            reports = conn.execute(select(Report.verdict)).scalars().all()
     finally:
-        pg_databases.drop(name)
+        engine.dispose()
+    assert roles == {"incumbent", "candidate", "replay"}
+    assert health is not None
+    assert len(reports) == 1 and f"verdict: {reports[0]} " in result.stdout

@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import uuid
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import orjson
 import pytest
+from factories import exchange_document, health
 
 from shadow_ab.records import (
     SCHEMA_VERSION,
     ExchangeRecord,
-    HealthSample,
     RecordError,
     Role,
     Status,
@@ -22,36 +21,11 @@ from shadow_ab.records import (
 )
 
 
-def exchange(**overrides: Any) -> dict[str, Any]:
-    base: dict[str, Any] = {
-        "schema_version": SCHEMA_VERSION,
-        "kind": "exchange",
-        "deployment": "llama-vllm-vs-trt",
-        "pair_id": str(uuid.uuid4()),
-        "role": "candidate",
-        "engine": "trtllm@candidate",
-        "endpoint": "chat",
-        "stream": True,
-        "sent_at": "2026-11-30T03:00:00.123456Z",
-        "status": "ok",
-        "http_status": 200,
-        "ttft_s": 0.041,
-        "e2e_s": 0.52,
-        "tpot_s": 0.008,
-        "itl_s": [0.008, 0.009],
-        "prompt_tokens": 12,
-        "completion_tokens": 60,
-        "finish_reason": "stop",
-        "request": {"model": "m", "temperature": 0, "seed": 7, "max_tokens": 64},
-        "output_text": "hello",
-        "logprobs": [{"token": "hel", "logprob": -0.1, "top": {"hel": -0.1, "he": -2.3}}],
-    }
-    base.update(overrides)
-    return base
-
-
 def test_exchange_round_trips_through_json() -> None:
-    rec = parse_exchange(orjson.dumps(exchange()))
+    document = exchange_document(
+        role="candidate", engine="trtllm@candidate", sent_at="2026-11-30T03:00:00.123456Z"
+    )
+    rec = parse_exchange(orjson.dumps(document))
     assert rec.role is Role.CANDIDATE and rec.status is Status.OK
     assert rec.sent_at == datetime(2026, 11, 30, 3, 0, 0, 123456, tzinfo=UTC)
     assert rec.greedy
@@ -60,19 +34,15 @@ def test_exchange_round_trips_through_json() -> None:
 
 
 def test_sent_at_with_offset_is_normalised_to_utc() -> None:
-    rec = parse_exchange(exchange(sent_at="2026-11-30T04:00:00+01:00"))
+    rec = parse_exchange(exchange_document(sent_at="2026-11-30T04:00:00+01:00"))
     assert rec.sent_at.utcoffset() == timedelta(0)
     assert rec.sent_at.hour == 3
 
 
 def test_health_sample_round_trips() -> None:
-    sample = HealthSample(
-        deployment="d",
-        engine="vllm@incumbent",
-        role=Role.INCUMBENT,
+    sample = health(
         flavor="vllm",
         ts=datetime(2026, 11, 30, tzinfo=timezone(timedelta(hours=2))),
-        up=True,
         gpu_mem_bytes=10,
         metrics={"vllm:num_requests_running": 3.0},
     )
@@ -85,15 +55,18 @@ def test_health_sample_round_trips() -> None:
         (b"{not json", "not JSON"),
         (b"[1, 2]", "expected a JSON object"),
         (orjson.dumps({"kind": "metrics"}), "unknown record kind"),
-        (orjson.dumps(exchange(schema_version=SCHEMA_VERSION + 1)), "schema_version"),
-        (orjson.dumps(exchange(role="shadow")), "role"),
-        (orjson.dumps(exchange(ttft_s=-1)), "ttft_s"),
-        (exchange(itl_s=[0.01, float("inf")]), "itl_s"),
-        (exchange(e2e_s=float("nan")), "e2e_s"),
-        (orjson.dumps(exchange(sent_at="2026-11-30T03:00:00")), "timezone"),
-        (orjson.dumps(exchange(pair_id="nope")), "pair_id"),
-        (orjson.dumps(exchange(surprise=1)), "surprise"),
-        (orjson.dumps({k: v for k, v in exchange().items() if k != "deployment"}), "deployment"),
+        (orjson.dumps(exchange_document(schema_version=SCHEMA_VERSION + 1)), "schema_version"),
+        (orjson.dumps(exchange_document(role="shadow")), "role"),
+        (orjson.dumps(exchange_document(ttft_s=-1)), "ttft_s"),
+        (exchange_document(itl_s=[0.01, float("inf")]), "itl_s"),
+        (exchange_document(e2e_s=float("nan")), "e2e_s"),
+        (orjson.dumps(exchange_document(sent_at="2026-11-30T03:00:00")), "timezone"),
+        (orjson.dumps(exchange_document(pair_id="nope")), "pair_id"),
+        (orjson.dumps(exchange_document(surprise=1)), "surprise"),
+        (
+            orjson.dumps({k: v for k, v in exchange_document().items() if k != "deployment"}),
+            "deployment",
+        ),
     ],
 )
 def test_malformed_payloads_are_rejected_with_a_reason(
@@ -105,11 +78,11 @@ def test_malformed_payloads_are_rejected_with_a_reason(
 
 def test_kind_mismatch_is_an_error() -> None:
     with pytest.raises(RecordError, match="expected a health record"):
-        parse_health(exchange())
-    rec = ExchangeRecord.model_validate(exchange())
+        parse_health(exchange_document())
+    rec = ExchangeRecord.model_validate(exchange_document())
     with pytest.raises(RecordError, match="expected an exchange record"):
         parse_exchange(
-            HealthSample(
+            health(
                 deployment=rec.deployment,
                 engine=rec.engine,
                 role=rec.role,
@@ -125,4 +98,4 @@ def test_kind_mismatch_is_an_error() -> None:
 )
 def test_counts_beyond_what_the_store_holds_are_malformed(field: str, value: int) -> None:
     with pytest.raises(RecordError, match=field):
-        parse_record(exchange(**{field: value}))
+        parse_record(exchange_document(**{field: value}))

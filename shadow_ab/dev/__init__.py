@@ -3,5 +3,6 @@
 :mod:`~shadow_ab.dev.demo` (``shadow-ab demo``), :mod:`~shadow_ab.dev.traffic` (the client
 traffic generator), :mod:`~shadow_ab.dev.services` (``shadow-ab services``: a local Kafka and
 PostgreSQL), :mod:`~shadow_ab.dev.processes` (simulators and mirrors as subprocesses, for the
-demo, the benchmarks and the tests).
+demo, the benchmarks and the tests), :mod:`~shadow_ab.dev.synthetic` (records with every field
+filled in, for the benchmarks and the tests).
 """

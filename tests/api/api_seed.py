@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import uuid
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
+from factories import exchange
 from sqlalchemy import Engine, insert, update
 
 from shadow_ab.records import ExchangeRecord
@@ -58,31 +58,25 @@ def replay_differs(i: int) -> bool:
     return i % 7 == 0
 
 
-def _exchange(i: int, role: str, text: str, finish: str, **extra: Any) -> ExchangeRecord:
-    fields: dict[str, Any] = {
-        "deployment": DEP,
-        "pair_id": pair_id(i),
-        "role": role,
-        "engine": "trtllm@candidate" if role == "candidate" else f"vllm@{role}",
-        "endpoint": "chat",
-        "stream": True,
-        "model": "llama-3-8b",
-        "sent_at": sent_at(i),
-        "status": "ok",
-        "http_status": 200,
-        "ttft_s": 0.040 + i / 1000,
-        "e2e_s": 0.200 + i / 1000,
-        "tpot_s": 0.008,
-        "itl_s": [0.008, 0.009],
-        "prompt_tokens": 12,
-        "completion_tokens": len(text.split()),
-        "finish_reason": finish,
-        "request": {"messages": PROMPT, "temperature": 0, "max_tokens": 64, "seed": i},
-        "rewrites": ["model=llama-3-8b-trt"] if role == "candidate" else [],
-        "output_text": text,
-        **extra,
-    }
-    return ExchangeRecord(**fields)
+def _exchange(i: int, role: str, text: str, finish: str) -> ExchangeRecord:
+    return exchange(
+        deployment=DEP,
+        pair_id=pair_id(i),
+        role=role,
+        model="llama-3-8b",
+        sent_at=sent_at(i),
+        http_status=200,
+        ttft_s=0.040 + i / 1000,
+        e2e_s=0.200 + i / 1000,
+        tpot_s=0.008,
+        itl_s=[0.008, 0.009],
+        prompt_tokens=12,
+        completion_tokens=len(text.split()),
+        finish_reason=finish,
+        request={"messages": PROMPT, "temperature": 0, "max_tokens": 64, "seed": i},
+        rewrites=["model=llama-3-8b-trt"] if role == "candidate" else [],
+        output_text=text,
+    )
 
 
 def exchanges() -> list[ExchangeRecord]:
@@ -112,16 +106,12 @@ def exchanges() -> list[ExchangeRecord]:
         ("replay", REPLAY_TEXT, None),
     ):
         records.append(
-            ExchangeRecord(
+            exchange(
                 deployment=DEP,
                 pair_id=SIDE_BY_SIDE_PAIR,
                 role=role,
-                engine="trtllm@candidate" if role == "candidate" else f"vllm@{role}",
-                endpoint="chat",
-                stream=True,
                 model="llama-3-8b",
                 sent_at=when,
-                status="ok",
                 ttft_s=0.05,
                 e2e_s=0.3,
                 itl_s=[0.01],

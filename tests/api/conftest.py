@@ -1,7 +1,8 @@
-"""Fixtures of the API tests: one seeded PostgreSQL store per session (the API only reads),
-fresh migrated databases for the tests that write, and TestClients with the test tokens.
+"""Fixtures of the API tests: one seeded PostgreSQL store per session (the API only reads) and
+TestClients with the test tokens; tests that write use the shared ``pg_url`` (tests/conftest.py).
 
-PostgreSQL is the real server from `shadow-ab services up`; databases are throw-away copies.
+PostgreSQL is the real server from `shadow-ab services up`; databases are throw-away copies of
+the session's migrated template.
 """
 
 from __future__ import annotations
@@ -22,35 +23,17 @@ from api.db import make_readonly_engine
 from api.settings import parse_token_map
 from shadow_ab.dev.processes import free_port
 from storage.db import make_engine
-from storage.migrate import upgrade
 
 
 @pytest.fixture(scope="session")
-def migrated_template(pg_databases: PgDatabases) -> Iterator[str]:
-    """Name of a database migrated to head, to copy."""
-    name, url = pg_databases.create()
-    upgrade(url)
-    yield name
-    pg_databases.drop(name)
-
-
-@pytest.fixture(scope="session")
-def seeded_url(pg_databases: PgDatabases, migrated_template: str) -> Iterator[str]:
+def seeded_url(pg_databases: PgDatabases, pg_template: str) -> Iterator[str]:
     """URL of the session's seeded store (tests must not write to it)."""
-    name, url = pg_databases.create(template=migrated_template)
+    name, url = pg_databases.create(template=pg_template)
     engine = make_engine(url)
     try:
         seed(engine)
     finally:
         engine.dispose()
-    yield url
-    pg_databases.drop(name)
-
-
-@pytest.fixture
-def fresh_url(pg_databases: PgDatabases, migrated_template: str) -> Iterator[str]:
-    """URL of a fresh migrated store a test may write to."""
-    name, url = pg_databases.create(template=migrated_template)
     yield url
     pg_databases.drop(name)
 

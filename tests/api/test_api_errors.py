@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
-import pytest
 from api_seed import DEP, READ_TOKEN, TOKENS, bearer
 from fastapi.testclient import TestClient
-from pg_throwaway import PgDatabases
 from sqlalchemy import Engine
 
 from api.app import create_app
@@ -19,13 +15,6 @@ from api.settings import parse_token_map
 def client_on(engine: Engine, tokens: bool = True) -> TestClient:
     auth = TokenAuth(parse_token_map(TOKENS, "t") if tokens else None)
     return TestClient(create_app(engine, auth))
-
-
-@pytest.fixture
-def unmigrated_url(pg_databases: PgDatabases) -> Iterator[str]:
-    name, url = pg_databases.create()
-    yield url
-    pg_databases.drop(name)
 
 
 def test_unreachable_store_is_503(unused_port: int) -> None:
@@ -44,8 +33,8 @@ def test_unreachable_store_is_503(unused_port: int) -> None:
     assert "127.0.0.1" not in r.text  # no connection details to clients
 
 
-def test_unmigrated_store_is_503_saying_what_to_run(unmigrated_url: str) -> None:
-    engine = make_readonly_engine(unmigrated_url)
+def test_unmigrated_store_is_503_saying_what_to_run(empty_pg_url: str) -> None:
+    engine = make_readonly_engine(empty_pg_url)
     try:
         with client_on(engine) as c:
             r = c.get(f"/v1/deployments/{DEP}", headers=bearer(READ_TOKEN))

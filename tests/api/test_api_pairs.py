@@ -20,6 +20,7 @@ from api_seed import (
     bearer,
     expected_divergent,
 )
+from factories import exchange
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine
 
@@ -30,7 +31,6 @@ from api.divergence import highlight
 from api.settings import parse_token_map
 from shadow_ab.records import ExchangeRecord
 from storage.db import make_engine
-from storage.migrate import upgrade
 from storage.write import write_exchanges
 
 DIVERGENT = f"/v1/deployments/{DEP}/pairs/divergent"
@@ -169,11 +169,11 @@ def test_side_by_side_html_marks_the_divergence(client: TestClient) -> None:
         assert "drop:logit_bias" in r.text
 
 
-def test_html_escapes_stored_text(fresh_url: str) -> None:
+def test_html_escapes_stored_text(pg_url: str) -> None:
     evil = "<script>alert(1)</script>"
     pid = uuid.uuid4()
     rows = [
-        ExchangeRecord(
+        exchange(
             deployment="dep-x",
             pair_id=pid,
             role=role,
@@ -181,16 +181,15 @@ def test_html_escapes_stored_text(fresh_url: str) -> None:
             endpoint="completions",
             stream=False,
             sent_at=T0,
-            status="ok",
             request={"prompt": evil, "temperature": 0},
             output_text=text,
         )
         for role, text in (("incumbent", f"ok {evil}"), ("candidate", f"no {evil}"))
     ]
-    writer = make_engine(fresh_url)
+    writer = make_engine(pg_url)
     write_exchanges(writer, rows)
     writer.dispose()
-    engine = make_readonly_engine(fresh_url)
+    engine = make_readonly_engine(pg_url)
     try:
         app = create_app(engine, TokenAuth(parse_token_map(TOKENS, "t")))
         with TestClient(app) as c:
@@ -205,15 +204,12 @@ def test_html_escapes_stored_text(fresh_url: str) -> None:
 def _pair(i: int, when: Any, differ: bool) -> list[ExchangeRecord]:
     pid = uuid.UUID(int=10_000 + i)
     return [
-        ExchangeRecord(
+        exchange(
             deployment="dep-p",
             pair_id=pid,
             role=role,
             engine=f"e@{role}",
-            endpoint="chat",
-            stream=True,
             sent_at=when,
-            status="ok",
             request={"temperature": 0},
             output_text="x" if role == "incumbent" or not differ else "y",
         )
@@ -221,12 +217,12 @@ def _pair(i: int, when: Any, differ: bool) -> list[ExchangeRecord]:
     ]
 
 
-def test_pages_stay_stable_when_pairs_arrive_meanwhile(fresh_url: str) -> None:
-    writer: Engine = make_engine(fresh_url)
+def test_pages_stay_stable_when_pairs_arrive_meanwhile(pg_url: str) -> None:
+    writer: Engine = make_engine(pg_url)
     write_exchanges(
         writer, [r for i in range(10) for r in _pair(i, T0 + timedelta(minutes=i), True)]
     )
-    engine = make_readonly_engine(fresh_url)
+    engine = make_readonly_engine(pg_url)
     url = "/v1/deployments/dep-p/pairs/divergent"
     try:
         app = create_app(engine, TokenAuth(parse_token_map(TOKENS, "t")))
@@ -291,15 +287,15 @@ def _client_on(url: str) -> tuple[TestClient, Engine]:
     return TestClient(create_app(engine, TokenAuth(parse_token_map(TOKENS, "t")))), engine
 
 
-def test_sparse_divergence_resumes_after_a_bounded_scan(fresh_url: str) -> None:
+def test_sparse_divergence_resumes_after_a_bounded_scan(pg_url: str) -> None:
     # Divergent pairs 4 days apart, agreeing pairs between: one request reads at most
     # MAX_SCAN of time, answers with what it found and a cursor to continue from.
     records = _pair(0, T0, True) + _pair(1, T0 + timedelta(days=4), True)
     records += [r for d in range(1, 4) for r in _pair(10 + d, T0 + timedelta(days=d), False)]
-    writer = make_engine(fresh_url)
+    writer = make_engine(pg_url)
     write_exchanges(writer, records)
     writer.dispose()
-    c, engine = _client_on(fresh_url)
+    c, engine = _client_on(pg_url)
     url = "/v1/deployments/dep-p/pairs/divergent"
     try:
         first = c.get(url, params={"limit": 10}, headers=CONTENT).json()
@@ -311,15 +307,13 @@ def test_sparse_divergence_resumes_after_a_bounded_scan(fresh_url: str) -> None:
     assert [p["pair_id"] for p in rest] == [str(uuid.UUID(int=10_001))]
 
 
-def test_pairs_on_a_sqlite_store(tmp_path: object) -> None:
-    url = f"sqlite:///{tmp_path}/store.db"
-    upgrade(url)
-    writer = make_engine(url)
+def test_pairs_on_a_sqlite_store(sqlite_url: str) -> None:
+    writer = make_engine(sqlite_url)
     write_exchanges(
         writer, [r for i in range(6) for r in _pair(i, T0 + timedelta(minutes=i), i % 2 == 0)]
     )
     writer.dispose()
-    c, engine = _client_on(url)
+    c, engine = _client_on(sqlite_url)
     try:
         items = all_pages_with(c, "/v1/deployments/dep-p/pairs/divergent", None, first=True)
         one = c.get(f"/v1/deployments/dep-p/pairs/{uuid.UUID(int=10_002)}", headers=CONTENT)

@@ -78,12 +78,8 @@ def test_role_names_are_checked(seeded_url: str) -> None:
         owner.dispose()
 
 
-def test_sqlite_store_is_query_only(tmp_path: object) -> None:
-    from storage.migrate import upgrade
-
-    url = f"sqlite:///{tmp_path}/store.db"
-    upgrade(url)
-    engine = make_readonly_engine(url)
+def test_sqlite_store_is_query_only(sqlite_url: str) -> None:
+    engine = make_readonly_engine(sqlite_url)
     try:
         with engine.connect() as conn, pytest.raises(DBAPIError, match="readonly"):
             conn.execute(text(WRITES[0]))

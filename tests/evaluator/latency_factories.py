@@ -1,4 +1,5 @@
-"""Plain-value builders of paired exchange records for the latency tests (no tests here)."""
+"""Month-shaped paired exchange records for the latency tests (no tests here), built through
+tests/factories.py."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import uuid
 from datetime import UTC, datetime, timedelta
 
 import numpy as np
+from factories import exchange
 
 from shadow_ab.records import ExchangeRecord
 
@@ -27,26 +29,21 @@ def record(
     deployment: str = "dep-lat",
 ) -> ExchangeRecord:
     ok = status == "ok"
-    return ExchangeRecord.model_validate(
-        {
-            "deployment": deployment,
-            "pair_id": pair_id,
-            "role": role,
-            "engine": "trtllm@candidate" if role == "candidate" else f"vllm@{role}",
-            "endpoint": "chat",
-            "stream": True,
-            "sent_at": sent_at,
-            "status": status,
-            "http_status": 200 if ok else 500,
-            "ttft_s": ttft if ok else None,
-            "e2e_s": ttft + tpot * (tokens - 1) if ok else None,
-            "tpot_s": tpot if ok and tokens > 1 else None,
-            "itl_s": itl if ok else [],
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": tokens if ok else None,
-            "inflight_incumbent": inflight,
-            "inflight_candidate": inflight,
-        }
+    return exchange(
+        deployment=deployment,
+        pair_id=pair_id,
+        role=role,
+        sent_at=sent_at,
+        status=status,
+        http_status=200 if ok else 500,
+        ttft_s=ttft if ok else None,
+        e2e_s=ttft + tpot * (tokens - 1) if ok else None,
+        tpot_s=tpot if ok and tokens > 1 else None,
+        itl_s=itl if ok else [],
+        prompt_tokens=prompt_tokens,
+        completion_tokens=tokens if ok else None,
+        inflight_incumbent=inflight,
+        inflight_candidate=inflight,
     )
 
 

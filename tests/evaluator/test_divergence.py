@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import uuid
-from datetime import UTC, datetime
-
 import pytest
+from factories import exchange
 
 from evaluator.compare import (
     PairSide,
@@ -15,7 +13,7 @@ from evaluator.compare import (
     near_tie_at,
     text_tokens,
 )
-from shadow_ab.records import ExchangeRecord, TokenLogprob
+from shadow_ab.records import TokenLogprob
 from simulator.generate import Departure, Token, decode, prompt_state
 
 GREEDY = {"temperature": 0.0, "max_tokens": 64}
@@ -137,15 +135,8 @@ def test_long_outputs_compare_on_tokens() -> None:
 
 
 def test_from_record_and_from_row() -> None:
-    rec = ExchangeRecord(
-        deployment="d",
-        pair_id=uuid.uuid4(),
+    rec = exchange(
         role="candidate",
-        engine="trtllm@candidate",
-        endpoint="chat",
-        stream=True,
-        sent_at=datetime(2026, 11, 30, tzinfo=UTC),
-        status="ok",
         request={"temperature": 0},
         output_text="a b",
         finish_reason="stop",

@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from factories import exchange
 from sqlalchemy import Engine
 
 from evaluator.divergence import DivergenceConfig, analyze_divergence
@@ -30,11 +31,7 @@ def _rec(pid: uuid.UUID, role: str, sent: datetime, tokens: list[Any], **kw: Any
         "deployment": DEP,
         "pair_id": pid,
         "role": role,
-        "engine": "trtllm@candidate" if role == "candidate" else "vllm@incumbent",
-        "endpoint": "chat",
-        "stream": True,
         "sent_at": sent,
-        "status": "ok",
         "http_status": 200,
         "finish_reason": "length",
         "completion_tokens": len(tokens),
@@ -42,8 +39,7 @@ def _rec(pid: uuid.UUID, role: str, sent: datetime, tokens: list[Any], **kw: Any
         "output_text": "".join(t.text for t in tokens),
         "logprobs": _logprobs(tokens),
     }
-    fields.update(kw)
-    return ExchangeRecord(**fields)
+    return exchange(**{**fields, **kw})
 
 
 def build() -> tuple[list[ExchangeRecord], set[str], set[str]]:

@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from factories import exchange, health
 from sqlalchemy import Engine, func, select
 
 from evaluator.incidents.analysis import IncidentSection, detect_incidents
@@ -44,13 +45,11 @@ def health_samples(
         t = i * STEP_S
         ts = T0 + timedelta(seconds=t)
         out.append(
-            HealthSample(
+            health(
                 deployment=deployment,
-                engine="vllm@incumbent",
                 role="incumbent",
                 flavor="vllm",
                 ts=ts,
-                up=True,
                 http_status=200,
                 latency_s=0.002,
                 version="0.11.0",
@@ -62,9 +61,8 @@ def health_samples(
         since = t - CRASH_AT_S if restarted else t
         down = crash and CRASH_AT_S - 60 <= t < CRASH_AT_S
         out.append(
-            HealthSample(
+            health(
                 deployment=deployment,
-                engine="trtllm@candidate",
                 role="candidate",
                 flavor="trtllm",
                 ts=ts,
@@ -89,15 +87,12 @@ def exchanges(*, crash: bool = True, deployment: str = DEP) -> list[ExchangeReco
         t = k * 60
         pid = uuid.UUID(int=k + 1)
         sent = T0 + timedelta(seconds=t)
-        for role, engine in (("incumbent", "vllm@incumbent"), ("candidate", "trtllm@candidate")):
+        for role in ("incumbent", "candidate"):
             down = crash and role == "candidate" and CRASH_AT_S - 60 <= t < CRASH_AT_S
             fields: dict[str, Any] = {
                 "deployment": deployment,
                 "pair_id": pid,
                 "role": role,
-                "engine": engine,
-                "endpoint": "chat",
-                "stream": True,
                 "sent_at": sent,
                 "status": "connection_error" if down else "ok",
                 "error": "connection refused" if down else None,
@@ -113,7 +108,7 @@ def exchanges(*, crash: bool = True, deployment: str = DEP) -> list[ExchangeReco
                     finish_reason="length",
                     output_text="a b c d e f g h",
                 )
-            out.append(ExchangeRecord(**fields))
+            out.append(exchange(**fields))
     return out
 
 
@@ -215,13 +210,11 @@ def test_trtllm_restart_seen_only_in_its_iteration_counter(store: Engine) -> Non
         ts = T0 + timedelta(seconds=i * 15)
         restarted = i >= 150
         samples.append(
-            HealthSample(
+            health(
                 deployment=DEP,
-                engine="trtllm@candidate",
                 role="candidate",
                 flavor="trtllm",
                 ts=ts,
-                up=True,
                 http_status=200,
                 latency_s=6.0 if i == 140 else 0.003,  # a slow scrape shortly before
                 version="1.1.0",

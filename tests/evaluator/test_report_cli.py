@@ -11,6 +11,7 @@ from pathlib import Path
 import orjson
 import pytest
 from click.testing import CliRunner
+from factories import exchange
 from review_factories import T0
 from sqlalchemy import func, select
 
@@ -34,15 +35,12 @@ def _records(n: int = 240) -> list[ExchangeRecord]:
         for role in roles:
             slow = 1.3 if role == "candidate" else 1.0
             out.append(
-                ExchangeRecord(
+                exchange(
                     deployment=DEP,
                     pair_id=pair,
                     role=role,
                     engine=f"sim@{role}",
-                    endpoint="chat",
-                    stream=True,
                     sent_at=sent,
-                    status="ok",
                     ttft_s=0.04 * slow * rng.lognormvariate(0, 0.1),
                     e2e_s=0.5 * slow * rng.lognormvariate(0, 0.1),
                     tpot_s=0.008 * slow * rng.lognormvariate(0, 0.1),

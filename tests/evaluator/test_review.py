@@ -4,12 +4,10 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
-from pg_throwaway import PgDatabases
+from factories import exchange
 from review_factories import (
     T0,
     analyses,
@@ -30,8 +28,6 @@ from evaluator.review import (
     resolve_window,
 )
 from shadow_ab.records import ExchangeRecord
-from storage.db import make_engine
-from storage.migrate import upgrade
 from storage.models import Deployment, Report
 from storage.write import write_exchanges
 
@@ -47,15 +43,12 @@ def records(n_pairs: int = 20, days: float = 7.0) -> list[ExchangeRecord]:
         pair = uuid.uuid4()
         for role in ("incumbent", "candidate"):
             out.append(
-                ExchangeRecord(
+                exchange(
                     deployment=DEP,
                     pair_id=pair,
                     role=role,
                     engine=f"e@{role}",
-                    endpoint="chat",
-                    stream=True,
                     sent_at=sent,
-                    status="ok",
                     ttft_s=0.04,
                     e2e_s=0.5,
                 )
@@ -71,15 +64,6 @@ def _fill(engine: Engine, hardware: str | None = None) -> None:
             .where(Deployment.name == DEP)
             .values(incumbent_engine="vllm", candidate_engine="trtllm", hardware=hardware)
         )
-
-
-@pytest.fixture
-def sqlite_engine(tmp_path: Path) -> Iterator[Engine]:
-    url = f"sqlite:///{tmp_path / 'store.db'}"
-    upgrade(url)
-    engine = make_engine(url)
-    yield engine
-    engine.dispose()
 
 
 def test_review_runs_the_analyses_in_order_and_stores_the_report(sqlite_engine: Engine) -> None:
@@ -171,35 +155,27 @@ def test_jsonable_is_strict_json() -> None:
     assert body == {"a": None, "b": "inf", "c": 1.5, "d": [1, 2]}
 
 
-@pytest.mark.services
-def test_report_stored_on_postgresql(pg_databases: PgDatabases) -> None:
+def test_report_stored_on_postgresql(pg_engine: Engine) -> None:
     """jsonb refuses NaN and Infinity: the body (with an infinite interval) still goes in."""
-    name, url = pg_databases.create()
-    try:
-        upgrade(url)
-        engine = make_engine(url)
-        _fill(engine)
-        review = build_review(
-            engine,
-            DEP,
-            WINDOW,
-            default_policy().with_minimums(min_pairs=10),
-            analyses=analyses(
-                incidents=incident_section(candidate_crashes=2),
-                divergence=divergence_section(excess=0.05),
-            ),
-        )
-        assert review.decision == "NO-GO"
-        with engine.connect() as conn:
-            row = conn.execute(select(Report.__table__).where(Report.id == review.report_id)).one()
-        crash = next(
-            r
-            for r in row.body["verdict"]["criteria"]
-            if r["criterion"]["key"] == "incidents.crash.rate_ratio"
-        )
-        assert crash["measurement"]["interval"]["high"] == "inf"
-        assert crash["outcome"] == "INCONCLUSIVE"
-        assert row.html and "NO-GO" in row.html
-        engine.dispose()
-    finally:
-        pg_databases.drop(name)
+    _fill(pg_engine)
+    review = build_review(
+        pg_engine,
+        DEP,
+        WINDOW,
+        default_policy().with_minimums(min_pairs=10),
+        analyses=analyses(
+            incidents=incident_section(candidate_crashes=2),
+            divergence=divergence_section(excess=0.05),
+        ),
+    )
+    assert review.decision == "NO-GO"
+    with pg_engine.connect() as conn:
+        row = conn.execute(select(Report.__table__).where(Report.id == review.report_id)).one()
+    crash = next(
+        r
+        for r in row.body["verdict"]["criteria"]
+        if r["criterion"]["key"] == "incidents.crash.rate_ratio"
+    )
+    assert crash["measurement"]["interval"]["high"] == "inf"
+    assert crash["outcome"] == "INCONCLUSIVE"
+    assert row.html and "NO-GO" in row.html

@@ -2,8 +2,9 @@
 
 The servers are the ones `shadow-ab services up` started (``pg_server_url`` and
 ``kafka_bootstrap`` from the shared conftest fail loudly if they are not running). This session
-gets its own database, migrated to head and dropped at the end; each test gets its own topics,
-consumer group and deployment name, so tests do not see each other's records.
+gets its own database, a copy of the session's migrated template dropped at the end; each test
+gets its own topics, consumer group and deployment name, so tests do not see each other's
+records.
 """
 
 from __future__ import annotations
@@ -22,14 +23,12 @@ from sqlalchemy import Engine
 
 from shadow_ab.topics import TopicSpec, delete_topics, ensure_topics
 from storage.db import make_engine
-from storage.migrate import upgrade
 
 
 @pytest.fixture(scope="session")
-def ingest_db_url(pg_databases: PgDatabases) -> Iterator[str]:
+def ingest_db_url(pg_databases: PgDatabases, pg_template: str) -> Iterator[str]:
     """A fresh database for this test session, migrated to head."""
-    name, url = pg_databases.create()
-    upgrade(url)
+    name, url = pg_databases.create(template=pg_template)
     yield url
     pg_databases.drop(name)
 

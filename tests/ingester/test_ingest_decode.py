@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import orjson
 import pytest
-from ingest_factories import exchange, health
+from factories import numbered_exchange, numbered_health
 
 from ingester.decode import Poison, PoisonReason, decode
 from shadow_ab.records import ExchangeRecord, HealthSample
 
 
 def test_valid_records_decode_to_their_models() -> None:
-    rec = exchange("dep", 1)
+    rec = numbered_exchange("dep", 1)
     out = decode(rec.to_json(), "exchange")
     assert isinstance(out, ExchangeRecord)
     assert out == rec
-    h = health("dep", 1)
+    h = numbered_health("dep", 1)
     assert decode(h.to_json(), "health") == h
     assert isinstance(decode(h.to_json()), HealthSample)
 
@@ -40,7 +40,7 @@ def test_poison_gets_a_reason(value: bytes | None, code: str, needle: str) -> No
 
 
 def test_newer_schema_version_is_poison_that_says_upgrade() -> None:
-    obj = orjson.loads(exchange("dep", 1).to_json())
+    obj = orjson.loads(numbered_exchange("dep", 1).to_json())
     obj["schema_version"] = 99
     out = decode(orjson.dumps(obj), "exchange")
     assert isinstance(out, Poison)
@@ -49,7 +49,7 @@ def test_newer_schema_version_is_poison_that_says_upgrade() -> None:
 
 
 def test_wrong_shape_is_invalid_record_naming_the_field() -> None:
-    obj = orjson.loads(exchange("dep", 1).to_json())
+    obj = orjson.loads(numbered_exchange("dep", 1).to_json())
     del obj["pair_id"]
     obj["ttft_s"] = -1
     out = decode(orjson.dumps(obj), "exchange")
@@ -60,6 +60,6 @@ def test_wrong_shape_is_invalid_record_naming_the_field() -> None:
 
 
 def test_record_on_the_other_kinds_topic_is_poison() -> None:
-    out = decode(health("dep", 1).to_json(), "exchange")
+    out = decode(numbered_health("dep", 1).to_json(), "exchange")
     assert isinstance(out, Poison)
     assert out.code == PoisonReason.WRONG_TOPIC

@@ -8,7 +8,7 @@ from typing import Any
 
 import orjson
 import pytest
-from ingest_factories import exchange, health
+from factories import numbered_exchange, numbered_health
 from ingest_harness import (
     IngestProcess,
     Topics,
@@ -23,13 +23,13 @@ from sqlalchemy import Engine
 
 from shadow_ab.records import Role
 
-pytestmark = [pytest.mark.services, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
 
 def _exchanges(deployment: str, start: int, stop: int) -> list[tuple[bytes, bytes]]:
     out = []
     for i in range(start, stop):
-        rec = exchange(deployment, i, Role.INCUMBENT if i % 2 else Role.CANDIDATE)
+        rec = numbered_exchange(deployment, i, Role.INCUMBENT if i % 2 else Role.CANDIDATE)
         out.append((str(rec.pair_id).encode(), rec.to_json()))
     return out
 
@@ -42,7 +42,7 @@ def test_n_records_make_n_rows_and_a_replay_adds_none(
     produce(
         kafka_bootstrap,
         topics.health,
-        [(b"vllm@incumbent", health(topics.deployment, i).to_json()) for i in range(h)],
+        [(b"vllm@incumbent", numbered_health(topics.deployment, i).to_json()) for i in range(h)],
     )
     settings = settings_for(topics, kafka_bootstrap, ingest_db_url, ingest_batch_size=128)
     run_until_committed(settings, n + h, "the first group to commit every offset")

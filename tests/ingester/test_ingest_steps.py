@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from ingest_factories import Msg, exchange, health
+from factories import numbered_exchange, numbered_health
 
 from ingester.backoff import Backoff
 from ingester.batch import DeadLetter, Partition
@@ -21,6 +22,18 @@ from ingester.steps import Accumulate, Decode, MessageRejected, WriteBatch
 from storage.errors import SchemaMissing, StoreError, StoreUnavailable
 
 EX, HE = "t.exchanges", "t.health"
+
+
+@dataclass
+class Msg:
+    """A message as the consumer hands it over (same attributes as kafka's ConsumerRecord)."""
+
+    topic: str
+    partition: int
+    offset: int
+    value: bytes | None
+    key: bytes | None = None
+    headers: list[tuple[str, bytes]] = field(default_factory=list)
 
 
 class Store:
@@ -99,7 +112,7 @@ class Pipeline:
         return Msg(topic, partition, off, value, key=b"k")
 
     def submit_exchange(self, i: int, partition: int = 0) -> None:
-        self.decode.submit(self.msg(EX, exchange("dep", i).to_json(), partition))
+        self.decode.submit(self.msg(EX, numbered_exchange("dep", i).to_json(), partition))
 
 
 def test_batch_flushes_at_size_and_commits_after_the_write() -> None:
@@ -129,9 +142,9 @@ def test_batch_flushes_exactly_at_its_timeout() -> None:
 def test_mixed_kinds_and_poison_share_one_batch_and_one_commit() -> None:
     p = Pipeline(batch_size=4)
     p.submit_exchange(0)
-    p.decode.submit(p.msg(HE, health("dep", 0).to_json()))
+    p.decode.submit(p.msg(HE, numbered_health("dep", 0).to_json()))
     p.decode.submit(p.msg(EX, b"\xff not json"))
-    p.decode.submit(p.msg(EX, health("dep", 1).to_json()))  # wrong topic
+    p.decode.submit(p.msg(EX, numbered_health("dep", 1).to_json()))  # wrong topic
     assert len(p.store.rows) == 2
     assert [x.poison.code for x in p.letters.sent] == [
         PoisonReason.NOT_JSON,
@@ -178,7 +191,7 @@ def test_store_down_keeps_the_batch_pushes_back_and_retries_with_backoff() -> No
         {Partition(EX, 0): 6},
     ]
     assert p.acc.pending_messages == 0
-    p.decode.submit(p.msg(EX, exchange("dep", 6).to_json()))  # accepted again
+    p.decode.submit(p.msg(EX, numbered_exchange("dep", 6).to_json()))  # accepted again
 
 
 def test_dead_letter_failure_blocks_the_commit_and_is_retried_without_duplicates() -> None:
@@ -221,7 +234,7 @@ def test_store_refusing_everything_stops_instead_of_dead_lettering_it_all() -> N
     store.refuse = {"answer 0", "answer 1"}
     sink = StoreSink(None, store.write_exchanges, store.write_health)
     with pytest.raises(StoreRejected, match="refused every one of 2"):
-        sink.write_exchanges([exchange("d", 0), exchange("d", 1)])
+        sink.write_exchanges([numbered_exchange("d", 0), numbered_exchange("d", 1)])
 
 
 def test_unmigrated_store_stops_at_once() -> None:
@@ -233,5 +246,5 @@ def test_unmigrated_store_stops_at_once() -> None:
 
     sink = StoreSink(None, missing, missing)
     with pytest.raises(StoreRejected, match="db upgrade"):
-        sink.write_exchanges([exchange("d", i) for i in range(64)])
+        sink.write_exchanges([numbered_exchange("d", i) for i in range(64)])
     assert calls == [64]  # no bisecting a schema problem

@@ -8,11 +8,11 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
+from factories import numbered_exchange, numbered_health
 
 from mirror.kafka_sink import (
     KafkaSink,
@@ -25,40 +25,12 @@ from mirror.kafka_sink import (
 from mirror.spool import Spool
 from shadow_ab.dev.processes import free_port
 from shadow_ab.records import (
-    Endpoint,
     ExchangeRecord,
-    HealthSample,
-    Role,
-    Status,
     parse_record,
 )
 from shadow_ab.topics import TopicSpec, delete_topics, ensure_topics
 
-BASE = datetime(2026, 11, 30, 6, 0, tzinfo=UTC)
-
-
-def exchange(i: int, deployment: str = "sink-test") -> ExchangeRecord:
-    return ExchangeRecord(
-        deployment=deployment,
-        pair_id=uuid.uuid5(uuid.NAMESPACE_URL, f"{deployment}/{i}"),
-        role=Role.INCUMBENT,
-        engine="vllm@incumbent",
-        endpoint=Endpoint.CHAT,
-        stream=True,
-        sent_at=BASE + timedelta(milliseconds=i),
-        status=Status.OK,
-        output_text=f"answer {i}",
-    )
-
-
-def health(i: int, deployment: str = "sink-test") -> HealthSample:
-    return HealthSample(
-        deployment=deployment,
-        engine="trtllm@candidate",
-        role=Role.CANDIDATE,
-        ts=BASE + timedelta(seconds=i),
-        up=True,
-    )
+DEP = "sink-test"
 
 
 @dataclass(frozen=True)
@@ -140,13 +112,12 @@ def test_unusable_spool_folder_fails_at_start(tmp_path: Path) -> None:
         KafkaSink(KafkaSinkConfig(bootstrap="x:1", spool_dir=blocker / "spool"))
 
 
-@pytest.mark.services
 def test_records_reach_their_topics_with_their_keys(
     kafka_bootstrap: str, topics: Topics, tmp_path: Path
 ) -> None:
     sink = KafkaSink(config(kafka_bootstrap, topics, tmp_path / "spool"))
-    records = [exchange(i) for i in range(200)]
-    samples = [health(i) for i in range(5)]
+    records = [numbered_exchange(DEP, i) for i in range(200)]
+    samples = [numbered_health(DEP, i, "candidate") for i in range(5)]
     for r in records:
         assert sink.submit(r)
     for h in samples:
@@ -165,13 +136,12 @@ def test_records_reach_their_topics_with_their_keys(
     assert [parse_record(m.value) for m in got_h] == samples  # one partition: in order
 
 
-@pytest.mark.services
 def test_unreachable_broker_spools_then_next_process_drains(
     kafka_bootstrap: str, topics: Topics, tmp_path: Path
 ) -> None:
     spool_dir = tmp_path / "spool"
     away = KafkaSink(config(closed_port(), topics, spool_dir))
-    records = [exchange(i) for i in range(300)]
+    records = [numbered_exchange(DEP, i) for i in range(300)]
     assert all(away.submit(r) for r in records)
     assert not away.flush(30.0)  # nothing can be acknowledged: returns once all is spooled
     assert away.close(10)  # ...but nothing is lost: it is all in the spool
@@ -181,7 +151,7 @@ def test_unreachable_broker_spools_then_next_process_drains(
     # A new mirror process on the same spool folder, Kafka reachable: everything goes out,
     # spooled records first.
     back = KafkaSink(config(kafka_bootstrap, topics, spool_dir))
-    later = [exchange(i) for i in range(300, 350)]
+    later = [numbered_exchange(DEP, i) for i in range(300, 350)]
     for r in later:
         back.submit(r)
     assert back.flush(60)
@@ -216,13 +186,13 @@ def test_full_queue_drops_and_counts(tmp_path: Path) -> None:
         KafkaSinkConfig(bootstrap="x:1", spool_dir=tmp_path / "spool", queue_max=10),
         producer_factory=stuck_factory,
     )
-    results = [sink.submit(exchange(i)) for i in range(15)]
+    results = [sink.submit(numbered_exchange(DEP, i)) for i in range(15)]
     assert results == [True] * 10 + [False] * 5
     assert sink.stats().dropped == {"queue_full": 5}
     release.set()
     assert sink.close(5)
     assert sink.stats().spooled == 10
-    assert not sink.submit(exchange(99))
+    assert not sink.submit(numbered_exchange(DEP, 99))
     assert sink.stats().dropped["closed"] == 1
 
 
@@ -234,8 +204,8 @@ def test_full_spool_drops_counts_and_close_reports_it(tmp_path: Path) -> None:
         KafkaSinkConfig(bootstrap="x:1", spool_dir=tmp_path / "spool", spool_max_bytes=4096),
         producer_factory=no_broker,
     )
-    for i in range(40):  # ~400 bytes each
-        assert sink.submit(exchange(i))
+    for i in range(40):  # ~640 bytes each
+        assert sink.submit(numbered_exchange(DEP, i))
     assert not sink.close(5)
     stats = sink.stats()
     assert stats.spooled + stats.dropped["spool_full"] == 40
@@ -244,7 +214,6 @@ def test_full_spool_drops_counts_and_close_reports_it(tmp_path: Path) -> None:
         assert left.size_bytes <= 4096
 
 
-@pytest.mark.services
 def test_make_producer_is_idempotent_acks_all(kafka_bootstrap: str, topics: Topics) -> None:
     producer = make_producer(KafkaSinkConfig(bootstrap=kafka_bootstrap, spool_dir=Path("unused")))
     try:

@@ -30,19 +30,17 @@ import httpx
 import pytest
 from kafka_throwaway import PrivateKafka, private_kafka
 from mirror_helpers import MODEL
-from pg_throwaway import PgDatabases
 from sqlalchemy import text
 
 from shadow_ab.dev.processes import RunningSim
 from shadow_ab.topics import TopicSpec, ensure_topics
 from storage.db import make_engine
-from storage.migrate import upgrade
 
 WAIT_S = 120.0
 
 
 @pytest.fixture
-def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivateKafka]:
+def throwaway_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivateKafka]:
     with private_kafka(tmp_path_factory.mktemp("private-kafka")) as broker:
         yield broker
 
@@ -115,13 +113,12 @@ def pg_rows(url: str, deployment: str) -> list[tuple[str, str]]:
     return [(str(r[0]), str(r[1])) for r in rows]
 
 
-@pytest.mark.services
 @pytest.mark.slow
 @pytest.mark.timeout(900)  # two broker starts: ~30 s each on a quiet machine, minutes on a busy one
 def test_kafka_outage_loses_and_doubles_nothing(
-    kafka: PrivateKafka,
+    throwaway_kafka: PrivateKafka,
     engines: tuple[RunningSim, RunningSim],
-    pg_databases: PgDatabases,
+    pg_url: str,
     tmp_path: Path,
 ) -> None:
     from shadow_ab.dev.processes import running_mirror
@@ -130,12 +127,13 @@ def test_kafka_outage_loses_and_doubles_nothing(
     deployment = f"outage-{tag}"
     exchanges, health, dlq = f"x-{tag}", f"h-{tag}", f"dlq-{tag}"
     ensure_topics(
-        kafka.bootstrap, [TopicSpec(exchanges, 3), TopicSpec(health, 1), TopicSpec(dlq, 1)]
+        throwaway_kafka.bootstrap,
+        [TopicSpec(exchanges, 3), TopicSpec(health, 1), TopicSpec(dlq, 1)],
     )
     inc, cand = engines
     spool_dir = tmp_path / "spool"
     env = {
-        "SHADOW_AB_MIRROR_KAFKA__BOOTSTRAP": kafka.bootstrap,
+        "SHADOW_AB_MIRROR_KAFKA__BOOTSTRAP": throwaway_kafka.bootstrap,
         "SHADOW_AB_MIRROR_KAFKA__TOPIC_EXCHANGES": exchanges,
         "SHADOW_AB_MIRROR_KAFKA__TOPIC_HEALTH": health,
         "SHADOW_AB_MIRROR_KAFKA__SPOOL_DIR": str(spool_dir),
@@ -157,14 +155,14 @@ def test_kafka_outage_loses_and_doubles_nothing(
         with Traffic(mirror.v1) as traffic:
             traffic.wait_for(20)
             wait_until(lambda: mirror.metric("shadow_ab_mirror_records_total") >= 20, "records")
-            kafka.stop()
+            throwaway_kafka.stop()
             traffic.wait_for(40)
             wait_until(
                 lambda: mirror.metric("shadow_ab_mirror_spool_records") > 0,
                 "records in the mirror's spool during the outage",
             )
             spooled_during_outage = mirror.metric("shadow_ab_mirror_spool_records")
-            kafka.start()
+            throwaway_kafka.start()
             traffic.wait_for(20)
         assert not traffic.failures, traffic.failures
         # Every shadow request finished, every record handed to the sink, the spool drained.
@@ -184,54 +182,49 @@ def test_kafka_outage_loses_and_doubles_nothing(
     client_pairs = traffic.pair_ids
     assert accepted >= len(client_pairs)  # an incumbent record per request, plus shadows
 
-    name, db_url = pg_databases.create()
+    log_path = tmp_path / "ingest.log"
+    with log_path.open("wb") as log:
+        env_i = {k: v for k, v in os.environ.items() if not k.startswith("SHADOW_AB_")}
+        env_i["SHADOW_AB_HOME"] = str(tmp_path / "ingest-home")
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "shadow_ab",
+                "ingest",
+                "--kafka",
+                throwaway_kafka.bootstrap,
+                "--database-url",
+                pg_url,
+                "--group",
+                f"outage-{tag}",
+                "--exchanges-topic",
+                exchanges,
+                "--health-topic",
+                health,
+                "--dlq-topic",
+                dlq,
+                "--batch-timeout-ms",
+                "200",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env_i,
+        )
     try:
-        upgrade(db_url)
-        log_path = tmp_path / "ingest.log"
-        with log_path.open("wb") as log:
-            env_i = {k: v for k, v in os.environ.items() if not k.startswith("SHADOW_AB_")}
-            env_i["SHADOW_AB_HOME"] = str(tmp_path / "ingest-home")
-            proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "shadow_ab",
-                    "ingest",
-                    "--kafka",
-                    kafka.bootstrap,
-                    "--database-url",
-                    db_url,
-                    "--group",
-                    f"outage-{tag}",
-                    "--exchanges-topic",
-                    exchanges,
-                    "--health-topic",
-                    health,
-                    "--dlq-topic",
-                    dlq,
-                    "--batch-timeout-ms",
-                    "200",
-                ],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=env_i,
-            )
         try:
-            try:
-                wait_until(
-                    lambda: len(pg_rows(db_url, deployment)) >= accepted,
-                    f"{accepted:.0f} exchange rows in PostgreSQL",
-                )
-            except BaseException:
-                print(log_path.read_text()[-4000:])
-                raise
-            time.sleep(2.0)  # anything more arriving would be a double
-            rows = pg_rows(db_url, deployment)
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(60)
+            wait_until(
+                lambda: len(pg_rows(pg_url, deployment)) >= accepted,
+                f"{accepted:.0f} exchange rows in PostgreSQL",
+            )
+        except BaseException:
+            print(log_path.read_text()[-4000:])
+            raise
+        time.sleep(2.0)  # anything more arriving would be a double
+        rows = pg_rows(pg_url, deployment)
     finally:
-        pg_databases.drop(name)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
 
     assert len(rows) == accepted  # none lost, none doubled
     assert len(set(rows)) == len(rows)

@@ -10,75 +10,68 @@ from typing import Any
 
 import httpx
 from mirror_helpers import MODEL, post, rows
-from pg_throwaway import PgDatabases
 from sqlalchemy import text
 
 from shadow_ab.dev.processes import RunningSim, http_get, running_mirror
-from storage import migrate
 from storage.db import make_engine
 
 
 def test_postgresql_records_and_sigterm_drain(
-    engines: tuple[RunningSim, RunningSim], pg_databases: PgDatabases
+    engines: tuple[RunningSim, RunningSim], pg_url: str
 ) -> None:
-    name, url = pg_databases.create()
+    inc, cand = engines
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "drain me"}],
+        "max_tokens": 300,
+        "ignore_eos": True,
+        "temperature": 0,
+        "stream": True,
+    }
+    answer: dict[str, Any] = {}
+    with running_mirror(
+        inc.base_url,
+        cand.base_url,
+        database_url=pg_url,
+        deployment="pg-test",
+        shadow={"replay_rate": 1.0},
+        health={"interval_s": 0.2},
+    ) as mirror:
+
+        def ask() -> None:
+            with httpx.Client(timeout=30.0) as client:
+                answer["result"] = post(client, mirror.base_url + "/v1/chat/completions", body)
+
+        thread = threading.Thread(target=ask)
+        thread.start()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and b'"incumbent":1' not in _healthz(mirror.base_url):
+            time.sleep(0.01)
+        code = mirror.stop()  # SIGTERM while the answer streams
+        thread.join(30)
+    assert code == 0, mirror.stderr()
+    status, headers, raw, _ = answer["result"]
+    assert status == 200 and raw.endswith(b"data: [DONE]\n\n")
+    assert raw.count(b'"content":') == 301  # the role delta + 300 tokens: nothing cut short
+
+    found = {r["role"]: r for r in rows(pg_url, "pair_id = :p", p=headers["x-shadow-pair-id"])}
+    assert set(found) == {"incumbent", "candidate", "replay"}
+    for role, r in found.items():
+        assert r["status"] == "ok", role
+        assert r["completion_tokens"] == 300 and len(r["itl_s"]) >= 1
+        assert 0 < r["ttft_s"] < r["e2e_s"] and r["tpot_s"] > 0
+        assert r["deployment"] == "pg-test"
+    assert found["replay"]["engine"] == found["incumbent"]["engine"] == "vllm@incumbent"
+    assert found["replay"]["output_text"] == found["incumbent"]["output_text"]
+    engine = make_engine(pg_url)
     try:
-        migrate.upgrade(url)
-        inc, cand = engines
-        body = {
-            "model": MODEL,
-            "messages": [{"role": "user", "content": "drain me"}],
-            "max_tokens": 300,
-            "ignore_eos": True,
-            "temperature": 0,
-            "stream": True,
-        }
-        answer: dict[str, Any] = {}
-        with running_mirror(
-            inc.base_url,
-            cand.base_url,
-            database_url=url,
-            deployment="pg-test",
-            shadow={"replay_rate": 1.0},
-            health={"interval_s": 0.2},
-        ) as mirror:
-
-            def ask() -> None:
-                with httpx.Client(timeout=30.0) as client:
-                    answer["result"] = post(client, mirror.base_url + "/v1/chat/completions", body)
-
-            thread = threading.Thread(target=ask)
-            thread.start()
-            deadline = time.monotonic() + 10
-            while time.monotonic() < deadline and b'"incumbent":1' not in _healthz(mirror.base_url):
-                time.sleep(0.01)
-            code = mirror.stop()  # SIGTERM while the answer streams
-            thread.join(30)
-        assert code == 0, mirror.stderr()
-        status, headers, raw, _ = answer["result"]
-        assert status == 200 and raw.endswith(b"data: [DONE]\n\n")
-        assert raw.count(b'"content":') == 301  # the role delta + 300 tokens: nothing cut short
-
-        found = {r["role"]: r for r in rows(url, "pair_id = :p", p=headers["x-shadow-pair-id"])}
-        assert set(found) == {"incumbent", "candidate", "replay"}
-        for role, r in found.items():
-            assert r["status"] == "ok", role
-            assert r["completion_tokens"] == 300 and len(r["itl_s"]) >= 1
-            assert 0 < r["ttft_s"] < r["e2e_s"] and r["tpot_s"] > 0
-            assert r["deployment"] == "pg-test"
-        assert found["replay"]["engine"] == found["incumbent"]["engine"] == "vllm@incumbent"
-        assert found["replay"]["output_text"] == found["incumbent"]["output_text"]
-        engine = make_engine(url)
-        try:
-            with engine.connect() as conn:
-                sampled = conn.execute(
-                    text("SELECT DISTINCT engine FROM health_samples WHERE deployment = 'pg-test'")
-                ).scalars()
-                assert set(sampled) == {"vllm@incumbent", "trtllm@candidate"}
-        finally:
-            engine.dispose()
+        with engine.connect() as conn:
+            sampled = conn.execute(
+                text("SELECT DISTINCT engine FROM health_samples WHERE deployment = 'pg-test'")
+            ).scalars()
+            assert set(sampled) == {"vllm@incumbent", "trtllm@candidate"}
     finally:
-        pg_databases.drop(name)
+        engine.dispose()
 
 
 def _healthz(base_url: str) -> bytes:

@@ -2,39 +2,26 @@
 
 from __future__ import annotations
 
-import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from pg_throwaway import PgDatabases
+from factories import exchange, health
 from sqlalchemy import text
 
 from mirror.kafka_sink import KafkaSink, KafkaSinkConfig
 from mirror.sinks import RecordSink, open_sink
-from shadow_ab.records import Endpoint, ExchangeRecord, HealthSample, Role, Status
+from shadow_ab.records import ExchangeRecord, HealthSample
 from storage.db import make_engine
-from storage.migrate import upgrade
 from storage.sink import DirectSink
 
 
 def records(deployment: str) -> tuple[ExchangeRecord, HealthSample]:
     now = datetime.now(UTC)
-    exchange = ExchangeRecord(
-        deployment=deployment,
-        pair_id=uuid.uuid4(),
-        role=Role.INCUMBENT,
-        engine="vllm@incumbent",
-        endpoint=Endpoint.CHAT,
-        stream=False,
-        sent_at=now,
-        status=Status.OK,
-        e2e_s=0.1,
+    return (
+        exchange(deployment=deployment, stream=False, sent_at=now, e2e_s=0.1),
+        health(deployment=deployment, ts=now),
     )
-    sample = HealthSample(
-        deployment=deployment, engine="vllm@incumbent", role=Role.INCUMBENT, ts=now, up=True
-    )
-    return exchange, sample
 
 
 def counts(url: str, deployment: str) -> tuple[int, int]:
@@ -61,8 +48,8 @@ def test_default_is_the_embedded_sqlite_store_migrated_on_first_use(
     sink = open_sink(kafka=None, database_url=None)
     assert isinstance(sink, DirectSink)
     assert isinstance(sink, RecordSink)
-    exchange, sample = records("sinks-sqlite")
-    assert sink.submit(exchange)
+    ex, sample = records("sinks-sqlite")
+    assert sink.submit(ex)
     assert sink.submit(sample)
     assert sink.close(30)
     sink.engine.dispose()
@@ -78,20 +65,15 @@ def test_default_is_the_embedded_sqlite_store_migrated_on_first_use(
     assert counts(f"sqlite:///{db}", "sinks-sqlite") == (2, 1)
 
 
-@pytest.mark.services
-def test_database_url_gives_a_direct_sink_on_postgresql(pg_databases: PgDatabases) -> None:
-    name, url = pg_databases.create()
-    try:
-        upgrade(url)  # PostgreSQL is migrated by `shadow-ab db upgrade`, not by the mirror
-        sink = open_sink(kafka=None, database_url=url.replace("+psycopg", ""))
-        assert isinstance(sink, DirectSink)
-        exchange, sample = records("sinks-pg")
-        assert sink.submit(exchange) and sink.submit(sample)
-        assert sink.close(30)
-        sink.engine.dispose()
-        assert counts(url, "sinks-pg") == (1, 1)
-    finally:
-        pg_databases.drop(name)
+def test_database_url_gives_a_direct_sink_on_postgresql(pg_url: str) -> None:
+    # PostgreSQL is migrated by `shadow-ab db upgrade` (here: the template), not by the mirror.
+    sink = open_sink(kafka=None, database_url=pg_url.replace("+psycopg", ""))
+    assert isinstance(sink, DirectSink)
+    ex, sample = records("sinks-pg")
+    assert sink.submit(ex) and sink.submit(sample)
+    assert sink.close(30)
+    sink.engine.dispose()
+    assert counts(pg_url, "sinks-pg") == (1, 1)
 
 
 def test_kafka_config_gives_the_kafka_sink(tmp_path: Path) -> None:

@@ -28,6 +28,8 @@ def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedP
     )
 
 
+# These two talk to the servers through the CLI, which no fixture shows: marked by hand.
+@pytest.mark.services
 def test_status_reports_both_running() -> None:
     proc = _cli("services", "status")
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -35,6 +37,7 @@ def test_status_reports_both_running() -> None:
     assert lines == {"postgres": "running", "kafka": "running"}
 
 
+@pytest.mark.services
 def test_second_up_is_idempotent_and_prints_env() -> None:
     proc = _cli("services", "up")
     assert proc.returncode == 0, proc.stderr

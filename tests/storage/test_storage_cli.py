@@ -5,8 +5,8 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from click.testing import CliRunner
+from factories import exchanges
 from sqlalchemy import text
-from store_factories import exchanges
 
 from shadow_ab.cli import main
 from shadow_ab.dev.processes import free_port
@@ -21,24 +21,24 @@ def run(*args: str) -> tuple[int, str]:
     return result.exit_code, result.output
 
 
-def test_upgrade_current_downgrade_sqlite(sqlite_url: str) -> None:
+def test_upgrade_current_downgrade_sqlite(empty_sqlite_url: str) -> None:
     newest = head()
-    assert run("current", "--database-url", sqlite_url) == (
+    assert run("current", "--database-url", empty_sqlite_url) == (
         0,
         f"not migrated (newest is {newest}): run `shadow-ab db upgrade`\n",
     )
-    code, out = run("upgrade", "--database-url", sqlite_url)
+    code, out = run("upgrade", "--database-url", empty_sqlite_url)
     assert (code, out) == (0, f"store at revision {newest}\n")
-    assert run("current", "--database-url", sqlite_url) == (0, f"{newest} (head)\n")
-    assert run("downgrade", "--database-url", sqlite_url, "--revision", "0001") == (
+    assert run("current", "--database-url", empty_sqlite_url) == (0, f"{newest} (head)\n")
+    assert run("downgrade", "--database-url", empty_sqlite_url, "--revision", "0001") == (
         0,
         "store at revision 0001\n",
     )
-    assert run("current", "--database-url", sqlite_url) == (
+    assert run("current", "--database-url", empty_sqlite_url) == (
         0,
         f"0001 (newest is {newest}: run `shadow-ab db upgrade`)\n",
     )
-    assert run("downgrade", "--database-url", sqlite_url, "--revision", "base") == (
+    assert run("downgrade", "--database-url", empty_sqlite_url, "--revision", "base") == (
         0,
         "store at revision base\n",
     )
@@ -83,7 +83,7 @@ def test_retention_postgres(pg_url: str) -> None:
         engine.dispose()
 
 
-def test_errors_are_one_line_with_an_exit_status(sqlite_url: str) -> None:
+def test_errors_are_one_line_with_an_exit_status(empty_sqlite_url: str) -> None:
     code, out = run("upgrade", "--database-url", f"postgresql://u@127.0.0.1:{free_port()}/x")
     assert code == 3
     assert out.startswith("error: cannot reach the database")
@@ -91,8 +91,8 @@ def test_errors_are_one_line_with_an_exit_status(sqlite_url: str) -> None:
     code, out = run("upgrade", "--database-url", "mysql://root@localhost/db")
     assert code == 2
     assert "is not supported" in out
-    code, out = run("retention", "--database-url", sqlite_url, "--keep-days", "1")
+    code, out = run("retention", "--database-url", empty_sqlite_url, "--keep-days", "1")
     assert code == 1
     assert "shadow-ab db upgrade" in out
-    code, out = run("retention", "--database-url", sqlite_url, "--keep-days", "-1")
+    code, out = run("retention", "--database-url", empty_sqlite_url, "--keep-days", "-1")
     assert code == 2

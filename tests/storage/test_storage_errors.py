@@ -7,8 +7,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from factories import exchanges, full_health
 from sqlalchemy import Engine
-from store_factories import exchanges, health
 
 from shadow_ab.dev.processes import free_port
 from storage.db import make_engine
@@ -24,7 +24,7 @@ from storage.write import write_drops, write_exchanges, write_health
 
 WRITES: list[Callable[[Engine], object]] = [
     lambda e: write_exchanges(e, exchanges(2)),
-    lambda e: write_health(e, [health()]),
+    lambda e: write_health(e, [full_health()]),
     lambda e: write_drops(e, "mirror", "queue_full", 1, datetime.now(UTC)),
 ]
 

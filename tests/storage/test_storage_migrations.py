@@ -7,8 +7,8 @@ from datetime import timedelta
 
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
+from factories import T0, full_exchange
 from sqlalchemy import Engine, inspect, text
-from store_factories import T0, exchange
 
 from storage.db import make_engine
 from storage.migrate import current, downgrade, head, include_name, upgrade
@@ -71,8 +71,8 @@ def _up_down_up(url: str) -> None:
     assert _views(url) == {"pairs"}
 
 
-def test_up_down_up_sqlite(sqlite_url: str) -> None:
-    _up_down_up(sqlite_url)
+def test_up_down_up_sqlite(empty_sqlite_url: str) -> None:
+    _up_down_up(empty_sqlite_url)
 
 
 def test_up_down_up_postgres(empty_pg_url: str) -> None:
@@ -84,7 +84,7 @@ def test_downgrade_postgres_drops_partitions_with_data(empty_pg_url: str) -> Non
     engine = make_engine(empty_pg_url)
     try:
         ensure_partitions(engine, T0, days_ahead=2)
-        assert write_exchanges(engine, [exchange(sent_at=T0 + timedelta(days=1))]) == 1
+        assert write_exchanges(engine, [full_exchange(sent_at=T0 + timedelta(days=1))]) == 1
     finally:
         engine.dispose()
     downgrade(empty_pg_url, "base")
@@ -120,12 +120,12 @@ def test_postgres_big_tables_are_partitioned_by_day(pg_engine: Engine) -> None:
 def _pairs_view_rows(engine: Engine) -> dict[str, dict[str, object]]:
     pair_a, pair_b = uuid.UUID(int=1), uuid.UUID(int=2)
     records = [
-        exchange(pair_id=pair_a, role="incumbent", output_text="hello", ttft_s=0.05),
-        exchange(pair_id=pair_a, role="candidate", output_text="hullo", ttft_s=0.07),
-        exchange(
+        full_exchange(pair_id=pair_a, role="incumbent", output_text="hello", ttft_s=0.05),
+        full_exchange(pair_id=pair_a, role="candidate", output_text="hullo", ttft_s=0.07),
+        full_exchange(
             pair_id=pair_a, role="replay", output_text="hello", sent_at=T0 + timedelta(seconds=1)
         ),
-        exchange(pair_id=pair_b, role="incumbent", status="timeout", output_text=None),
+        full_exchange(pair_id=pair_b, role="incumbent", status="timeout", output_text=None),
     ]
     assert write_exchanges(engine, records) == 4
     with engine.connect() as conn:
@@ -133,8 +133,8 @@ def _pairs_view_rows(engine: Engine) -> dict[str, dict[str, object]]:
     return {str(r["n_exchanges"]): dict(r) for r in rows}
 
 
-def test_pairs_view_one_row_per_pair(engine: Engine) -> None:
-    rows = _pairs_view_rows(engine)
+def test_pairs_view_one_row_per_pair(store: Engine) -> None:
+    rows = _pairs_view_rows(store)
     assert set(rows) == {"3", "1"}
     full, lone = rows["3"], rows["1"]
     assert full["incumbent_output_text"] == "hello"

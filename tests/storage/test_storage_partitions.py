@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from datetime import date, timedelta
 
+from factories import T0, exchanges, health_series
 from sqlalchemy import Engine, text
-from store_factories import T0, exchanges, health_series
 
 from storage.partitions import (
     apply_retention,

@@ -7,9 +7,9 @@ import time
 from collections.abc import Callable, Iterator
 
 import pytest
+from factories import exchanges, full_exchange, health_series
 from prometheus_client import REGISTRY
 from sqlalchemy import Engine, text
-from store_factories import exchange, exchanges, health_series
 
 from shadow_ab.dev.processes import free_port
 from shadow_ab.records import ExchangeRecord, HealthSample
@@ -198,7 +198,7 @@ def test_a_refused_record_does_not_take_its_batch_with_it(
     records = exchanges(8)
     # Out of range for the column; records.py refuses it at parse time since counts and
     # statuses are bounded, so build it past validation (as code constructing records could).
-    poison = exchange().model_copy(update={"http_status": 2**40})
+    poison = full_exchange().model_copy(update={"http_status": 2**40})
     sink = sink_factory(pg_engine, batch_size=100, flush_interval_s=3600)
     for rec in [*records[:3], poison, *records[3:]]:
         assert sink.submit(rec)

@@ -8,8 +8,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from factories import T0, exchanges, full_exchange, full_health, health_series
 from sqlalchemy import Engine, text
-from store_factories import T0, exchange, exchanges, health, health_series
 
 from shadow_ab.records import ExchangeRecord
 from storage.db import make_engine
@@ -22,45 +22,45 @@ def _count(engine: Engine, sql: str) -> int:
         return int(conn.execute(text(sql)).scalar_one())
 
 
-def test_exchanges_written_once(engine: Engine) -> None:
+def test_exchanges_written_once(store: Engine) -> None:
     batch = exchanges(50)
-    assert write_exchanges(engine, batch) == 50
-    assert _count(engine, "SELECT count(*) FROM exchanges") == 50
-    assert write_exchanges(engine, batch) == 0
-    assert _count(engine, "SELECT count(*) FROM exchanges") == 50
+    assert write_exchanges(store, batch) == 50
+    assert _count(store, "SELECT count(*) FROM exchanges") == 50
+    assert write_exchanges(store, batch) == 0
+    assert _count(store, "SELECT count(*) FROM exchanges") == 50
     # a batch overlapping the stored rows only inserts the new ones
-    assert write_exchanges(engine, exchanges(60)) == 10
-    assert _count(engine, "SELECT count(*) FROM exchanges") == 60
+    assert write_exchanges(store, exchanges(60)) == 10
+    assert _count(store, "SELECT count(*) FROM exchanges") == 60
 
 
-def test_exchanges_duplicates_inside_the_batch(engine: Engine) -> None:
-    a = exchange(pair_id=uuid.UUID(int=1), role="incumbent")
-    b = exchange(pair_id=uuid.UUID(int=1), role="candidate")
-    a_again = exchange(pair_id=uuid.UUID(int=1), role="incumbent", output_text="other")
-    assert write_exchanges(engine, [a, b, a_again, b]) == 2
-    with engine.connect() as conn:
+def test_exchanges_duplicates_inside_the_batch(store: Engine) -> None:
+    a = full_exchange(pair_id=uuid.UUID(int=1), role="incumbent")
+    b = full_exchange(pair_id=uuid.UUID(int=1), role="candidate")
+    a_again = full_exchange(pair_id=uuid.UUID(int=1), role="incumbent", output_text="other")
+    assert write_exchanges(store, [a, b, a_again, b]) == 2
+    with store.connect() as conn:
         texts = conn.execute(text("SELECT role, output_text FROM exchanges ORDER BY role")).all()
     # the first occurrence wins
     assert [tuple(t) for t in texts] == [("candidate", b.output_text), ("incumbent", a.output_text)]
 
 
-def test_same_pair_and_role_at_another_time_is_another_row(engine: Engine) -> None:
-    a = exchange(pair_id=uuid.UUID(int=1))
-    later = exchange(pair_id=uuid.UUID(int=1), sent_at=T0 + timedelta(seconds=1))
-    assert write_exchanges(engine, [a, later]) == 2
+def test_same_pair_and_role_at_another_time_is_another_row(store: Engine) -> None:
+    a = full_exchange(pair_id=uuid.UUID(int=1))
+    later = full_exchange(pair_id=uuid.UUID(int=1), sent_at=T0 + timedelta(seconds=1))
+    assert write_exchanges(store, [a, later]) == 2
 
 
-def test_exchange_round_trip(engine: Engine) -> None:
-    rec = exchange(
+def test_exchange_round_trip(store: Engine) -> None:
+    rec = full_exchange(
         seed=3,
         error="upstream said \\ no\n\ttab",
         output_text="tabs\tnewlines\nbackslash\\ quote' \"unicode ✓",
         logprobs=None,
     )
-    assert write_exchanges(engine, [rec]) == 1
-    with engine.connect() as conn:
+    assert write_exchanges(store, [rec]) == 1
+    with store.connect() as conn:
         row = conn.execute(text("SELECT * FROM exchanges")).mappings().one()
-    if engine.dialect.name == "sqlite":
+    if store.dialect.name == "sqlite":
         assert row["pair_id"] == rec.pair_id.hex
         assert row["sent_at"].startswith("2026-11-30 12:00:00")
         import json
@@ -112,7 +112,7 @@ def _itl_records(tag: str, first_seed: int) -> list[ExchangeRecord]:
         "long": [rng.random() / 10 for _ in range(5000)],
     }
     return [
-        exchange(seed=first_seed + i, output_text=f"{tag}-{name}", itl_s=values)
+        full_exchange(seed=first_seed + i, output_text=f"{tag}-{name}", itl_s=values)
         for i, (name, values) in enumerate(lists.items())
     ]
 
@@ -142,17 +142,17 @@ def test_itl_round_trips_exactly_through_copy_and_replay(pg_engine: Engine) -> N
 def test_itl_with_text_to_scrub_round_trips(pg_engine: Engine) -> None:
     # NUL in the text sends the batch through the scrubbing retry, which re-encodes every row
     recs = [
-        exchange(seed=1, output_text="nul\x00here", itl_s=ITL_EDGE_VALUES),
-        exchange(seed=2, output_text="clean", itl_s=[]),
+        full_exchange(seed=1, output_text="nul\x00here", itl_s=ITL_EDGE_VALUES),
+        full_exchange(seed=2, output_text="clean", itl_s=[]),
     ]
     assert write_exchanges(pg_engine, recs) == 2
     assert _stored_itl(pg_engine) == {"nul\ufffdhere": ITL_EDGE_VALUES, "clean": []}
 
 
-def test_logprobs_stored_as_json(engine: Engine) -> None:
-    rec = exchange()
-    write_exchanges(engine, [rec])
-    with engine.connect() as conn:
+def test_logprobs_stored_as_json(store: Engine) -> None:
+    rec = full_exchange()
+    write_exchanges(store, [rec])
+    with store.connect() as conn:
         raw = conn.execute(text("SELECT logprobs FROM exchanges")).scalar_one()
     import json
 
@@ -163,57 +163,57 @@ def test_logprobs_stored_as_json(engine: Engine) -> None:
     ]
 
 
-def test_deployments_created_on_first_sight(engine: Engine) -> None:
-    write_exchanges(engine, exchanges(4, deployment="exp-1"))
-    write_health(engine, [health(deployment="exp-2")])
-    write_exchanges(engine, exchanges(4, deployment="exp-1", seed=9))
-    with engine.connect() as conn:
+def test_deployments_created_on_first_sight(store: Engine) -> None:
+    write_exchanges(store, exchanges(4, deployment="exp-1"))
+    write_health(store, [full_health(deployment="exp-2")])
+    write_exchanges(store, exchanges(4, deployment="exp-1", seed=9))
+    with store.connect() as conn:
         names = conn.execute(text("SELECT name FROM deployments ORDER BY name")).scalars().all()
     assert names == ["exp-1", "exp-2"]
 
 
-def test_health_written_once(engine: Engine) -> None:
+def test_health_written_once(store: Engine) -> None:
     samples = health_series(30)
-    assert write_health(engine, samples) == 30
-    assert write_health(engine, samples) == 0
-    assert write_health(engine, [*samples[:5], *samples[:5]]) == 0
+    assert write_health(store, samples) == 30
+    assert write_health(store, samples) == 0
+    assert write_health(store, [*samples[:5], *samples[:5]]) == 0
     other_engine = health_series(5, engine="trtllm@candidate")
-    assert write_health(engine, other_engine + other_engine) == 5
-    assert _count(engine, "SELECT count(*) FROM health_samples") == 35
+    assert write_health(store, other_engine + other_engine) == 5
+    assert _count(store, "SELECT count(*) FROM health_samples") == 35
 
 
-def test_mixed_batch(engine: Engine) -> None:
-    assert write_records(engine, [*exchanges(6), *health_series(4)]) == 10
-    assert write_records(engine, [*exchanges(6), *health_series(4)]) == 0
+def test_mixed_batch(store: Engine) -> None:
+    assert write_records(store, [*exchanges(6), *health_series(4)]) == 10
+    assert write_records(store, [*exchanges(6), *health_series(4)]) == 0
 
 
-def test_empty_batches(engine: Engine) -> None:
-    assert write_exchanges(engine, []) == 0
-    assert write_health(engine, []) == 0
+def test_empty_batches(store: Engine) -> None:
+    assert write_exchanges(store, []) == 0
+    assert write_health(store, []) == 0
 
 
-def test_wrong_record_type_is_refused(engine: Engine) -> None:
+def test_wrong_record_type_is_refused(store: Engine) -> None:
     with pytest.raises(TypeError, match="parse_record"):
-        write_exchanges(engine, [health()])  # type: ignore[list-item]  # the point of the test
+        write_exchanges(store, [full_health()])  # type: ignore[list-item]  # the point of the test
     with pytest.raises(TypeError, match="parse_record"):
-        write_exchanges(engine, [{"kind": "exchange"}])  # type: ignore[list-item]
+        write_exchanges(store, [{"kind": "exchange"}])  # type: ignore[list-item]
 
 
-def test_drops(engine: Engine) -> None:
+def test_drops(store: Engine) -> None:
     ts = datetime(2026, 11, 30, 1, 2, 3, tzinfo=UTC)
-    write_drops(engine, "mirror", "queue_full", 17, ts)
-    write_drops(engine, "mirror", "queue_full", 0, ts)  # nothing to record
-    write_drops(engine, "direct_sink", "store_error", 3, ts)
-    with engine.connect() as conn:
+    write_drops(store, "mirror", "queue_full", 17, ts)
+    write_drops(store, "mirror", "queue_full", 0, ts)  # nothing to record
+    write_drops(store, "direct_sink", "store_error", 3, ts)
+    with store.connect() as conn:
         rows = conn.execute(text("SELECT source, reason, count FROM drops ORDER BY count")).all()
     assert [tuple(r) for r in rows] == [
         ("direct_sink", "store_error", 3),
         ("mirror", "queue_full", 17),
     ]
     with pytest.raises(ValueError, match="timezone"):
-        write_drops(engine, "mirror", "x", 1, datetime(2026, 1, 1))
+        write_drops(store, "mirror", "x", 1, datetime(2026, 1, 1))
     with pytest.raises(ValueError, match=">= 0"):
-        write_drops(engine, "mirror", "x", -1, ts)
+        write_drops(store, "mirror", "x", -1, ts)
 
 
 def test_records_of_many_days_land_in_their_partitions(pg_engine: Engine) -> None:
@@ -300,17 +300,17 @@ def test_concurrent_writers_of_overlapping_batches(pg_engine: Engine) -> None:
     assert _count(pg_engine, "SELECT count(*) FROM exchanges") == 400
 
 
-def test_nul_characters(engine: Engine) -> None:
-    rec = exchange(
+def test_nul_characters(store: Engine) -> None:
+    rec = full_exchange(
         output_text="a\x00b",
         request={"messages": [{"role": "user", "content": "nul\x00here"}], "k\x00": 1},
     )
-    assert write_exchanges(engine, [rec, exchange(seed=5)]) == 2
-    with engine.connect() as conn:
+    assert write_exchanges(store, [rec, full_exchange(seed=5)]) == 2
+    with store.connect() as conn:
         texts = set(conn.execute(text("SELECT output_text FROM exchanges")).scalars())
     # SQLite keeps the NUL; PostgreSQL cannot store it and gets U+FFFD instead
-    assert ("a\x00b" if engine.dialect.name == "sqlite" else "a\ufffdb") in texts
-    assert write_exchanges(engine, [rec]) == 0
+    assert ("a\x00b" if store.dialect.name == "sqlite" else "a\ufffdb") in texts
+    assert write_exchanges(store, [rec]) == 0
 
 
 def test_integers_too_big_for_their_column_are_refused_not_wrapped(pg_engine: Engine) -> None:
@@ -318,44 +318,44 @@ def test_integers_too_big_for_their_column_are_refused_not_wrapped(pg_engine: En
 
     # Parsing refuses these now (records.py bounds them); the store still must not wrap a
     # value that got past validation, so build them unvalidated.
-    big = exchange().model_copy(update={"http_status": 2**40})
+    big = full_exchange().model_copy(update={"http_status": 2**40})
     with pytest.raises(StoreError, match="http_status=1099511627776 does not fit"):
         write_exchanges(pg_engine, [*exchanges(4), big])
     assert _count(pg_engine, "SELECT count(*) FROM exchanges") == 0  # all or nothing
     with pytest.raises(StoreError, match="num_running"):
-        write_health(pg_engine, [health().model_copy(update={"num_running": 2**31})])
-    assert write_health(pg_engine, [health(num_running=2**31 - 1)]) == 1
+        write_health(pg_engine, [full_health().model_copy(update={"num_running": 2**31})])
+    assert write_health(pg_engine, [full_health(num_running=2**31 - 1)]) == 1
 
 
-def test_lone_surrogates_are_replaced(engine: Engine) -> None:
-    rec = exchange(
+def test_lone_surrogates_are_replaced(store: Engine) -> None:
+    rec = full_exchange(
         output_text="half a pair: \ud800!",
         request={"messages": [{"role": "user", "content": "x\udfffy"}]},
         error="e\x00\ud800",
     )
-    assert write_exchanges(engine, [rec]) == 1
-    with engine.connect() as conn:
+    assert write_exchanges(store, [rec]) == 1
+    with store.connect() as conn:
         out, err = conn.execute(text("SELECT output_text, error FROM exchanges")).one()
     assert out == "half a pair: \ufffd\ufffd\ufffd!"  # one U+FFFD per byte of the surrogate
     assert err.startswith("e") and "\ud800" not in err
-    assert write_exchanges(engine, [rec]) == 0
+    assert write_exchanges(store, [rec]) == 0
 
 
 def _aware(ts: datetime) -> datetime:
     return ts if ts.tzinfo is not None else ts.replace(tzinfo=UTC)  # SQLite: naive UTC
 
 
-def test_rows_read_back_through_the_models(engine: Engine) -> None:
+def test_rows_read_back_through_the_models(store: Engine) -> None:
     from sqlalchemy import select
     from sqlalchemy.orm import Session
 
     from storage.models import Exchange, HealthSampleRow
 
-    rec = exchange(seed=11)
-    sample = health(ts=T0 + timedelta(microseconds=123))
-    write_exchanges(engine, [rec])
-    write_health(engine, [sample])
-    with Session(engine) as session:
+    rec = full_exchange(seed=11)
+    sample = full_health(ts=T0 + timedelta(microseconds=123))
+    write_exchanges(store, [rec])
+    write_health(store, [sample])
+    with Session(store) as session:
         row = session.scalars(select(Exchange).where(Exchange.pair_id == rec.pair_id)).one()
         assert row.role == "incumbent"
         assert _aware(row.sent_at) == rec.sent_at
