@@ -75,8 +75,14 @@ def test_server_environment_keeps_everything_local_and_under_var(tmp_path: Path)
         "VLLM_CPU_OMP_THREADS_BIND": "1",
     }.items():
         assert env[key] == value, key
-    assert env["TMPDIR"] == str(tmp_path / "vllm-run" / "cand" / "tmp")
-    for key in ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "HF_HOME", "XDG_CACHE_HOME"):
+    assert env["VLLM_RPC_BASE_PATH"] == str(tmp_path / "vllm-run" / "cand" / "tmp")
+    for key in (
+        "TMPDIR",
+        "VLLM_CACHE_ROOT",
+        "TORCHINDUCTOR_CACHE_DIR",
+        "HF_HOME",
+        "XDG_CACHE_HOME",
+    ):
         assert env[key].startswith(str(tmp_path / "vllm-cache")), key
 
 
@@ -183,5 +189,5 @@ def test_cli_prints_the_command_it_would_run(
     line = result.output.strip()
     assert line.startswith("env VLLM_NO_USAGE_STATS=1 ")
     assert "VLLM_CPU_OMP_THREADS_BIND=0 " in line
-    assert f"TMPDIR={tmp_path}/vllm-run/8001/tmp " in line
+    assert f"VLLM_RPC_BASE_PATH={tmp_path}/vllm-run/8001/tmp " in line
     assert line.endswith("--port 8001 --dtype float32 --max-model-len 1024 --seed 0")

