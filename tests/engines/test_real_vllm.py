@@ -1,26 +1,20 @@
-"""Real vLLM (CPU build) behind the mirror: the client gets exactly what vLLM answers directly."""
+"""Real vLLM (CPU build) behind the mirror: the client gets exactly what vLLM answers directly
+(streams compared as :func:`engine_helpers.stream_shape`: where vLLM cuts the text into chunks
+depends on timing)."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
+from engine_helpers import same_answer
 
 from shadow_ab.dev.engines.vllm_cpu import RunningVllm
 from shadow_ab.dev.processes import RunningMirror, running_mirror, running_sim
 
 pytestmark = [pytest.mark.real_engine, pytest.mark.slow, pytest.mark.timeout(1200)]
-
-_ID = re.compile(rb'"id":\s*"[^"]*"')
-_CREATED = re.compile(rb'"created":\s*\d+')
-
-
-def normalize(body: bytes) -> bytes:
-    """An answer's bytes with the per-request ``id`` and ``created`` values blanked out."""
-    return _CREATED.sub(b'"created":0', _ID.sub(b'"id":"-"', body))
 
 
 def post(client: httpx.Client, url: str, body: dict[str, Any]) -> tuple[int, dict[str, str], bytes]:
@@ -75,8 +69,26 @@ USAGE = {"stream": True, "stream_options": {"include_usage": True}}
 
 @pytest.mark.parametrize(
     "body",
-    [chat(), chat(**USAGE), completion(), completion(**USAGE)],
-    ids=["chat", "chat-stream-usage", "cmpl", "cmpl-stream-usage"],
+    [
+        chat(),
+        chat(**USAGE),
+        completion(),
+        completion(**USAGE),
+        chat(logprobs=True, top_logprobs=3),
+        chat(n=2, temperature=1.0, seed=7),
+        completion(stop=[" the", "."], **USAGE),
+        completion(logprobs=2, echo=False),
+    ],
+    ids=[
+        "chat",
+        "chat-stream-usage",
+        "cmpl",
+        "cmpl-stream-usage",
+        "chat-logprobs",
+        "chat-n2-seeded",
+        "cmpl-stop-stream-usage",
+        "cmpl-logprobs",
+    ],
 )
 def test_the_mirror_answers_real_vllms_bytes(
     mirror: RunningMirror, vllm_bf16: RunningVllm, body: dict[str, Any]
@@ -85,7 +97,7 @@ def test_the_mirror_answers_real_vllms_bytes(
         s1, h1, b1 = post(client, mirror.v1 + path(body), body)
         s2, h2, b2 = post(client, vllm_bf16.v1 + path(body), body)
     assert (s1, s2) == (200, 200), b1[:500]
-    assert normalize(b1) == normalize(b2)
+    same_answer(b1, b2, bool(body.get("stream")))
     assert h1["content-type"] == h2["content-type"]
     assert b'"system_fingerprint":"vllm-' in b1
     assert "x-shadow-pair-id" in h1
@@ -109,4 +121,26 @@ def test_a_stream_without_include_usage_keeps_the_fingerprint(
         s2, _, b2 = post(client, vllm_bf16.v1 + path(body), body)
     assert (s1, s2) == (200, 200)
     assert b'"usage":{' not in b1
-    assert normalize(b1) == normalize(b2)
+    assert b'"finish_reason":"length"' in b2 and b'"system_fingerprint":"vllm-' in b2
+    assert b'"system_fingerprint":"vllm-' in b1
+    same_answer(b1, b2, stream=True)
+
+
+@pytest.mark.parametrize(
+    ("body", "status"),
+    [
+        (chat(model="no-such-model"), 404),
+        (completion(prompt="the river " * 600), 400),
+        (chat(max_tokens=5000), 400),
+    ],
+    ids=["404-model", "400-prompt-too-long", "400-max-tokens"],
+)
+def test_real_vllms_errors_arrive_as_they_were(
+    mirror: RunningMirror, vllm_bf16: RunningVllm, body: dict[str, Any], status: int
+) -> None:
+    with httpx.Client(timeout=120.0) as client:
+        s1, h1, b1 = post(client, mirror.v1 + path(body), body)
+        s2, h2, b2 = post(client, vllm_bf16.v1 + path(body), body)
+    assert (s1, s2) == (status, status), b2[:300]
+    assert b1 == b2
+    assert h1["content-type"] == h2["content-type"]

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from engine_helpers import stream_shape
 
 from shadow_ab.cli import main
 from shadow_ab.dev.engines import vllm_cpu
@@ -191,3 +192,29 @@ def test_cli_prints_the_command_it_would_run(
     assert "VLLM_CPU_OMP_THREADS_BIND=0 " in line
     assert f"VLLM_RPC_BASE_PATH={tmp_path}/vllm-run/8001/tmp " in line
     assert line.endswith("--port 8001 --dtype float32 --max-model-len 1024 --seed 0")
+
+
+def test_stream_shape_ignores_only_where_the_text_is_cut() -> None:
+    def sse(*chunks: str) -> bytes:
+        return b"".join(b"data: " + c.encode() + b"\n\n" for c in chunks) + b"data: [DONE]\n\n"
+
+    role = '{"id":"a","choices":[{"delta":{"role":"assistant","content":""},"finish_reason":null}]}'
+    piece = '{"id":"a","choices":[{"delta":{"content":"%s"},"finish_reason":null}]}'
+    end = '{"id":"a","choices":[{"delta":{"content":"%s"},"finish_reason":"length"}]%s}'
+    one = sse(role, piece % "Mo", piece % " gold", piece % "en", end % ("!", ""))
+    two = sse(role, piece % "Mo gold", piece % "en", end % ("!", ""))
+    assert stream_shape(one) == stream_shape(two)
+    assert stream_shape(one)[1] == b"Mo golden!"
+    fingerprint = ',"system_fingerprint":"vllm-x"'
+    assert stream_shape(one) != stream_shape(
+        sse(role, piece % "Mo golden", end % ("!", fingerprint))
+    )
+    assert stream_shape(one) != stream_shape(sse(role, piece % "Mo golden", end % ("?", "")))
+    assert stream_shape(sse(piece % 'a\\"b')) == (
+        [
+            b'data: {"id":"-","choices":[{"delta":{"content":"~"},"finish_reason":null}]}',
+            b"data: [DONE]",
+            b"",
+        ],
+        b'a\\"b',
+    )

@@ -193,6 +193,7 @@ def build(out: Path, spec: ModelSpec | None = None, lines: list[str] | None = No
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=out.name + ".building-", dir=out.parent))
+    tmp.chmod(0o755)
     try:
         if lines is None:
             lines = corpus(spec.seed, spec.corpus_sentences)
