@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from engine_helpers import stream_shape
+from engine_helpers import per_choice, stream_shape
 
 from shadow_ab.cli import main
 from shadow_ab.dev.engines import vllm_cpu
@@ -218,3 +218,20 @@ def test_stream_shape_ignores_only_where_the_text_is_cut() -> None:
         ],
         b'a\\"b',
     )
+
+
+def test_per_choice_ignores_how_choices_interleave_only() -> None:
+    def ev(i: int, text: str, end: str = "null", fp: str = "") -> bytes:
+        choice = f'{{"index":{i},"delta":{{"content":"{text}"}},"finish_reason":{end}}}'
+        body = f'{{"choices":[{choice}]{fp}}}'
+        return b"data: " + body.encode() + b"\n\n"
+
+    fp = ',"system_fingerprint":"vllm-x"'
+    done = b"data: [DONE]\n\n"
+    one = ev(0, "a") + ev(1, "b") + ev(0, "c", '"length"', fp) + ev(1, "d", '"length"', fp) + done
+    two = ev(1, "b") + ev(0, "a") + ev(1, "d", '"length"', fp) + ev(0, "c", '"length"', fp) + done
+    assert one != two and per_choice(one) == per_choice(two)
+    assert per_choice(one)[1][1] == b"bd"
+    no_fp = one.replace(fp.encode(), b"", 1)
+    assert per_choice(no_fp) != per_choice(one)
+    assert per_choice(one.replace(b'"d"', b'"e"')) != per_choice(one)
