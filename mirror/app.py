@@ -59,7 +59,7 @@ from mirror.recording import ERROR_BODY_KEEP, Dispatch, build_record, error_text
 from mirror.rewrite import INCLUDE_USAGE, candidate_request, stored_request, with_stream_usage
 from mirror.sampling import Sampler
 from mirror.shadow import Shadows
-from mirror.sse import SSEParser, is_usage_only, passes_whole
+from mirror.sse import UsageHider
 from mirror.trace import Outcome, StreamTrace, parse_body, stream_trace
 from shadow_ab.records import Endpoint, ExchangeRecord, Role, Status, utcnow
 
@@ -522,6 +522,7 @@ class Mirror:
         http_status: int | None = None
         error: str | None = None
         sse = False
+        hider: UsageHider | None = None
         stash: list[tuple[float, bytes]] = []
         parts: list[bytes] = []
         last_t: float | None = None
@@ -561,17 +562,16 @@ class Mirror:
                 # The client's path only forwards bytes: an SSE stream's chunks are kept with
                 # their arrival times and parsed after the answer went out (stream_trace).
                 # Only when the usage event must be hidden are chunks cut into events here,
-                # and then only those that may hold it or end mid-event.
-                fwd = SSEParser() if rechunk else None
+                # and then only those that may hold it, end a choice or end mid-event.
+                hider = UsageHider() if rechunk else None
                 first = True
                 async for chunk in resp.content.iter_any():
                     t = clock()
                     last_t = t
                     if sse:
                         stash.append((t, chunk))
-                        if fwd is not None and not passes_whole(fwd, chunk):
-                            events = fwd.feed(chunk)
-                            chunk = b"".join([e.raw for e in events if not is_usage_only(e.data)])
+                        if hider is not None:
+                            chunk = hider.feed(chunk, t)
                     elif status is Status.OK or len(parts) < 64:
                         parts.append(chunk)
                     if chunk:
@@ -579,17 +579,16 @@ class Mirror:
                     if first:
                         first = False
                         m.ADDED.observe((t0 - t_ready) + (clock() - t))
-                if fwd is not None:
-                    tail = fwd.pending()
-                    if tail:
-                        await send({"type": "http.response.body", "body": tail, "more_body": True})
+                await self._release(send, hider, clock())
                 state.done = True
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
                 complete = True
             except TimeoutError as exc:
                 status, error = Status.TIMEOUT, f"timeout while reading: {exc!r}"
+                await self._release(send, hider, clock())
             except aiohttp.ClientError as exc:
                 status, error = Status.CONNECTION_ERROR, f"stream broke: {exc!r}"
+                await self._release(send, hider, clock())
             finally:
                 if complete:
                     resp.release()
@@ -611,6 +610,19 @@ class Mirror:
             if status is Status.OK:
                 self.guard.observe(outcome.ttft_s, outcome.e2e_s, shadow_active)
             self._finish(d, status, outcome, http_status, error)
+
+    async def _release(self, send: Send, hider: UsageHider | None, t: float) -> None:
+        """The end of a stream whose usage event was hidden: what the hider still holds goes
+        to the client (as a direct client would have got it), and the time it held the finish
+        event back is observed."""
+        if hider is None:
+            return
+        rest = hider.close(t)
+        if hider.held_s is not None:
+            m.HELD.observe(hider.held_s)
+        if rest:
+            with contextlib.suppress(OSError):  # the client may be gone when the stream broke
+                await send({"type": "http.response.body", "body": rest, "more_body": True})
 
     def _outcome(
         self,

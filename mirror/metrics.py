@@ -10,6 +10,7 @@ name they use is declared here (or in another part's ``metrics`` module).
 | shadow_ab_mirror_ttft_seconds | histogram | role | time to first token of streamed answers, by role |
 | shadow_ab_mirror_e2e_seconds | histogram | role | time from sending to the last token (or the whole body), by role |
 | shadow_ab_mirror_added_seconds | histogram | | time the mirror adds before the first byte reaches the client (its own overhead) |
+| shadow_ab_mirror_held_seconds | histogram | | time a stream's finish event was held back until the usage event the mirror hides (to give the finish event its system_fingerprint back) |
 | shadow_ab_mirror_inflight_requests | gauge | role | requests in flight to each engine |
 | shadow_ab_mirror_shadow_decisions_total | counter | decision | sampled, skipped_sample, skipped_cap, skipped_guard, skipped_malformed, skipped_too_large, skipped_route |
 | shadow_ab_mirror_replays_total | counter | | sampled requests also replayed to the incumbent |
@@ -93,6 +94,11 @@ E2E = Histogram(
 ADDED = Histogram(
     "shadow_ab_mirror_added_seconds",
     "Time the mirror adds before the incumbent's first byte reaches the client.",
+    buckets=OVERHEAD_BUCKETS,
+)
+HELD = Histogram(
+    "shadow_ab_mirror_held_seconds",
+    "Time a stream's finish event was held back until the usage event the mirror hides.",
     buckets=OVERHEAD_BUCKETS,
 )
 INFLIGHT = Gauge(

@@ -9,7 +9,8 @@ with the names of the rewrites, which go into ``ExchangeRecord.rewrites``):
   out (``max_tokens``; vLLM's completions default is 16, TensorRT-LLM's is none), and
   ``stream_options.include_usage`` on streams so the token count (hence TPOT) is known.
 - :func:`with_stream_usage`: ``include_usage`` for the incumbent's stream too; the mirror then
-  hides the usage chunk from a client that did not ask for it.
+  hides the usage chunk from a client that did not ask for it (and gives the finish chunks back
+  the ``system_fingerprint`` vLLM moved onto it: :class:`mirror.sse.UsageHider`).
 - :func:`stored_request`: the body as kept in the store, without credential-like fields
   (headers -- Authorization, API keys, cookies -- are never stored at all).
 
@@ -66,15 +67,24 @@ class CandidateRewrite(BaseModel):
     )
 
 
-def with_stream_usage(body: dict[str, Any]) -> dict[str, Any] | None:
+def with_stream_usage(body: dict[str, Any], *, hideable: bool = True) -> dict[str, Any] | None:
     """A copy of a streamed request with ``stream_options.include_usage`` set, or None when
-    nothing changes (not streamed, already asked, or ``stream_options`` is not an object)."""
+    nothing changes (not streamed, already asked, or ``stream_options`` is not an object).
+
+    ``hideable`` (the incumbent's request): only where the client's answer would otherwise
+    differ by exactly what the mirror undoes (the usage event, the fingerprint it carries), so
+    also None when ``stream_options`` has no ``include_usage`` key (vLLM's default for it was
+    true in 0.11, is false in 0.32: either answer may be the one the client expects) or sets
+    ``continuous_usage_stats`` (with ``include_usage``, vLLM puts usage on every event).
+    """
     if body.get("stream") is not True:
         return None
     so = body.get("stream_options")
     if so is None:
         return {**body, "stream_options": {"include_usage": True}}
     if not isinstance(so, dict) or so.get("include_usage"):
+        return None
+    if hideable and ("include_usage" not in so or so.get("continuous_usage_stats")):
         return None
     return {**body, "stream_options": {**so, "include_usage": True}}
 
@@ -108,7 +118,7 @@ def candidate_request(
         out["max_tokens"] = rewrite.completions_max_tokens
         done.append(MAX_TOKENS)
     if rewrite.include_usage:
-        usage = with_stream_usage(out)
+        usage = with_stream_usage(out, hideable=False)
         if usage is not None:
             out = usage
             done.append(INCLUDE_USAGE)

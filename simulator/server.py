@@ -43,6 +43,7 @@ from simulator.wire import (
     logprobs_asked,
     models_body,
     parse_request,
+    vllm_fingerprint,
 )
 
 FAULT_TICK_S = 0.01
@@ -179,7 +180,12 @@ class SimServer:
             return _json(exc.body, exc.status)
         self._seq_no += 1
         framer = Framer(
-            self.flavor, endpoint, self.scenario.model, stream=bool(req.stream), seq_no=self._seq_no
+            self.flavor,
+            endpoint,
+            self.scenario.model,
+            stream=bool(req.stream),
+            seq_no=self._seq_no,
+            fingerprint=vllm_fingerprint(self.faults.version, self.scenario.model),
         )
         status = self.faults.error_for_request(framer.id)
         if status is not None:
@@ -396,6 +402,7 @@ class SimServer:
                             logprobs=logprobs,
                             text_offset=offsets[i],
                             usage=usage,
+                            usage_follows=include_usage,
                         )
                     )
                     offsets[i] += sum(len(t.text) for t in tokens)

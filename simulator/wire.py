@@ -35,10 +35,18 @@ vLLM details checked against vLLM 0.11's ``entrypoints/openai/serving_chat.py``,
   (so ``logprobs: 0`` still gives ``{sampled: lp}``).
 - ``logprobs``/``top_logprobs`` above ``max_logprobs`` (20) is refused by the engine's
   processor: 400 ``Requested sample logprobs of N, which is greater than max allowed: 20``.
+
+``system_fingerprint`` is placed as real vLLM 0.32.0 places it (seen on the server that
+``shadow-ab engine vllm serve`` runs, ``--fingerprint-mode full``): ``vllm-<version>-<hash8>``
+in whole answers; in streams on each choice's finish chunk (as its last member) when no usage
+chunk follows, and on the usage chunk (after ``usage``) otherwise, never on both. The mirror
+hides that usage chunk from clients that did not ask for it and must put the fingerprint back
+(``mirror/sse.py``, ``UsageHider``).
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
 import time
 import uuid
@@ -338,13 +346,29 @@ def completion_prompts(
 # -- responses -------------------------------------------------------------------------
 
 
+def vllm_fingerprint(version: str, model: str) -> str:
+    """A vLLM-style ``system_fingerprint``: ``vllm-<version>-<hash8>`` (vLLM hashes its whole
+    config; here the model name stands for it)."""
+    return f"vllm-{version}-{hashlib.sha256(model.encode()).hexdigest()[:8]}"
+
+
 class Framer:
-    """Builds one response's bodies and SSE events for one flavor and endpoint."""
+    """Builds one response's bodies and SSE events for one flavor and endpoint.
+
+    ``fingerprint``: the ``system_fingerprint`` the vLLM flavor stamps (None: none)."""
 
     def __init__(
-        self, flavor: Flavor, endpoint: str, model: str, *, stream: bool, seq_no: int
+        self,
+        flavor: Flavor,
+        endpoint: str,
+        model: str,
+        *,
+        stream: bool,
+        seq_no: int,
+        fingerprint: str | None = None,
     ) -> None:
         self.flavor = flavor
+        self.fingerprint = fingerprint if flavor == "vllm" else None
         self.endpoint = endpoint
         self.model = model
         self.created = int(time.time())
@@ -449,7 +473,10 @@ class Framer:
         logprobs: int | None,
         text_offset: int,
         usage: dict[str, Any] | None,
+        usage_follows: bool = False,
     ) -> bytes:
+        """One choice's chunk; ``usage_follows``: a usage chunk ends the stream (vLLM then
+        stamps the fingerprint there instead of on the finish chunk)."""
         text = "".join(t.text for t in tokens)
         vllm = self.flavor == "vllm"
         if self.endpoint == "chat":
@@ -494,12 +521,17 @@ class Framer:
             chunk["usage"] = usage
         elif self.endpoint == "completions":  # both dump completion chunks with usage: null
             chunk["usage"] = None
+        if finish_reason is not None and self.fingerprint is not None and not usage_follows:
+            chunk["system_fingerprint"] = self.fingerprint
         return self.event(chunk)
 
     def usage_chunk(self, usage: dict[str, Any]) -> bytes:
+        chunk: dict[str, Any] = {**self.base, "choices": [], "usage": usage}
         if self.flavor == "vllm":  # dumped with exclude_none=True
-            usage = {k: v for k, v in usage.items() if v is not None}
-        return self.event({**self.base, "choices": [], "usage": usage})
+            chunk["usage"] = {k: v for k, v in usage.items() if v is not None}
+            if self.fingerprint is not None:
+                chunk["system_fingerprint"] = self.fingerprint
+        return self.event(chunk)
 
     def usage(self, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
         u: dict[str, Any] = {
@@ -557,16 +589,17 @@ class Framer:
                 else:  # CompletionResponseChoice
                     choice.update(token_ids=None, prompt_logprobs=None, prompt_token_ids=None)
             choices.append(choice)
-        body: dict[str, Any] = {
-            **self.base,
-            "choices": choices,
-            "usage": self.usage(prompt_tokens, sum(len(c.tokens) for c in completions)),
-        }
+        body: dict[str, Any] = {**self.base, "choices": choices}
+        if self.fingerprint is not None and self.endpoint == "chat":
+            body["system_fingerprint"] = self.fingerprint
+        body["usage"] = self.usage(prompt_tokens, sum(len(c.tokens) for c in completions))
         if self.flavor == "vllm":
             if self.endpoint == "chat":
                 body["prompt_logprobs"] = None
             else:  # CompletionResponse
-                body.update(service_tier=None, system_fingerprint=None, kv_transfer_params=None)
+                body.update(
+                    service_tier=None, system_fingerprint=self.fingerprint, kv_transfer_params=None
+                )
         return body
 
 

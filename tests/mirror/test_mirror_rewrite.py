@@ -61,10 +61,19 @@ def test_stream_usage_only_when_streaming_and_not_asked() -> None:
     assert with_stream_usage({"stream": False}) is None
     assert with_stream_usage({"stream": True, "stream_options": {"include_usage": True}}) is None
     assert with_stream_usage({"stream": True, "stream_options": "bad"}) is None
-    assert with_stream_usage({"stream": True, "stream_options": {"x": 1}}) == {
-        "stream": True,
-        "stream_options": {"x": 1, "include_usage": True},
-    }
+    for off in (False, None):
+        assert with_stream_usage({"stream": True, "stream_options": {"include_usage": off}}) == {
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+    # what the mirror could not hide from the client: usage on every event (continuous), or
+    # an include_usage whose default depends on the vLLM version; the candidate's is asked
+    for so in ({"include_usage": False, "continuous_usage_stats": True}, {}, {"x": 1}):
+        assert with_stream_usage({"stream": True, "stream_options": so}) is None
+        assert with_stream_usage({"stream": True, "stream_options": so}, hideable=False) == {
+            "stream": True,
+            "stream_options": {**so, "include_usage": True},
+        }
 
 
 def test_stored_request_drops_credentials_but_keeps_user() -> None:

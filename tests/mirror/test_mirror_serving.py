@@ -4,6 +4,7 @@ pass-through, records in the store (SQLite) without credentials, and client disc
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -154,6 +155,50 @@ def test_answers_are_the_incumbents_bytes(
     assert "x-shadow-pair-id" in h1
     if body.get("stream") and not body.get("stream_options"):
         assert b'"usage":{' not in b1
+
+
+def finish_events(raw: bytes) -> list[bytes]:
+    """The events of a stream that end a choice, normalized, their text blanked (where a
+    stream is cut into chunks depends on timing; these are about the members)."""
+    return [
+        _TEXT.sub(rb'"\1":"~"', normalize(e))
+        for e in raw.split(b"\n\n")
+        if b'"finish_reason":"' in e
+    ]
+
+
+_TEXT = re.compile(rb'"(content|text)":"((?:[^"\\]|\\.)*)"')
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        chat(stream=True),
+        completion(stream=True, max_tokens=5),
+        chat(stream=True, n=2, temperature=1.0),
+        chat(stream=True, stream_options={"include_usage": False}),
+        chat(stream=True, stream_options={"continuous_usage_stats": True}),
+        completion(stream=True, max_tokens=5, stream_options={}),
+    ],
+    ids=["chat", "cmpl", "chat-n2", "usage-false", "continuous", "empty-options"],
+)
+def test_streams_keep_the_fingerprint_on_their_finish_chunks(
+    served: RunningMirror,
+    engines: tuple[RunningSim, RunningSim],
+    http: httpx.Client,
+    body: dict[str, Any],
+) -> None:
+    """vLLM (0.32) stamps system_fingerprint on each choice's finish chunk, unless a usage chunk
+    follows: then only there. The mirror asks for that chunk and hides it; the client's finish
+    chunks must still carry the fingerprint (issue 13, seen on real vLLM)."""
+    path = "/v1/completions" if "prompt" in body else "/v1/chat/completions"
+    _, _, via, _ = post(http, served.base_url + path, body)
+    _, _, direct, _ = post(http, engines[0].base_url + path, body)
+    n = body.get("n", 1)
+    assert via.count(b'"system_fingerprint":"vllm-') == n
+    assert finish_events(via) == finish_events(direct)
+    assert len(finish_events(direct)) == n
+    assert via.count(b'"usage":') == direct.count(b'"usage":')
 
 
 def test_malformed_json_goes_to_the_incumbent_unshadowed(

