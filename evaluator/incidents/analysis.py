@@ -281,7 +281,8 @@ class IncidentSection:
                 unit="MB/hour",
                 detail=(
                     f"steepest of {len(leaks)} sustained leak(s) ({ev['series']}), Theil-Sen"
-                    " over its longest run between restarts"
+                    " over its growth within one process's life, interval widened for"
+                    " autocorrelated noise"
                 ),
             )
         trends = self.memory.get("candidate", {})
@@ -297,7 +298,8 @@ class IncidentSection:
             unit="MB/hour",
             detail=(
                 f"no sustained leak; the candidate's overall {series} trend (Theil-Sen over its"
-                " longest stretch between restarts)"
+                " longest stretch between restarts, warm-up left out, interval widened for"
+                " autocorrelated noise)"
             ),
         )
 

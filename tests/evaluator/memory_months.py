@@ -10,21 +10,21 @@ What a generated month assumes (so a reader can question it):
 - **Level**: a constant base (70 000 MiB) plus noise; nothing grows unless a leak is injected.
 - **Noise** (``noise``): ``"white"``, independent per bin, sd ``noise_sd_mb``; ``"ar1"``, a
   stationary AR(1) process with marginal sd ``noise_sd_mb`` whose correlation decays as
-  exp(-lag / ``noise_decay_min``) (15 min: a bin is correlated 0.875 with the next). Memory
-  noise in production is of this kind: allocator pools and caches fill and drain over minutes.
+  exp(-lag / ``noise_decay_min``) (15 min: a bin is correlated 0.875 with the next): memory
+  that allocator pools and caches fill and drain over minutes.
 - **Daily cycle** (``daily_mb``): a sinusoid of that amplitude with a period of one day and a
   random phase (load follows the clock). Its steepest slope is ``daily_mb * 2 pi / 24`` MB/h:
   a cycle steeper than the leak threshold *is* growth above it for hours, which no detector
-  that looks at one engine can tell from a leak (comparing the engines can: issue 11).
+  that looks at one engine can tell from a leak (comparing the two engines' slopes can).
 - **Restarts**: a Poisson process of ``restarts_per_day`` isolated restarts; a share
   ``pair_share`` of them is followed by a second restart 2.5-4 h later (two restarts hours
   apart); a share ``fast_share`` are faster than a scrape (no gap in the data), the others
   leave a 1-3 minute gap (down samples carry no memory). The deployment's first start is at
   the month's start.
 - **Refill after each start**: memory drops by ``drop_mb`` (log-uniform in the range: 300 MiB
-  to 6 GiB) and refills over ``refill_h`` hours (uniform in the range): half the time as a
-  straight ramp then flat ("hundreds of MB/h for an hour, then flat"), half as a saturating
-  exponential (time constant a third of the refill time).
+  to 6 GiB; (0, 0): no refill) and refills over ``refill_h`` hours (uniform in the range): half
+  the time as a straight ramp then flat ("hundreds of MB/h for an hour, then flat"), half as a
+  saturating exponential (time constant a third of the refill time).
 - **Leak** (``leak``): (start hour, hours, MB/h): linear growth for that long, then flat at
   the level reached, until the next restart resets memory. Placed by :func:`leak_month` in a
   stretch without restarts, at least two hours after the last start.
@@ -33,6 +33,7 @@ What a generated month assumes (so a reader can question it):
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -83,6 +84,9 @@ class Month:
         return Month(self.t[keep], self.y[keep], [s for s in self.starts if s < end], self.spec)
 
 
+QUIET = {"restarts_per_day": 0.0, "drop_mb": (0.0, 0.0)}
+"""MonthSpec fields for a month of noise alone: no restart, no refill."""
+
 T0 = 1_790_000_000.0
 """Where generated months start (2026-09-21 14:13 UTC; not aligned to anything)."""
 
@@ -126,7 +130,8 @@ def generate(spec: MonthSpec, seed: int) -> Month:
         end = starts[k + 1] if k + 1 < len(starts) else math.inf
         lo, hi = np.searchsorted(rel, start), np.searchsorted(rel, end)
         since = (rel[lo:hi] - start) / 3600.0
-        drop = math.exp(rng.uniform(math.log(spec.drop_mb[0]), math.log(spec.drop_mb[1])))
+        lo_mb, hi_mb = spec.drop_mb
+        drop = math.exp(rng.uniform(math.log(lo_mb), math.log(hi_mb))) if lo_mb > 0 else 0.0
         refill = rng.uniform(*spec.refill_h)
         if rng.random() < 0.5:
             missing = drop * np.clip(1.0 - since / refill, 0.0, 1.0)
@@ -170,3 +175,33 @@ def leak_month(
         if clear and at * 3600.0 - before >= 2 * 3600.0:
             return generate(replace(spec, leak=(at, hours, mb_per_hour)), seed)
     raise ValueError(f"seed {seed}: no room for a {hours} h leak before day {by_day}")
+
+
+@dataclass(frozen=True)
+class Look:
+    """What one detector said about one month at one look."""
+
+    day: int
+    leaks: list[tuple[float, float, float]]
+    """(start, end, MB/hour) of every leak found."""
+
+    def on_leak(self, month: Month) -> list[tuple[float, float, float]]:
+        """The leaks overlapping the month's injected leak."""
+        if month.spec.leak is None:
+            return []
+        a = month.starts[0] + month.spec.leak[0] * 3600.0  # the month starts with its process
+        b = a + month.spec.leak[1] * 3600.0
+        return [lk for lk in self.leaks if lk[0] < b and lk[1] > a]
+
+    def false(self, month: Month) -> list[tuple[float, float, float]]:
+        """The leaks that are not the injected one."""
+        hit = self.on_leak(month)
+        return [lk for lk in self.leaks if lk not in hit]
+
+
+Detector = Callable[[Month], list[tuple[float, float, float]]]
+
+
+def looks(month: Month, detect: Detector, days: tuple[int, ...] = LOOK_DAYS) -> list[Look]:
+    """``detect`` run on the month as seen at each of ``days``."""
+    return [Look(day, detect(month.until(day))) for day in days]

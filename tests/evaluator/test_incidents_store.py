@@ -264,7 +264,7 @@ def test_default_window_counts_an_incident_at_the_last_data_point(store: Engine)
 
 
 def test_restart_faster_than_a_scrape_is_dated_from_the_sample_before_it(store: Engine) -> None:
-    # Issue 16, defect 1: four days of scrapes a minute apart. The candidate (vLLM) crashes on
+    # Four days of scrapes a minute apart. The candidate (vLLM) crashes on
     # day 1 (two minutes refusing connections) and restarts on day 3 faster than a scrape: the
     # only sign is a new process start time. The loader passes only the health rows where
     # something changed; the restart used to be dated from the previous change (day 1), so it

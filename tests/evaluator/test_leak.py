@@ -126,7 +126,7 @@ def test_threshold_is_on_the_lower_bound() -> None:
     assert len(find_leaks(t, y, params=LeakParams(threshold_mb_h=5.0))) == 1
 
 
-# Leaks made of restarts (issue 16, defect 2): the old rule joined runs split by a restart.
+# Leaks made of restarts: the old rule joined runs of growth split by a restart into one leak.
 
 
 def test_refill_after_a_restart_joined_to_a_short_run_before_it_is_no_leak() -> None:
@@ -168,7 +168,8 @@ def test_a_leak_that_starts_with_the_process_is_found() -> None:
     assert len(leaks) == 1 and leaks[0].rate.mb_per_hour == pytest.approx(100.0, rel=0.2)
 
 
-# The ongoing bonus (defect 3): sustain is measured over the data seen, the same at every look.
+# No bonus for a leak still going at the end: sustain is measured over the data seen, the same
+# way at every look.
 
 
 @pytest.mark.parametrize("refill", ["ramp", "saturating"])
@@ -203,7 +204,7 @@ def test_sustain_counts_only_the_data_seen_and_a_leak_stays_found() -> None:
     assert not later[0].ongoing
 
 
-# Autocorrelated noise (defect 4).
+# Autocorrelated noise: 2-minute bins are not independent.
 
 
 def _ar1_hours(hours: float, seed: int, sd_mb: float = 50.0) -> tuple[np.ndarray, np.ndarray]:

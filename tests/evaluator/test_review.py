@@ -166,7 +166,7 @@ def test_default_window_covers_all_the_data(sqlite_engine: Engine) -> None:
 
 
 def test_three_days_of_data_count_three_days(sqlite_engine: Engine) -> None:
-    # Issue 16, defect 5: pairs every 10 minutes over exactly three days, the first 5 minutes
+    # Pairs every 10 minutes over exactly three days, the first 5 minutes
     # after the window's start and the last 5 minutes before its end: 2.993 days apart, which
     # a data.days >= 3 check failed at the day-3 look.
     pairs = [T0 + timedelta(minutes=5 + 10 * k) for k in range(3 * 24 * 6)]  # 00:05 .. day 3 23:55
