@@ -234,16 +234,30 @@ def deployment_info(engine: Engine, deployment: str) -> dict[str, Any]:
     }
 
 
+HOUR = timedelta(hours=1)
+
+
+def days_spanned(first: datetime, last: datetime) -> float:
+    """Days from the start of the UTC hour of ``first`` to the end of the UTC hour of ``last``
+    (``data.days``). In whole hours because traffic is sampled: a window of exactly three days
+    holds pairs from just after its start to just before its end (2.997 days apart with a pair
+    a minute), and must count three days; a pair less than an hour inside a window's end
+    counts its whole hour (the day-N look at N days of traffic counts N days)."""
+    start = as_utc(first).replace(minute=0, second=0, microsecond=0)
+    end = as_utc(last).replace(minute=0, second=0, microsecond=0) + HOUR
+    return (end - start).total_seconds() / 86400.0
+
+
 def data_extent(engine: Engine, deployment: str, window: Window | None = None) -> dict[str, Any]:
     """How much mirrored traffic the window holds: candidate exchanges (one per mirrored pair),
-    their first and last send times and the span in days."""
+    their first and last send times and the days they span (:func:`days_spanned`)."""
     cond = [Exchange.deployment == deployment, Exchange.role == "candidate"]
     if window is not None:
         cond += [Exchange.sent_at >= window[0], Exchange.sent_at < window[1]]
     stmt = select(func.count(), func.min(Exchange.sent_at), func.max(Exchange.sent_at)).where(*cond)
     with engine.connect() as conn:
         count, first, last = conn.execute(stmt).one()
-    days = (last - first).total_seconds() / 86400.0 if first and last else 0.0
+    days = days_spanned(first, last) if first and last else 0.0
     return {
         "pairs": int(count or 0),
         "days": days,
@@ -282,7 +296,7 @@ def data_measurements(data: Mapping[str, Any]) -> list[Measurement]:
             None,
             pairs,
             "days",
-            "span from the first to the last mirrored pair",
+            "UTC hours from the first mirrored pair's to the last one's, each counted whole",
         ),
     ]
 
@@ -390,8 +404,8 @@ def build_review(
         lambda: run.divergence(engine, deployment, window, progress=stages.sub("divergence")),
     )
     sections = {"latency": latency, "incidents": incidents, "divergence": divergence}
-    # The window's size is judged on one definition (pairs = mirrored pairs, days = the span
-    # from the first to the last of them); a section's own data.* figures are left out.
+    # The window's size is judged on one definition (pairs = mirrored pairs, days = the whole
+    # UTC hours from the first to the last of them); a section's own data.* figures are left out.
     measurements = data_measurements(data) + [
         m for s in sections.values() for m in s.measurements() if not m.key.startswith("data.")
     ]

@@ -37,7 +37,7 @@ from evaluator.incidents.model import (
     unix_s,
     utc_window,
 )
-from evaluator.incidents.restarts import detect_restarts, restart_times
+from evaluator.incidents.restarts import detect_restarts, process_starts, restart_times
 from evaluator.rates import (
     By,
     RateComparison,
@@ -64,7 +64,8 @@ def detect_incidents(
     for eng, pts in data.health_by_engine().items():
         found = detect_restarts(pts, config)
         health_findings.extend(found)
-        health_findings.extend(detect_leaks(memory.get(eng, []), restart_times(found), config))
+        starts = process_starts(pts, found)
+        health_findings.extend(detect_leaks(memory.get(eng, []), starts, config))
         health_findings.extend(detect_health_hangs(pts, config))
     for eng, pts in memory.items():
         if eng not in observed and pts:
@@ -280,7 +281,8 @@ class IncidentSection:
                 unit="MB/hour",
                 detail=(
                     f"steepest of {len(leaks)} sustained leak(s) ({ev['series']}), Theil-Sen"
-                    " over its longest run between restarts"
+                    " over its growth within one process's life, interval widened for"
+                    " autocorrelated noise"
                 ),
             )
         trends = self.memory.get("candidate", {})
@@ -296,7 +298,8 @@ class IncidentSection:
             unit="MB/hour",
             detail=(
                 f"no sustained leak; the candidate's overall {series} trend (Theil-Sen over its"
-                " longest stretch between restarts)"
+                " longest stretch between restarts, warm-up left out, interval widened for"
+                " autocorrelated noise)"
             ),
         )
 
@@ -384,9 +387,12 @@ def incident_section(
         config.level,
     )
     memory_points = data.memory_by_engine()
+    health = data.health_by_engine()
     restarts: dict[str, list[float]] = defaultdict(list)
     for f in findings:
         restarts[f.engine].extend(restart_times([f]))
+    for eng, pts in health.items():
+        restarts[eng] = process_starts(pts, [f for f in findings if f.engine == eng])
     memory: dict[str, dict[str, Slope]] = {}
     for eng, pts in memory_points.items():
         role = roles.get(eng)

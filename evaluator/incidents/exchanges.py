@@ -10,7 +10,7 @@ memory series), and crashes seen only through connection errors.
   ``burst_factor`` times the baseline).
 - **hang**: ``timeout`` exchanges, streams that stalled (TTFT or one inter-token gap of at least
   ``hang_stall_s``), ``/health`` slower than ``hang_health_latency_s``.
-- **leak**: ``gpu_mem_bytes`` and ``cpu_mem_bytes``, cut at restarts.
+- **leak**: ``gpu_mem_bytes`` and ``cpu_mem_bytes``, cut at every process start.
 
 Events of one kind on one engine closer than ``cluster_gap_s`` are one incident
 (:func:`merge_findings`).
@@ -310,10 +310,11 @@ def detect_health_hangs(
 
 def detect_leaks(
     points: Sequence[HealthPoint],
-    restarts: Sequence[float],
+    starts: Sequence[float],
     config: IncidentConfig = IncidentConfig(),
 ) -> list[Finding]:
-    """Leaks in ONE engine's memory series (``gpu_mem_bytes`` and ``cpu_mem_bytes``); leaks of
+    """Leaks in ONE engine's memory series (``gpu_mem_bytes`` and ``cpu_mem_bytes``), cut at
+    its process ``starts`` (Unix seconds: restarts, and the first start when known); leaks of
     both series over overlapping times are one finding (the steeper one's rate on top)."""
     if not points:
         return []
@@ -327,7 +328,7 @@ def detect_leaks(
         if not pairs:
             continue
         t, y = zip(*pairs, strict=True)
-        for leak in find_leaks(t, y, restarts, params):
+        for leak in find_leaks(t, y, starts, params):
             found.append(
                 Finding(
                     engine,
@@ -344,12 +345,17 @@ def detect_leaks(
                             "level": params.level,
                         },
                         "threshold_mb_per_hour": params.threshold_mb_h,
-                        "windows": leak.windows,
-                        "max_window_mb_per_hour": leak.max_window_mb_h,
+                        "sustain_h": params.sustain_s / 3600.0,
+                        "rho": leak.rate.rho,
+                        "stretches": leak.stretches,
+                        "steepest_stretch_mb_per_hour": leak.steepest_mb_h,
                         "runs": [r.to_dict() for r in leak.runs],
                         "last_window_end": utc_at(leak.end).isoformat(),
                         "ongoing": leak.ongoing,
-                        "method": "Theil-Sen slope over sliding windows, restarts excluded",
+                        "method": (
+                            "Theil-Sen slope over the growth within one process's life (warm-up"
+                            " and refill left out), interval widened for autocorrelated noise"
+                        ),
                     },
                 )
             )

@@ -138,11 +138,11 @@ def load_detection_input(
     *,
     max_events: int = MAX_EVENTS,
 ) -> DetectionInput:
-    """Read what detection needs, bounded: health samples where something changed (LAG/LEAD
-    in SQL), memory in ``leak_bin_s`` bins, exchanges sent per role (an index-only count) and
-    per minute only around failures, and only the exchanges that failed, timed out or stalled
-    (one filtered pass; the inter-token gaps are looked at only for answers that lasted at
-    least ``hang_stall_s``)."""
+    """Read what detection needs, bounded: health samples where something changed, and the
+    sample just before each change (LAG/LEAD in SQL), memory in ``leak_bin_s`` bins, exchanges
+    sent per role (an index-only count) and per minute only around failures, and only the
+    exchanges that failed, timed out or stalled (one filtered pass; the inter-token gaps are
+    looked at only for answers that lasted at least ``hang_stall_s``)."""
     lo, hi = utc_window(window)
     h = HEALTH_SAMPLES.c
     iteration = h.metrics["iter"].as_float()
@@ -150,6 +150,7 @@ def load_detection_input(
         "up": func.lag(h.up).over(partition_by=h.engine, order_by=h.ts),
         "next_up": func.lead(h.up).over(partition_by=h.engine, order_by=h.ts),
         "pst": func.lag(h.process_start_time).over(partition_by=h.engine, order_by=h.ts),
+        "next_pst": func.lead(h.process_start_time).over(partition_by=h.engine, order_by=h.ts),
         "version": func.lag(h.version).over(partition_by=h.engine, order_by=h.ts),
         "first": func.lag(h.ts).over(partition_by=h.engine, order_by=h.ts),
         "iter": func.lag(iteration).over(partition_by=h.engine, order_by=h.ts),
@@ -193,6 +194,12 @@ def load_detection_input(
                 q.prev_up.is_(False),
                 q.prev_next_up.is_(False),
                 q.process_start_time.is_distinct_from(q.prev_pst),
+                # The sample before a new process start time: a restart faster than a scrape
+                # (no down samples) started after it, not at the previous change days before.
+                and_(
+                    q.prev_next_pst.is_not(None),
+                    q.prev_next_pst.is_distinct_from(q.process_start_time),
+                ),
                 q.version.is_distinct_from(q.prev_version),
                 q.iteration < q.prev_iter,
                 q.prev_next_iter < q.iteration,

@@ -63,12 +63,18 @@ class IncidentConfig:
     this many consecutive down samples (one slow probe on a busy host is not an incident)."""
     health_max_gap_s: float = 120.0
     """Scrapes further apart than this leave a hole in the observed time (exposure)."""
-    leak_window_h: float = 2.0
-    leak_step_min: float = 15.0
     leak_threshold_mb_h: float = 20.0
-    """A window counts when the lower bound of its slope is above this (MB/hour)."""
-    leak_sustain_h: float = 3.0
-    """...and a leak is reported when such windows span at least this long."""
+    """A leak's interval must lie above this (MB/hour)."""
+    leak_sustain_h: float = 6.0
+    """...over a stretch of one process's life at least this long (see
+    :mod:`evaluator.incidents.leak`: with memory noise that lingers for minutes, a shorter
+    stretch cannot tell 20 MB/h from noise)."""
+    leak_max_span_h: float = 24.0
+    """Longest stretch judged at once (a longer leak is several)."""
+    leak_step_min: float = 15.0
+    """Stretches start and end on a grid of this step."""
+    leak_warmup_min: float = 30.0
+    """Left out after each process start, before the data-driven refill test."""
     leak_bin_s: float = 120.0
     leak_min_points: int = 10
     burst_window_s: float = 60.0
@@ -86,7 +92,7 @@ class IncidentConfig:
     def for_time_scale(self, scale: float) -> IncidentConfig:
         """The same detection for a simulator running ``scale`` simulated seconds per real
         second (health samples carry real time): durations on the fault timeline (leak
-        windows, steps, sustain, bins, clustering, crash margin, burst window, observed-time
+        stretches, steps, warm-up, bins, clustering, crash margin, burst window, observed-time
         gaps) divided by ``scale``, the leak threshold (MB per real hour) multiplied by it.
         Latency thresholds (``hang_stall_s``, ``hang_health_latency_s``) stay: they are what
         a client measures. Reported leak rates are then per real hour: divide by ``scale``."""
@@ -97,10 +103,11 @@ class IncidentConfig:
             cluster_gap_s=self.cluster_gap_s / scale,
             crash_margin_s=self.crash_margin_s / scale,
             health_max_gap_s=self.health_max_gap_s / scale,
-            leak_window_h=self.leak_window_h / scale,
-            leak_step_min=self.leak_step_min / scale,
             leak_threshold_mb_h=self.leak_threshold_mb_h * scale,
             leak_sustain_h=self.leak_sustain_h / scale,
+            leak_max_span_h=self.leak_max_span_h / scale,
+            leak_step_min=self.leak_step_min / scale,
+            leak_warmup_min=self.leak_warmup_min / scale,
             leak_bin_s=self.leak_bin_s / scale,
             burst_window_s=self.burst_window_s / scale,
         )
@@ -108,10 +115,11 @@ class IncidentConfig:
     @property
     def leak_params(self) -> LeakParams:
         return LeakParams(
-            window_s=self.leak_window_h * 3600.0,
-            step_s=self.leak_step_min * 60.0,
             threshold_mb_h=self.leak_threshold_mb_h,
             sustain_s=self.leak_sustain_h * 3600.0,
+            max_span_s=self.leak_max_span_h * 3600.0,
+            step_s=self.leak_step_min * 60.0,
+            warmup_s=self.leak_warmup_min * 60.0,
             bin_s=self.leak_bin_s,
             min_points=self.leak_min_points,
             level=self.level,
@@ -303,7 +311,8 @@ class DetectionInput:
     by hand in tests)."""
 
     health: list[HealthPoint]
-    """Health samples: every one, or (from the store) only those where something changed."""
+    """Health samples: every one, or (from the store) only those where something changed and
+    the one just before each change."""
     events: list[ExchangeEvent] = field(default_factory=list)
     """Exchanges that failed, timed out or stalled."""
     sent: SentCounts = field(default_factory=SentCounts)

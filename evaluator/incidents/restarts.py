@@ -9,8 +9,8 @@
 - a health outage without a restart (503s or probe timeouts from a live process) is an
   **error_burst**, or a **hang** when most down samples timed out.
 
-:func:`restart_times` says where memory resets (for leak detection), :func:`warmup_windows`
-which time after each restart the latency analysis leaves out.
+:func:`restart_times` and :func:`process_starts` say where memory resets (for leak detection),
+:func:`warmup_windows` which time after each restart the latency analysis leaves out.
 """
 
 from __future__ import annotations
@@ -156,13 +156,24 @@ def detect_restarts(
 
 
 def restart_times(findings: Iterable[Finding]) -> list[float]:
-    """Unix seconds of every restart among ``findings`` (where memory resets)."""
+    """Unix seconds of every restart among ``findings`` (where memory resets): the new
+    process's start time, kept within the restart's span (the engine's clock is not the
+    sampler's), else the end of the restart."""
     out = []
     for f in findings:
         if f.evidence.get("restart") and f.ended_at is not None:
+            end = unix_s(f.ended_at)
             pst = f.evidence.get("new_process_start_time")
-            out.append(float(pst) if pst is not None else unix_s(f.ended_at))
+            out.append(min(max(float(pst), unix_s(f.started_at)), end) if pst is not None else end)
     return sorted(out)
+
+
+def process_starts(points: Sequence[HealthPoint], findings: Iterable[Finding]) -> list[float]:
+    """Unix seconds of every process start of ONE engine: the first sample's process start
+    time (when the engine reports one: the process the data begins with may have started
+    just before) and every restart among ``findings`` (where memory resets and refills)."""
+    first = next((p.process_start_time for p in points if p.process_start_time is not None), None)
+    return sorted({*([] if first is None else [float(first)]), *restart_times(findings)})
 
 
 def warmup_windows(findings: Iterable[Finding], warmup_s: float) -> list[WarmupWindow]:

@@ -93,17 +93,19 @@ def _clock(seconds: float) -> str:
 def compressed_incident_config(time_scale: float) -> Any:
     """Incident detection with its leak windows in simulated time: the simulators compress the
     fault schedule (a leak of X MB per simulated hour grows X * time_scale MB per real hour), so
-    the sustained-slope windows shrink by the time scale; crash and burst settings stay in real
+    the leak's stretches and warm-up shrink by the time scale; crash and burst settings stay in real
     seconds (an engine process still takes real seconds to restart)."""
     from evaluator.incidents import IncidentConfig
 
     base = IncidentConfig()
     ts = max(1.0, time_scale)
+    sustain_h = max(base.leak_sustain_h / ts, 30 * HEALTH_INTERVAL_S / 3600)
     return replace(
         base,
-        leak_window_h=max(base.leak_window_h / ts, 20 * HEALTH_INTERVAL_S / 3600),
+        leak_sustain_h=sustain_h,
+        leak_max_span_h=max(base.leak_max_span_h / ts, 4 * sustain_h),
         leak_step_min=max(base.leak_step_min / ts, 5 * HEALTH_INTERVAL_S / 60),
-        leak_sustain_h=max(base.leak_sustain_h / ts, 30 * HEALTH_INTERVAL_S / 3600),
+        leak_warmup_min=base.leak_warmup_min / ts,
         leak_bin_s=max(base.leak_bin_s / ts, HEALTH_INTERVAL_S),
         leak_threshold_mb_h=base.leak_threshold_mb_h * ts,
     )

@@ -190,15 +190,16 @@ def test_without_health_samples_connection_errors_make_a_crash() -> None:
 
 
 def test_leak_of_known_rate_within_20_percent_and_warmup_after_crash() -> None:
-    # 8 h at 30 s: GPU memory grows 120 MB/h from the start; a crash at 5 h resets it.
+    # 12 h at 30 s: GPU memory grows 120 MB/h from the start; a crash at 8 h resets it (the 4 h
+    # after it are too short to be a leak of their own).
     pts = []
-    for i in range(960):
+    for i in range(1440):
         t = i * 30.0
-        restarted = t >= 5 * 3600
-        base_t = t - 5 * 3600 if restarted else t
-        pst = PST + 5 * 3600 if restarted else PST
+        restarted = t >= 8 * 3600
+        base_t = t - 8 * 3600 if restarted else t
+        pst = PST + 8 * 3600 if restarted else PST
         gpu = int(70_000 * MB + base_t / 3600 * 120 * MB)
-        if 5 * 3600 - 60 <= t < 5 * 3600:
+        if 8 * 3600 - 60 <= t < 8 * 3600:
             pts.append(refused(i, step_s=30.0))
         else:
             pts.append(hp(i, step_s=30.0, process_start_time=pst, gpu_mem_bytes=gpu))
@@ -207,6 +208,7 @@ def test_leak_of_known_rate_within_20_percent_and_warmup_after_crash() -> None:
     leak = next(f for f in found if f.kind == "leak")
     assert leak.evidence["mb_per_hour"] == pytest.approx(120.0, rel=0.2)
     assert leak.evidence["series"] == "gpu_mem_bytes"
+    assert leak.ended_at is not None and leak.ended_at <= T0 + timedelta(hours=8)
     crash = next(f for f in found if f.kind == "crash")
     assert crash.ended_at is not None
     windows = warmup_windows(found, 60.0)
@@ -239,7 +241,9 @@ def test_one_failed_probe_is_not_an_outage() -> None:
 def test_config_for_a_time_accelerated_simulator() -> None:
     base = IncidentConfig()
     fast = base.for_time_scale(60)
-    assert fast.leak_window_h == pytest.approx(base.leak_window_h / 60)
+    assert fast.leak_sustain_h == pytest.approx(base.leak_sustain_h / 60)
+    assert fast.leak_max_span_h == pytest.approx(base.leak_max_span_h / 60)
+    assert fast.leak_warmup_min == pytest.approx(base.leak_warmup_min / 60)
     assert fast.leak_threshold_mb_h == pytest.approx(base.leak_threshold_mb_h * 60)
     assert fast.hang_stall_s == base.hang_stall_s  # client-side latency is not scaled
     # 150 MB per simulated hour at 60x, scraped every real second for 8 real minutes.

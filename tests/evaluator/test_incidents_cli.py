@@ -18,7 +18,7 @@ from storage.write import write_exchanges, write_health
 
 @pytest.fixture(scope="module")
 def store_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A SQLite store with 8 h of a leaking, once-crashing candidate (nothing detected yet)."""
+    """A SQLite store with 12 h of a leaking, once-crashing candidate (nothing detected yet)."""
     path: Path = tmp_path_factory.mktemp("cli") / "store.db"
     url = f"sqlite:///{path}"
     upgrade(url)

@@ -74,12 +74,14 @@ def test_sampled_crashes_and_leak_match_the_ledgers(sqlite_engine: Engine) -> No
     write_health(sqlite_engine, samples)
     lo = min(s.ts for s in samples)
     hi = max(s.ts for s in samples) + timedelta(seconds=1)
-    # Real seconds: 8 s windows stepping 1 s, sustained for 10 s, 1 s bins.
+    # Real seconds: growth sustained for 10 s, stretches up to 20 s on a 1 s grid, 1 s bins, no
+    # warm-up (the simulator's memory does not refill after a start).
     config = replace(
         IncidentConfig().for_time_scale(SCALE),
-        leak_window_h=8 / 3600,
-        leak_step_min=1 / 60,
         leak_sustain_h=10 / 3600,
+        leak_max_span_h=20 / 3600,
+        leak_step_min=1 / 60,
+        leak_warmup_min=0.0,
         leak_bin_s=1.0,
         leak_min_points=5,
     )

@@ -27,9 +27,9 @@ from storage.write import write_exchanges, write_health
 
 T0 = datetime(2026, 11, 30, 8, 0, tzinfo=UTC)
 PST = 1_796_000_000.0
-HOURS = 8
+HOURS = 12
 STEP_S = 30
-CRASH_AT_S = 5 * 3600
+CRASH_AT_S = 8 * 3600
 LEAK_MB_H = 120.0
 DEP = "dep-inc"
 
@@ -37,8 +37,8 @@ DEP = "dep-inc"
 def health_samples(
     *, leak: bool = True, crash: bool = True, deployment: str = DEP
 ) -> list[HealthSample]:
-    """8 h of scrapes every 30 s of both engines. The candidate (TensorRT-LLM flavor) leaks GPU
-    memory at LEAK_MB_H and crashes once at 5 h (a minute refusing connections, then a new
+    """12 h of scrapes every 30 s of both engines. The candidate (TensorRT-LLM flavor) leaks GPU
+    memory at LEAK_MB_H and crashes once at 8 h (a minute refusing connections, then a new
     process whose memory starts over); the incumbent is clean."""
     out = []
     for i in range(HOURS * 3600 // STEP_S):
@@ -254,3 +254,92 @@ def test_default_window_counts_an_incident_at_the_last_data_point(store: Engine)
     cmp = compare_incidents(store, DEP, by="day")  # no since/until: the data's own span
     assert cmp["roles"]["candidate"]["count"] == 1
     assert sum(b["candidate"]["total"] for b in cmp["buckets"]) == 1
+
+
+def test_restart_faster_than_a_scrape_is_dated_from_the_sample_before_it(store: Engine) -> None:
+    # Four days of scrapes a minute apart. The candidate (vLLM) crashes on
+    # day 1 (two minutes refusing connections) and restarts on day 3 faster than a scrape: the
+    # only sign is a new process start time. The loader passes only the health rows where
+    # something changed; the restart used to be dated from the previous change (day 1), so it
+    # swallowed the hangs of day 2 and was merged into the first crash's stored row.
+    start = datetime(2026, 10, 12, 0, 0, 30, tzinfo=UTC)
+    step = timedelta(minutes=1)
+    crash_at, fast_at = start + timedelta(days=1, hours=10), start + timedelta(days=3, hours=18)
+    samples = []
+    for i in range(4 * 24 * 60):
+        ts = start + i * step
+        down = crash_at <= ts < crash_at + 2 * step
+        pst = PST + (ts >= crash_at) * 86400.0 + (ts >= fast_at) * 86400.0
+        for role, engine in (("incumbent", "vllm@incumbent"), ("candidate", "vllm@candidate")):
+            off = down and role == "candidate"
+            samples.append(
+                HealthSample(
+                    deployment=DEP,
+                    engine=engine,
+                    role=role,
+                    flavor="vllm",
+                    ts=ts,
+                    up=not off,
+                    http_status=None if off else 200,
+                    error="connection refused" if off else None,
+                    version="0.11.0",
+                    process_start_time=None if off else (pst if role == "candidate" else PST),
+                    cpu_mem_bytes=None if off else int(6_000 * MB + (i % 7) * MB),
+                )
+            )
+    write_health(store, samples)
+    hang_times = [start + timedelta(days=2, hours=h) for h in (9, 14, 20)]
+    records = []
+    for k in range(4 * 24 * 6):  # a pair every 10 minutes
+        sent = start + timedelta(minutes=10 * k, seconds=5)
+        pid = uuid.UUID(int=10_000 + k)
+        for role, engine in (("incumbent", "vllm@incumbent"), ("candidate", "vllm@candidate")):
+            records.append(
+                ExchangeRecord(
+                    deployment=DEP,
+                    pair_id=pid,
+                    role=role,
+                    engine=engine,
+                    endpoint="chat",
+                    stream=True,
+                    sent_at=sent,
+                    status="ok",
+                    http_status=200,
+                    ttft_s=0.04,
+                    e2e_s=0.2,
+                )
+            )
+    for k, sent in enumerate(hang_times):  # the candidate times out, three times on day 2
+        records.append(
+            ExchangeRecord(
+                deployment=DEP,
+                pair_id=uuid.UUID(int=20_000 + k),
+                role="candidate",
+                engine="vllm@candidate",
+                endpoint="chat",
+                stream=True,
+                sent_at=sent,
+                status="timeout",
+                error="timed out after 120 s",
+            )
+        )
+    write_exchanges(store, records)
+
+    section = review_incidents(store, (start, start + timedelta(days=4)))
+    crashes = sorted((f for f in section.findings if f.kind == "crash"), key=lambda f: f.started_at)
+    assert [c.role for c in crashes] == ["candidate", "candidate"]
+    fast = crashes[1]
+    assert fast.ended_at == fast_at and fast.started_at == fast_at - step  # one scrape long
+    assert fast.evidence["down_samples"] == 0
+    assert crashes[0].started_at == crash_at and crashes[0].ended_at == crash_at + 2 * step
+    hangs = sorted(f.started_at for f in section.findings if f.kind == "hang")
+    assert hangs == hang_times  # none swallowed by a crash
+    assert {f.kind for f in section.findings} == {"crash", "hang"}
+    m = {x.key: x for x in section.measurements()}
+    assert m["incidents.crash.candidate_count"].value == 2
+    assert m["incidents.hang.candidate_count"].value == 3
+    with store.connect() as conn:
+        stored = conn.execute(
+            select(INCIDENTS.c.kind, func.count()).group_by(INCIDENTS.c.kind)
+        ).all()
+    assert dict((k, n) for k, n in stored) == {"crash": 2, "hang": 3}  # rows = the report's

@@ -265,9 +265,10 @@ def test_leak_rate_within_20_percent(tmp_path: Path) -> None:
         expected = 150 * time_scale  # MB per wall-clock hour
         config = replace(
             IncidentConfig(),
-            leak_window_h=10 / 3600,
-            leak_step_min=2 / 60,
             leak_sustain_h=12 / 3600,
+            leak_max_span_h=30 / 3600,
+            leak_step_min=2 / 60,
+            leak_warmup_min=0.0,  # the simulator's memory does not refill after a start
             leak_bin_s=1.0,
             leak_min_points=8,
             leak_threshold_mb_h=expected * 0.3,

@@ -24,6 +24,7 @@ from evaluator.review import (
     EmptyWindow,
     UnknownDeployment,
     build_review,
+    data_extent,
     jsonable,
     resolve_window,
 )
@@ -146,6 +147,44 @@ def test_default_window_covers_all_the_data(sqlite_engine: Engine) -> None:
     write_exchanges(sqlite_engine, [only_incumbent])
     with pytest.raises(EmptyWindow, match="no mirrored exchanges yet"):
         resolve_window(sqlite_engine, "x")
+
+
+def test_three_days_of_data_count_three_days(sqlite_engine: Engine) -> None:
+    # Pairs every 10 minutes over exactly three days, the first 5 minutes
+    # after the window's start and the last 5 minutes before its end: 2.993 days apart, which
+    # a data.days >= 3 check failed at the day-3 look.
+    pairs = [T0 + timedelta(minutes=5 + 10 * k) for k in range(3 * 24 * 6)]  # 00:05 .. day 3 23:55
+    out = []
+    for k, sent in enumerate(pairs):
+        for role in ("incumbent", "candidate"):
+            out.append(
+                ExchangeRecord(
+                    deployment=DEP,
+                    pair_id=uuid.UUID(int=k + 1),
+                    role=role,
+                    engine=f"e@{role}",
+                    endpoint="chat",
+                    stream=True,
+                    sent_at=sent,
+                    status="ok",
+                    ttft_s=0.04,
+                    e2e_s=0.5,
+                )
+            )
+    write_exchanges(sqlite_engine, out)
+    three_days = (T0, T0 + timedelta(days=3))
+    assert data_extent(sqlite_engine, DEP, three_days)["days"] == 3.0
+    assert data_extent(sqlite_engine, DEP, resolve_window(sqlite_engine, DEP))["days"] == 3.0
+    policy = default_policy().with_minimums(min_pairs=10, min_days=3.0)
+    review = build_review(sqlite_engine, DEP, three_days, policy, analyses=analyses(), store=False)
+    assert review.decision == "GO", review.verdict.reason
+    days = next(m for m in review.measurements if m.key == "data.days")
+    assert days.value == 3.0 and "UTC hours" in (days.detail or "")
+    # Two and a half days are not three: hours are counted whole, not rounded up to days.
+    half = (T0, T0 + timedelta(days=2.5))
+    assert data_extent(sqlite_engine, DEP, half)["days"] == 2.5
+    short = build_review(sqlite_engine, DEP, half, policy, analyses=analyses(), store=False)
+    assert short.decision == "INCONCLUSIVE" and "days" in short.verdict.reason
 
 
 def test_jsonable_is_strict_json() -> None:
