@@ -183,6 +183,8 @@ def make_producer(config: KafkaSinkConfig) -> Producer:
     from kafka import KafkaProducer
     from kafka.errors import KafkaTimeoutError
 
+    from shadow_ab.kafka_security import kafka_security
+
     # kafka-python leaks its client's sockets when a producer cannot bootstrap: check first.
     if not any_reachable(config.bootstrap, config.bootstrap_timeout_ms / 1000):
         raise ConnectionError(f"no Kafka broker accepts connections at {config.bootstrap}")
@@ -199,6 +201,7 @@ def make_producer(config: KafkaSinkConfig) -> Producer:
         delivery_timeout_ms=config.delivery_timeout_ms,
         bootstrap_timeout_ms=config.bootstrap_timeout_ms,
         reconnect_backoff_max_ms=config.reconnect_backoff_max_ms,
+        **kafka_security(),
     )
     # Fetch the topics' metadata now, so the first sends do not wait for it (a send waits at
     # most max_block_ms, then the record takes the detour through the spool).
