@@ -102,7 +102,7 @@ def test_pooled_and_share_delta_take_blocks() -> None:
     blocks = blocks_from_hours(hours)
     groups_i = [np.full(3, v) for v in inc]
     groups_c = [np.full(3, v) for v in cand]
-    ratios, spread = pooled_comparison(
+    ratios, _spread = pooled_comparison(
         groups_i, groups_c, BootstrapConfig(pooled_resamples=49), blocks=blocks
     )
     assert ratios["p50"].low <= ratios["p50"].value <= ratios["p50"].high
