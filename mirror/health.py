@@ -53,6 +53,7 @@ from mirror.metrics import (
     HEALTH_SCRAPE,
     HEALTH_SCRAPE_FAILURES,
 )
+from shadow_ab.privacy import redact_urls
 from shadow_ab.records import INT32_MAX, HealthSample, Role, utcnow
 
 if TYPE_CHECKING:
@@ -411,7 +412,7 @@ class HealthSampler:
                     "health scrape of engine %s (%s) failed: %s [%s]; logged again when it "
                     "works, counted in shadow_ab_mirror_health_scrape_failures_total",
                     target.engine,
-                    target.base_url,
+                    redact_urls(target.base_url),
                     scrape.error or "/version gave no version",
                     ", ".join(scrape.reasons),
                 )
@@ -458,7 +459,7 @@ class HealthSampler:
             up=scrape.up,
             http_status=scrape.http_status,
             latency_s=latency,
-            error=scrape.error,
+            error=redact_urls(scrape.error) if scrape.error else None,
             version=scrape.version,
             process_start_time=fields.get("process_start_time"),
             num_running=_count(fields.get("num_running")),
@@ -520,5 +521,5 @@ def _mismatch(target: EngineTarget, used: Known, content_type: str, payload: byt
 
 
 def _describe(exc: BaseException) -> str:
-    text = str(exc)
+    text = redact_urls(str(exc))
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
