@@ -10,11 +10,14 @@ raw ASGI app (a 2-byte answer): ``plain`` with uvicorn's defaults (the mirror be
 and ``limited`` with :func:`mirror.protocol.uvicorn_limits` (64 KiB headers, 2 s header and
 idle timeouts for the bench, 500 connections). Attacks, each against a fresh pair of servers:
 
-- header flood: one connection sends a request head of ``--flood-mb`` MB (one endless header);
-  bytes the server took before it answered or closed, its answer, its RSS growth;
+- header flood: one connection sends a request head of ``--flood-mb`` MB (one endless header),
+  for at most ``--flood-seconds``; bytes the server took before it answered or closed (or the
+  time ran out), its answer, its RSS growth;
 - slow headers: ``--slow`` connections send half a request head, then nothing;
 - idle: ``--idle`` connections send nothing;
-- connection flood: the slow and idle connections together against the cap.
+- connection flood: as many connections as the slow and idle ones together, each with half a
+  request head: how many the server held (to the header deadline: 408) and how many it refused
+  at once (503) past the cap.
 
 "open after" counts the attack's connections still open 4 s after the limits' deadlines
 (probed with a non-blocking read: closed means EOF or reset).
@@ -127,14 +130,27 @@ def is_open(s: socket.socket) -> bool:
     return bool(data) and not data.startswith(b"HTTP/1.1 4") and not data.startswith(b"HTTP/1.1 5")
 
 
-def flood(port: int, total: int) -> tuple[int, str]:
+def peek(s: socket.socket) -> str:
+    """What the server did with a connection: its answer's status, 'open' or 'closed'."""
+    try:
+        s.setblocking(False)
+        data = s.recv(64, socket.MSG_PEEK)
+    except BlockingIOError:
+        return "open"
+    except OSError:
+        return "closed"
+    return data[9:12].decode() if data.startswith(b"HTTP/1.1 ") else "closed"
+
+
+def flood(port: int, total: int, seconds: float) -> tuple[int, str]:
     sock = socket.create_connection(("127.0.0.1", port), timeout=30)
     sock.setblocking(False)
     sent, answer = 0, ""
     pending = b"GET / HTTP/1.1\r\nHost: b\r\nX-Big: "
     chunk = b"a" * 65536
+    deadline = time.monotonic() + seconds
     try:
-        while sent < total:
+        while sent < total and time.monotonic() < deadline:
             readable, writable, _ = select.select([sock], [sock], [], 5.0)
             if readable:
                 break
@@ -172,7 +188,7 @@ def attack_rows(kind: str, args: argparse.Namespace) -> list[tuple[str, str, str
     rows = []
     with server(kind) as (port, pid):
         base = rss_mb(pid)
-        sent, answer = flood(port, args.flood_mb * 1024 * 1024)
+        sent, answer = flood(port, args.flood_mb * 1024 * 1024, args.flood_seconds)
         rows.append(
             (
                 "header flood",
@@ -198,15 +214,16 @@ def attack_rows(kind: str, args: argparse.Namespace) -> list[tuple[str, str, str
             s.close()
     with server(kind) as (port, pid):
         base = rss_mb(pid)
-        many = hold(port, args.slow + args.idle, b"")
-        time.sleep(0.5)
-        accepted = sum(is_open(s) for s in many)
+        many = hold(port, args.slow + args.idle, b"GET / HTTP/1.1\r\nHost: b\r\nX-Slow: ")
+        time.sleep(HEADER_TIMEOUT_S + 4)
+        seen = [peek(s) for s in many]
+        cap = MAX_CONNECTIONS if kind == "limited" else "none"
         rows.append(
             (
-                "connection flood",
+                "connection flood (half heads)",
                 f"{len(many)} connected",
-                "-",
-                f"{accepted} (cap {MAX_CONNECTIONS if kind == 'limited' else 'none'})",
+                f"{seen.count('408')} x 408 (held to the deadline), {seen.count('503')} x 503",
+                f"{seen.count('open')} (cap {cap})",
                 f"{rss_mb(pid) - base:+.0f}",
             )
         )
@@ -242,6 +259,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--serve", nargs=2, metavar=("KIND", "PORT"), help=argparse.SUPPRESS)
     parser.add_argument("--flood-mb", type=int, default=200)
+    parser.add_argument("--flood-seconds", type=float, default=60.0)
     parser.add_argument("--slow", type=int, default=200)
     parser.add_argument("--idle", type=int, default=1000)
     parser.add_argument("--duration", type=float, default=5.0)
