@@ -24,7 +24,9 @@ idle timeouts for the bench, 500 connections). Attacks, each against a fresh pai
 
 Cost: ``--rounds`` alternating rounds of ``--duration`` s of 8 keep-alive connections each
 sending requests back to back, per server; requests per second and the ratio limited/plain.
-The box is shared (2 cores): compare the ratio, not the absolute rates.
+The box is shared (2 cores): compare the ratio, not the absolute rates. Then the protocol
+alone, without the network: the CPU time per request of one protocol object fed a typical
+OpenAI SDK request on a null transport (six alternating runs of ``--micro-requests``).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ import os
 import resource
 import select
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -232,6 +235,78 @@ def attack_rows(kind: str, args: argparse.Namespace) -> list[tuple[str, str, str
     return rows
 
 
+class _NullTransport(asyncio.Transport):
+    """Accepts everything, sends nothing: the protocol's own CPU, without the network."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._closing = False
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        pass
+
+    def is_closing(self) -> bool:
+        return self._closing
+
+    def close(self) -> None:
+        self._closing = True
+
+    def get_extra_info(self, name: str, default: object = None) -> object:
+        return {"sockname": ("127.0.0.1", 1), "peername": ("127.0.0.1", 2)}.get(name, default)
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+    def can_write_eof(self) -> bool:
+        return True
+
+
+MICRO_REQUEST = (
+    b"POST /v1/chat/completions HTTP/1.1\r\nHost: mirror:8080\r\n"
+    b"User-Agent: OpenAI/Python 1.50.0\r\nAccept: application/json\r\n"
+    b"Content-Type: application/json\r\nAuthorization: Bearer sk-0123456789abcdef\r\n"
+    b"X-Stainless-Lang: python\r\nX-Stainless-Package-Version: 1.50.0\r\n"
+    b"Content-Length: 2\r\n\r\n{}"
+)
+
+
+def micro_us(kind: str, n: int) -> float:
+    """CPU microseconds per request of one protocol object fed a typical OpenAI SDK request
+    (and running the no-op app's task), on a null transport."""
+    from uvicorn.config import Config
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+    from uvicorn.server import ServerState
+
+    from mirror.limits import ServerLimits
+    from mirror.protocol import limited_protocol
+
+    async def app(scope: dict, receive: object, send: object) -> None:  # type: ignore[type-arg]
+        await send(  # type: ignore[operator]
+            {"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]}
+        )
+        await send({"type": "http.response.body", "body": b"ok"})  # type: ignore[operator]
+
+    cls: type[asyncio.Protocol] = (
+        limited_protocol(ServerLimits()) if kind == "limited" else HttpToolsProtocol
+    )
+    loop = asyncio.new_event_loop()
+    config = Config(app, lifespan="off", http=cls, access_log=False, log_level="warning")  # type: ignore[arg-type]
+    config.load()
+    proto = cls(config=config, server_state=ServerState(), app_state={}, _loop=loop)  # type: ignore[call-arg]
+    proto.connection_made(_NullTransport())
+    t0 = time.process_time()
+    for _ in range(n):
+        proto.data_received(MICRO_REQUEST)  # type: ignore[attr-defined]
+        loop.run_until_complete(asyncio.sleep(0))
+        loop.run_until_complete(asyncio.sleep(0))
+    spent = time.process_time() - t0
+    loop.close()
+    return spent / n * 1e6
+
+
 async def _client(port: int, until: float) -> int:
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     done = 0
@@ -264,6 +339,7 @@ def main() -> None:
     parser.add_argument("--idle", type=int, default=1000)
     parser.add_argument("--duration", type=float, default=5.0)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--micro-requests", type=int, default=20000)
     args = parser.parse_args()
     if args.serve:
         serve(args.serve[0], int(args.serve[1]))
@@ -291,6 +367,16 @@ def main() -> None:
         f"| all | {sum(rates['plain']) / args.rounds:.0f} |"
         f" {sum(rates['limited']) / args.rounds:.0f} | {total:.3f} |"
     )
+    micro: dict[str, list[float]] = {"plain": [], "limited": []}
+    for r in range(6):
+        for kind in ("plain", "limited") if r % 2 == 0 else ("limited", "plain"):
+            micro[kind].append(micro_us(kind, args.micro_requests))
+    print("\n| protocol CPU per request (us, null transport) | runs | median |")
+    print("|---|---|---|")
+    for kind, runs in micro.items():
+        print(f"| {kind} | {' '.join(f'{x:.0f}' for x in runs)} | {statistics.median(runs):.0f} |")
+    ratio = statistics.median(micro["limited"]) / statistics.median(micro["plain"])
+    print(f"| limited / plain | | {ratio:.3f} |")
     print(f"\nload average after: {os.getloadavg()[0]:.1f}")
 
 

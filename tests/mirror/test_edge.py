@@ -184,7 +184,24 @@ def test_idle_keep_alive_connections_are_closed(edge: RunningMirror) -> None:
     assert answer.startswith(b"HTTP/1.1 200 ") and answer.count(b"HTTP/1.1 ") == 1
 
 
-def test_the_connection_cap_holds_and_frees_up(edge: RunningMirror) -> None:
+@pytest.fixture(scope="module")
+def capped(
+    engines: tuple[RunningSim, RunningSim], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RunningMirror]:
+    """A mirror whose deadlines are long, so held connections stay until the test lets go."""
+    db = tmp_path_factory.mktemp("mirror-cap") / "records.db"
+    with running_mirror(
+        engines[0].base_url,
+        engines[1].base_url,
+        database_url=f"sqlite:///{db}",
+        health_enabled=False,
+        limits={**LIMITS, "header_timeout_s": 600.0, "idle_timeout_s": 600.0},
+    ) as mirror:
+        yield mirror
+
+
+def test_the_connection_cap_holds_and_frees_up(capped: RunningMirror) -> None:
+    edge = capped
     held = [connect(edge) for _ in range(LIMITS["max_connections"])]
     try:
         # Each held connection is known to the server once it answered one request.
