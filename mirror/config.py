@@ -37,8 +37,10 @@ from mirror.guard import GuardConfig
 from mirror.headers import CANDIDATE_FORWARD_DEFAULT, CREDENTIAL_HEADERS
 from mirror.health import HealthConfig
 from mirror.kafka_sink import KafkaSinkConfig
+from mirror.limits import ServerLimits
 from mirror.privacy import PrivacyConfig
 from mirror.rewrite import CandidateRewrite
+from mirror.routes import DEFAULT_PASSTHROUGH, parse_route
 from mirror.sampling import ShadowConfig
 from shadow_ab.cli_support import explain as explain_lines
 from shadow_ab.privacy import redact_url
@@ -229,6 +231,42 @@ class MirrorSettings(CommonSettings):
         default_factory=PrivacyConfig,
         description="what of the request and response text is recorded (mirror/README.md)",
     )
+    admin_host: str | None = Field(
+        default=None,
+        description="address of the admin port (/metrics, /healthz, /mirror/docs); default: host",
+    )
+    admin_port: int = Field(
+        default=8081, ge=0, le=65535, description="port of /metrics, /healthz and /mirror/docs"
+    )
+    limits: ServerLimits = Field(
+        default_factory=ServerLimits,
+        description="header size and time limits, idle timeout, connection cap (mirror/limits.py)",
+    )
+    routes: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_PASSTHROUGH),
+        description="'METHOD /path' passed through to the incumbent besides the two generate"
+        " routes ('/*' at the end: everything under it); others get 404 (mirror/routes.py)",
+    )
+    hide_response_headers: list[str] = Field(
+        default_factory=lambda: ["server", "set-cookie"],
+        description="incumbent response headers never passed to clients (as nginx's"
+        " proxy_hide_header); [] passes them all",
+    )
+
+    @field_validator("routes")
+    @classmethod
+    def _routes(cls, v: list[str]) -> list[str]:
+        for entry in v:
+            parse_route(entry)
+        return v
+
+    @field_validator("hide_response_headers")
+    @classmethod
+    def _hidden(cls, v: list[str]) -> list[str]:
+        names = [n.strip().lower() for n in v]
+        if any(not n or not n.isascii() or " " in n for n in names):
+            raise ValueError("give header names, e.g. [server, set-cookie]")
+        return names
 
     @classmethod
     def settings_customise_sources(
@@ -254,6 +292,11 @@ class MirrorSettings(CommonSettings):
                 f"incumbent and candidate are the same server ({redact_url(self.incumbent.url)}):"
                 " give the"
                 " candidate's own URL with --candidate"
+            )
+        if self.admin_port == self.port and self.port != 0:
+            raise ValueError(
+                f"admin_port and port are both {self.port}: the admin endpoints (/metrics,"
+                " /healthz) need their own port; give another with --admin-port"
             )
         if self.incumbent.engine_id("incumbent") == self.candidate.engine_id("candidate"):
             raise ValueError(

@@ -427,13 +427,20 @@ class RunningMirror(ServingProcess):
         cmd: Sequence[str],
         log_path: Path,
         env: Mapping[str, str],
+        admin_port: int | None = None,
     ) -> None:
         super().__init__(cmd, log_path, host, port, env=env)
         self.database_url = database_url
         self.config_path = config_path
+        self.admin_port = admin_port if admin_port is not None else port
+
+    @property
+    def admin_url(self) -> str:
+        """The admin port's root (``/metrics``, ``/healthz``, ``/mirror/docs``)."""
+        return f"http://{self.host}:{self.admin_port}"
 
     def metrics_text(self) -> str:
-        status, body = http_get(self.base_url + "/metrics", timeout=5.0)
+        status, body = http_get(self.admin_url + "/metrics", timeout=5.0)
         if status != 200:
             raise MirrorStartError(f"GET /metrics answered {status}")
         return body.decode()
@@ -452,7 +459,7 @@ class RunningMirror(ServingProcess):
         return total
 
     def healthy(self) -> bool:
-        return http_get(self.base_url + "/healthz", timeout=1.0)[0] == 200
+        return http_get(self.admin_url + "/healthz", timeout=1.0)[0] == 200
 
 
 @contextlib.contextmanager
@@ -476,6 +483,8 @@ def running_mirror(
     ``shadow={"rate": 0.5, "replay_rate": 0.1}``, ``deployment="exp1"``,
     ``candidate={"rewrite": {"model": "m"}}`` (merged with the URLs), ``health_enabled=False``.
     ``health_only=True`` runs ``shadow-ab mirror --health-only`` (the sampler and its /metrics).
+    The admin endpoints are on another free port (``mirror.admin_url``; the sampler's on its
+    one port).
     """
     with tempfile.TemporaryDirectory(prefix="shadow-ab-mirror-test-") as tmp:
         workdir = Path(tmp)
@@ -498,15 +507,19 @@ def running_mirror(
         def start(chosen: int) -> RunningMirror:
             cmd = [sys.executable, "-m", "shadow_ab", "mirror", "--config", str(config_path)]
             cmd += ["--host", host, "--port", str(chosen)]
+            admin_port = None
             if health_only:
                 cmd.append("--health-only")
+            else:
+                admin_port = free_port(host)
+                cmd += ["--admin-port", str(admin_port)]
             if kafka is not None:
                 cmd += ["--kafka", kafka]
             if database_url is not None:
                 cmd += ["--database-url", database_url]
             log_path = workdir / f"stderr-{chosen}.log"
             mirror = RunningMirror(
-                host, chosen, database_url, config_path, cmd, log_path, child_env
+                host, chosen, database_url, config_path, cmd, log_path, child_env, admin_port
             )
             return _launch(
                 mirror,

@@ -76,6 +76,12 @@ def test_mirror_accepts_its_manifest(
     settings, container = _mirror_settings(docs[overlay], "shadow-ab-mirror", tmp_path, monkeypatch)
     assert settings.host == "0.0.0.0"
     assert settings.port == container["ports"][0]["containerPort"]
+    # The probes and Prometheus use the admin port; the client port serves clients only.
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert settings.admin_port == ports["admin"] != settings.port
+    assert (settings.admin_host or settings.host) == "0.0.0.0"
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "admin"}
     assert settings.deployment == "dep-under-test"
     assert settings.incumbent.url == "http://shadow-ab-incumbent:8000"
     assert settings.candidate.url == "http://shadow-ab-candidate:8001"
