@@ -59,6 +59,7 @@ from mirror.recording import ERROR_BODY_KEEP, Dispatch, build_record, error_text
 from mirror.rewrite import INCLUDE_USAGE, candidate_request, stored_request, with_stream_usage
 from mirror.sampling import Sampler
 from mirror.shadow import Shadows
+from mirror.sinks import sink_alive
 from mirror.sse import UsageHider
 from mirror.trace import Outcome, StreamTrace, parse_body, stream_trace
 from shadow_ab.records import Endpoint, ExchangeRecord, Role, Status, utcnow
@@ -307,8 +308,10 @@ class Mirror:
             log.warning("the sink did not deliver every record within %.0fs", timeout)
 
     def health(self) -> dict[str, Any]:
+        sink_ok = sink_alive(self.sink)
         return {
-            "status": "draining" if self.draining else "ok",
+            "status": "draining" if self.draining else "ok" if sink_ok else "sink_dead",
+            "sink": "ok" if sink_ok else "dead",
             "deployment": self.deployment,
             "inflight": {r.value: n for r, n in self._inflight.items()},
             "shadow_inflight": self.shadows.inflight,

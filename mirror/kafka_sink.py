@@ -11,9 +11,10 @@ background thread does the rest:
   outcome for the thread; at most ``max_in_flight`` records are unacknowledged at once.
 - **spooling**: when a send fails (the broker is unreachable, a delivery timed out, the producer
   cannot even be built), Kafka is marked away and every record -- the failed ones and all new
-  ones -- goes to the on-disk spool (:mod:`mirror.spool`, bounded by bytes; a full spool drops
-  and counts). New records keep going to the spool while it holds anything, so spooled records
-  are sent before newer ones.
+  ones -- goes to the on-disk spool (:mod:`mirror.spool`, bounded by bytes; a full spool, or a
+  disk that will not take more, drops and counts ``spool_full``, and the spool takes records
+  again once space comes back). New records keep going to the spool while it holds anything,
+  so spooled records are sent before newer ones.
 - **draining**: after ``retry_backoff_s`` (doubling up to ``retry_backoff_max_s`` while Kafka
   stays away) one spooled record is sent as a probe; once Kafka acknowledges it, the spool is
   drained in order with up to ``max_in_flight`` records outstanding. A spooled record is deleted
@@ -36,8 +37,10 @@ background thread does the rest:
 
 The mirror in Kafka mode cannot reach the store's ``drops`` table, so drops are counted in
 ``shadow_ab_mirror_records_dropped_total`` (reasons: ``queue_full``, ``closed``, ``spool_full``,
-``encode_error``, ``spool_corrupt``, ``too_large``) and summarised in a warning log at most
-every 10 s.
+``encode_error``, ``spool_corrupt``, ``too_large``, ``sink_error``) and summarised in a warning
+log at most every 10 s. The thread survives a failing round (``sink_error`` for a record it
+could not route); after ``MAX_STEP_FAILURES`` rounds failing in a row it gives up, and
+:meth:`KafkaSink.alive` (the mirror's ``/healthz``) says so.
 
 Errors: :class:`~mirror.errors.KafkaSinkError` (a :class:`~mirror.errors.MirrorError`): the
 sink cannot start (its spool folder is unusable).
@@ -76,6 +79,9 @@ SPOOL_FULL = "spool_full"
 ENCODE_ERROR = "encode_error"
 SPOOL_CORRUPT = "spool_corrupt"
 TOO_LARGE = "too_large"
+SINK_ERROR = "sink_error"
+MAX_STEP_FAILURES = 100
+"""Rounds in a row the sink's thread may fail before it gives up (and liveness fails)."""
 RECORD_OVERHEAD_BYTES = 128
 """What Kafka adds to a record's key and value (batch and record headers), rounded up: a record
 whose key and value exceed ``max_request_size`` minus this is dropped before it is sent."""
@@ -348,6 +354,7 @@ class KafkaSink:
         self._spool_sent: dict[int, float] = {}
         self._direct_seq = 0
         self._closed_ok = False
+        self._crashed = False
         self._thread = threading.Thread(target=self._run, name="shadow-ab-kafka-sink", daemon=True)
         self._thread.start()
 
@@ -456,6 +463,7 @@ class KafkaSink:
     # -- the thread ---------------------------------------------------------------------------
 
     def _run(self) -> None:
+        failures = 0
         try:
             self._ensure_producer()
             while True:
@@ -466,18 +474,41 @@ class KafkaSink:
                     outcomes = list(self._outcomes)
                     self._outcomes.clear()
                     closing = self._closing and not self._queue
-                self._handle(outcomes)
-                for rec in records:
-                    self._route(rec)
-                self._check_stuck()
-                self._drain()
-                self._log_drops()
+                try:
+                    self._step(outcomes, records)
+                    failures = 0
+                except Exception:
+                    # Survive what one round trips over (the spool's disk, a bug): the thread
+                    # is the only way out for records; it gives up only if it keeps failing.
+                    failures += 1
+                    self._error("thread_error")
+                    if failures >= MAX_STEP_FAILURES:
+                        raise
+                    log.exception("the Kafka sink's thread hit an error (%d in a row)", failures)
+                    time.sleep(min(1.0, self._poll_s * failures))
                 if closing:
                     self._finish()
                     return
         except Exception:
             log.exception("the Kafka sink's thread failed; records are no longer sent")
+            self._crashed = True
             self._finish_after_crash()
+
+    def _step(self, outcomes: list[_Outcome], records: list[Record]) -> None:
+        self._handle(outcomes)
+        for rec in records:
+            try:
+                self._route(rec)
+            except Exception:
+                log.exception("the Kafka sink could not route a record; dropping it")
+                self._count_drop(SINK_ERROR)
+        self._check_stuck()
+        self._drain()
+        self._log_drops()
+
+    def alive(self) -> bool:
+        """False when the sink's thread died (records would pile up unsent): liveness."""
+        return not self._crashed and (self._thread.is_alive() or self._closing)
 
     def _ensure_producer(self) -> bool:
         if self._producer is not None:
@@ -782,7 +813,8 @@ class KafkaSink:
             self._producer = None
         with self._cond:
             lost = sum(
-                self._stats.dropped[r] for r in (SPOOL_FULL, ENCODE_ERROR, SPOOL_CORRUPT, TOO_LARGE)
+                self._stats.dropped[r]
+                for r in (SPOOL_FULL, ENCODE_ERROR, SPOOL_CORRUPT, TOO_LARGE, SINK_ERROR)
             )
         self._log_drops_now()
         self.spool.close()

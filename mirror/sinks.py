@@ -54,6 +54,12 @@ class RecordSink(Protocol):
         ...
 
 
+def sink_alive(sink: RecordSink) -> bool:
+    """Whether the sink's background thread is running (a sink without ``alive()`` is)."""
+    alive = getattr(sink, "alive", None)
+    return bool(alive()) if callable(alive) else True
+
+
 def open_sink(*, kafka: KafkaSinkConfig | None, database_url: str | None) -> RecordSink:
     """The Kafka sink when ``kafka`` is given, else a direct sink on ``database_url``.
 

@@ -167,6 +167,10 @@ class DirectSink:
             )
         return not self._thread.is_alive() and unwritten == 0 and lost == 0
 
+    def alive(self) -> bool:
+        """False when the writer thread died (records would pile up unwritten): liveness."""
+        return self._thread.is_alive() or self._closing
+
     def pending(self) -> tuple[int, int]:
         """(records queued, records being written now)."""
         with self._cond:
