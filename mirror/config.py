@@ -162,6 +162,11 @@ class MirrorSettings(CommonSettings):
     )
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     access_log: bool = Field(default=False, description="uvicorn's access log (costs CPU)")
+    direct_queue_max_bytes: int = Field(
+        default=256 * 1024**2,
+        ge=1024,
+        description="direct sink: bytes of records held in memory at most (kafka: its own)",
+    )
 
     @classmethod
     def settings_customise_sources(

@@ -39,9 +39,10 @@ def _pod(doc: dict[str, Any]) -> dict[str, Any]:
 def _mirror_settings(
     docs: list[dict[str, Any]], name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> tuple[MirrorSettings, dict[str, Any]]:
-    """Run the real `shadow-ab mirror` CLI on the Deployment's args (the ConfigMap written to a
+    """Run the real `shadow-ab mirror` CLI on the workload's args (the ConfigMap written to a
     local file) up to the point where it would open its sink; return the settings it built."""
-    pod = _pod(find(docs, "Deployment", name))
+    kind = "StatefulSet" if name == "shadow-ab-mirror" else "Deployment"
+    pod = _pod(find(docs, kind, name))
     container = pod["containers"][0]
     env = {e["name"]: e for e in container.get("env", [])}
     cm_name = next(v["configMap"]["name"] for v in pod["volumes"] if v["name"] == "config")
@@ -89,7 +90,7 @@ def test_mirror_accepts_its_manifest(
     spool = next(m for m in container["volumeMounts"] if m["name"] == "spool")
     assert str(settings.kafka.spool_dir) == spool["mountPath"]
     assert settings.kafka.spool_max_bytes < 2 * 1024**3  # emptyDir sizeLimit 2Gi
-    grace = _pod(find(docs[overlay], "Deployment", "shadow-ab-mirror"))[
+    grace = _pod(find(docs[overlay], "StatefulSet", "shadow-ab-mirror"))[
         "terminationGracePeriodSeconds"
     ]
     assert settings.drain_timeout_s + settings.sink_close_timeout_s < grace
@@ -118,7 +119,7 @@ SETTINGS: dict[str, tuple[type[BaseSettings], str]] = {
 def test_every_shadow_ab_variable_is_a_setting(overlay: str, docs: Docs) -> None:
     seen = 0
     for doc in docs[overlay]:
-        if doc["kind"] not in ("Deployment", "Job", "CronJob"):
+        if doc["kind"] not in ("Deployment", "StatefulSet", "Job", "CronJob"):
             continue
         for c in _pod(doc)["containers"]:
             if not c["image"].startswith("registry.example.com/shadow-ab/"):
