@@ -9,6 +9,7 @@ from typing import Any, Protocol
 
 from ingester.errors import SettingsError
 from ingester.settings import IngestSettings
+from shadow_ab.kafka_security import kafka_security
 from shadow_ab.topics import DLQ_MAX_MESSAGE_BYTES
 
 
@@ -56,6 +57,14 @@ def _unreachable(bootstrap: str, exc: Exception) -> SettingsError:
     )
 
 
+def _security() -> dict[str, Any]:
+    """TLS and SASL settings from the environment (:mod:`shadow_ab.kafka_security`)."""
+    try:
+        return kafka_security()
+    except ValueError as exc:
+        raise SettingsError(str(exc)) from None
+
+
 def make_consumer(settings: IngestSettings, *, client_id: str = "shadow-ab-ingester") -> Consumer:
     from kafka import KafkaConsumer
     from kafka.coordinator.assignors.range import RangePartitionAssignor
@@ -79,6 +88,7 @@ def make_consumer(settings: IngestSettings, *, client_id: str = "shadow-ab-inges
             # Eager rebalancing: every partition is revoked and positions restart from the
             # committed offsets, which the processor relies on when it drops an unwritten batch.
             partition_assignment_strategy=(RangePartitionAssignor, RoundRobinPartitionAssignor),
+            **_security(),
         )
     except KafkaError as exc:
         raise _unreachable(bootstrap, exc) from exc
@@ -100,6 +110,7 @@ def make_producer(
             linger_ms=5,
             # A dead letter is a whole message of the other topics plus headers.
             max_request_size=DLQ_MAX_MESSAGE_BYTES,
+            **_security(),
         )
     except KafkaError as exc:
         raise _unreachable(bootstrap, exc) from exc

@@ -214,6 +214,8 @@ def make_producer(config: KafkaSinkConfig) -> Producer:
     from kafka import KafkaProducer
     from kafka.errors import KafkaTimeoutError
 
+    from shadow_ab.kafka_security import kafka_security
+
     # kafka-python leaks its client's sockets when a producer cannot bootstrap: check first.
     if not any_reachable(config.bootstrap, config.bootstrap_timeout_ms / 1000):
         raise ConnectionError(f"no Kafka broker accepts connections at {config.bootstrap}")
@@ -231,6 +233,7 @@ def make_producer(config: KafkaSinkConfig) -> Producer:
         bootstrap_timeout_ms=config.bootstrap_timeout_ms,
         reconnect_backoff_max_ms=config.reconnect_backoff_max_ms,
         max_request_size=config.max_request_size,
+        **kafka_security(),
     )
     # Fetch the topics' metadata now, so the first sends do not wait for it (a send waits at
     # most max_block_ms, then the record takes the detour through the spool).
@@ -253,11 +256,14 @@ def fetch_topic_limit(config: KafkaSinkConfig) -> int | None:
     from kafka import KafkaAdminClient
     from kafka.admin import ConfigResource, ConfigResourceType
 
+    from shadow_ab.kafka_security import kafka_security
+
     try:
         admin = KafkaAdminClient(
             bootstrap_servers=config.bootstrap,
             client_id=config.client_id + "-limits",
             request_timeout_ms=config.bootstrap_timeout_ms,
+            **kafka_security(),
         )
     except Exception as exc:
         log.info("cannot read the topics' max.message.bytes: %s", exc)

@@ -58,6 +58,7 @@ import orjson
 
 from mirror.errors import SpoolError
 from mirror.metrics import SPOOL_BYTES, SPOOL_RECORDS
+from shadow_ab.privacy import private_opener
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +116,7 @@ class Spool:
         self._write_error_logged_at = -1e9
 
         try:
-            self.directory.mkdir(parents=True, exist_ok=True)
+            self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         except OSError as exc:
             raise SpoolError(f"cannot create the spool folder {self.directory}: {exc}") from exc
         if not self.directory.is_dir():
@@ -134,7 +135,9 @@ class Spool:
         if not self._sizes:
             self._sizes[self._ack_seg] = 0
         self._write_seq = max(self._sizes)
-        self._writer: BinaryIO | None = open(self._path(self._write_seq), "ab")  # noqa: SIM115
+        self._writer: BinaryIO | None = open(  # noqa: SIM115
+            self._path(self._write_seq), "ab", opener=private_opener
+        )
         # Reading: the next entry to hand out, and the entries handed out, not yet acked.
         self._read_seg, self._read_off = self._ack_seg, self._ack_off
         self._reader: BinaryIO | None = None
@@ -194,7 +197,9 @@ class Spool:
         ):
             self._roll()
         if self._writer is None:
-            self._writer = open(self._path(self._write_seq), "ab")  # noqa: SIM115
+            self._writer = open(  # noqa: SIM115
+                self._path(self._write_seq), "ab", opener=private_opener
+            )
         self._writer.write(entry)
         self._writer.flush()
         if self.fsync:
@@ -226,7 +231,7 @@ class Spool:
             )
 
     def _roll(self) -> None:
-        new = open(self._path(self._write_seq + 1), "ab")  # noqa: SIM115
+        new = open(self._path(self._write_seq + 1), "ab", opener=private_opener)  # noqa: SIM115
         if self._writer is not None:
             self._writer.close()
         self._writer = new
@@ -328,7 +333,7 @@ class Spool:
     def _lock_folder(self) -> BinaryIO:
         """An exclusive flock on ``lock`` in the folder: two processes on one spool would
         interleave their segments and acks. The OS releases it when the process dies."""
-        f = open(self.directory / LOCK_FILE, "ab")  # noqa: SIM115
+        f = open(self.directory / LOCK_FILE, "ab", opener=private_opener)  # noqa: SIM115
         try:
             fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -375,7 +380,7 @@ class Spool:
         self._sizes = {new_seq: 0}
         self._write_seq = new_seq
         try:
-            self._writer = open(self._path(new_seq), "ab")  # noqa: SIM115
+            self._writer = open(self._path(new_seq), "ab", opener=private_opener)  # noqa: SIM115
         except OSError as exc:  # opened again by the next append
             log.warning("cannot open a new spool segment: %s", exc)
         self._ack_seg, self._ack_off = new_seq, 0
