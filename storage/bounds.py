@@ -60,10 +60,10 @@ def approx_bytes(record: ExchangeRecord | HealthSample) -> int:
     """About the size of ``record`` as JSON, without encoding it."""
     if isinstance(record, HealthSample):
         return 512 + 48 * len(record.metrics) + len(record.error or "")
-    size = 768 + len(record.output_text or "") + len(record.error or "")
-    size += 20 * len(record.itl_s) + _approx(record.request)
+    size = 512 + len(record.output_text or "") + len(record.error or "")
+    size += 11 * len(record.itl_s) + _approx(record.request)
     if record.logprobs:
-        size += sum(48 + len(t.token) + 32 * len(t.top) for t in record.logprobs)
+        size += sum(32 + len(t.token) + sum(len(k) + 12 for k in t.top) for t in record.logprobs)
     return size
 
 
