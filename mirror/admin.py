@@ -64,8 +64,10 @@ def admin_app(mirror: Mirror) -> FastAPI:
     @api.get("/healthz", summary="The mirror's own health (not the engines')")
     def healthz() -> JSONResponse:
         body = mirror.health()
-        ready = mirror.started and not mirror.draining
-        return JSONResponse(body, status_code=200 if ready else 503)
+        # Liveness: a dead sink thread never recovers by itself; a restart does (the spool
+        # and the queue's records are kept or counted). Not ready while starting or draining.
+        failing = not mirror.started or mirror.draining or body.get("sink") == "dead"
+        return JSONResponse(body, status_code=503 if failing else 200)
 
     return api
 
@@ -112,6 +114,13 @@ def create_health_app(settings: MirrorSettings, *, sink: RecordSink) -> FastAPI:
 
     @api.get("/healthz", summary="The sampler's own health")
     def healthz() -> JSONResponse:
-        return JSONResponse({"status": "ok", "deployment": settings.deployment})
+        from mirror.sinks import sink_alive
+
+        if not sink_alive(sink):
+            return JSONResponse(
+                {"status": "sink_dead", "sink": "dead", "deployment": settings.deployment},
+                status_code=503,
+            )
+        return JSONResponse({"status": "ok", "sink": "ok", "deployment": settings.deployment})
 
     return api

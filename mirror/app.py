@@ -70,6 +70,7 @@ from mirror.rewrite import INCLUDE_USAGE, candidate_request, stored_request, wit
 from mirror.routes import Router, canonical_path, quoted
 from mirror.sampling import Sampler
 from mirror.shadow import Shadows
+from mirror.sinks import sink_alive
 from mirror.sse import UsageHider
 from mirror.trace import Outcome, StreamTrace, parse_body, stream_trace
 from shadow_ab.privacy import redact_url, redact_urls
@@ -379,8 +380,16 @@ class Mirror:
             log.warning("the sink did not deliver every record within %.0fs", timeout)
 
     def health(self) -> dict[str, Any]:
+        sink_ok = sink_alive(self.sink)
         return {
-            "status": "draining" if self.draining else "ok" if self.started else "starting",
+            "status": "draining"
+            if self.draining
+            else "sink_dead"
+            if not sink_ok
+            else "ok"
+            if self.started
+            else "starting",
+            "sink": "ok" if sink_ok else "dead",
             "deployment": self.deployment,
             "inflight": {r.value: n for r, n in self._inflight.items()},
             "shadow_inflight": self.shadows.inflight,

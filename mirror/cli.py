@@ -122,7 +122,11 @@ def _open_sink(settings: MirrorSettings) -> RecordSink:
     from mirror.sinks import open_sink
 
     try:
-        return open_sink(kafka=settings.kafka, database_url=settings.database_url)
+        return open_sink(
+            kafka=settings.kafka,
+            database_url=settings.database_url,
+            direct_queue_max_bytes=settings.direct_queue_max_bytes,
+        )
     except Exception as exc:
         raise click.ClickException(f"cannot open the record sink: {exc}") from exc
 

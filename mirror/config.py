@@ -268,6 +268,12 @@ class MirrorSettings(CommonSettings):
             raise ValueError("give header names, e.g. [server, set-cookie]")
         return names
 
+    direct_queue_max_bytes: int = Field(
+        default=256 * 1024**2,
+        ge=1024,
+        description="direct sink: bytes of records held in memory at most (kafka: its own)",
+    )
+
     @classmethod
     def settings_customise_sources(
         cls,
