@@ -212,7 +212,9 @@ def test_a_sink_thread_that_keeps_failing_dies_and_healthz_fails(
     settings = load_settings(
         None, incumbent={"url": "http://127.0.0.1:9"}, candidate={"url": "http://127.0.0.1:10"}
     )
-    client = TestClient(create_app(settings, sink=sink))  # no lifespan: /healthz alone
+    mirror = create_app(settings, sink=sink)
+    mirror.started = True  # no lifespan here: the admin app's /healthz alone
+    client = TestClient(mirror.admin)
     assert client.get("/healthz").status_code == 200
 
     def broken(*_a: Any) -> None:
