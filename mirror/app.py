@@ -90,6 +90,7 @@ SKIPPED_CAP = "skipped_cap"
 SKIPPED_GUARD = "skipped_guard"
 SKIPPED_MALFORMED = "skipped_malformed"
 SKIPPED_TOO_LARGE = "skipped_too_large"
+SKIPPED_LOAD_PARITY = "skipped_load_parity"
 DECISIONS = (
     SAMPLED,
     SKIPPED_SAMPLE,
@@ -97,6 +98,7 @@ DECISIONS = (
     SKIPPED_GUARD,
     SKIPPED_MALFORMED,
     SKIPPED_TOO_LARGE,
+    SKIPPED_LOAD_PARITY,
 )
 
 
@@ -395,6 +397,10 @@ class Mirror:
                 decision = SKIPPED_GUARD
             elif self.shadows.inflight >= self.settings.shadow.max_concurrent:
                 decision = SKIPPED_CAP
+            elif not self.settings.shadow.parity_allows(
+                self._inflight[Role.CANDIDATE], self._inflight[Role.INCUMBENT]
+            ):
+                decision = SKIPPED_LOAD_PARITY
             else:
                 decision = SAMPLED
         self._m_decision[decision].inc()
@@ -415,6 +421,7 @@ class Mirror:
                 inc_rewrites = [INCLUDE_USAGE]
         stream = parsed is not None and parsed.get("stream") is True
         guard_state = self.guard.state()
+        guard_state["decision"] = decision  # why the pair was (not) shadowed, in its records
         inflight_inc = self._inflight[Role.INCUMBENT] + self._inflight[Role.REPLAY]
         inflight_cand = self._inflight[Role.CANDIDATE]
 
