@@ -316,7 +316,7 @@ def test_full_capture_redacts_nested_request_output_and_error() -> None:
     assert i.rewrites == [] and not any(r.startswith("capture:") for r in c.rewrites)
 
 
-def test_custom_redactor_and_a_failing_one() -> None:
+def test_custom_redactor_and_a_failing_one(caplog: pytest.LogCaptureFixture) -> None:
     _, records = run_with_engines(
         Recorder(), Recorder(), [(chat(), {})], privacy={"redactor": "privacy_redactors:mark"}
     )
@@ -329,6 +329,7 @@ def test_custom_redactor_and_a_failing_one() -> None:
     )
     assert responses[0].status_code == 200  # the client is served all the same
     assert records == []  # nothing unredacted leaves the mirror
+    assert "the redactor failed" in caplog.text and "Paris" not in caplog.text
     after = m.RECORDS_DROPPED.labels(reason="redactor_error")._value.get()
     assert after - before == 2
 
