@@ -17,9 +17,8 @@ Columns:
 - peak RSS MB: the mirror's high-water mark (``VmHWM``) while attacked -- bounded by design;
 - notes: what was measured beyond the counts (a leaked secret, the server's answer ...).
 
-The poison record at the ingester (year 9999) and the 300-year API range are proven by
-``tests/ingester/test_ingest_services.py`` and ``tests/api/test_api_bounds.py`` (see
-``tests/chaos/README.md``); this bench covers the mirror, where the memory and loss live.
+The poison record goes through a real ``shadow-ab ingest`` (peak RSS: the ingester's). The
+300-year API range is proven by ``tests/api/test_api_bounds.py`` (see ``tests/chaos/README.md``).
 No figure is asserted here; ``tests/chaos`` runs the scenarios in quick mode and asserts the
 targets (0 lost uncounted, recovered).
 """
@@ -49,6 +48,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from edge_limits import flood, hold, is_open
+from sink_bounds import _record
 
 from mirror.kafka_sink import LEDGER_FILE
 from mirror.spool import Spool
@@ -322,6 +322,76 @@ def sigterm(ctx: Ctx) -> Row:
     )
 
 
+def poison(ctx: Ctx) -> Row:
+    """Finding 3: one schema-valid record dated 9999-12-31 among good ones, through a real
+    ``shadow-ab ingest`` (real Kafka, a migrated SQLite store)."""
+    from kafka import KafkaConsumer
+
+    from ingester.clients import make_producer
+    from ingester.settings import IngestSettings
+    from shadow_ab.dev.processes import ManagedProcess
+    from shadow_ab.topics import TopicSpec, delete_topics, ensure_topics
+    from storage.migrate import upgrade
+
+    assert ctx.kafka, "poison needs SHADOW_AB_KAFKA_BOOTSTRAP (the running Kafka)"
+    tag = uuid.uuid4().hex[:10]
+    names = [f"chaos-{tag}.{t}" for t in ("exchanges", "health", "dlq")]
+    ensure_topics(ctx.kafka, [TopicSpec(name, 1) for name in names])
+    url = f"sqlite:///{ctx.tmp / f'ingest-{tag}.db'}"
+    upgrade(url)
+    n = ctx.n(20, 200)
+    good = [_record("hello", "world", 10).to_json() for _ in range(n)]
+    late = json.loads(good[0])
+    late["pair_id"], late["sent_at"] = str(uuid.uuid4()), "9999-12-31T12:00:00Z"
+    values = [*good[: n // 2], json.dumps(late).encode(), *good[n // 2 :]]
+    settings = IngestSettings(kafka_bootstrap=ctx.kafka, database_url=url)
+    producer = make_producer(settings)
+    for value in values:
+        producer.send(names[0], key=b"same-key", value=value)
+    producer.flush(60)
+    producer.close(10)
+    cmd = [sys.executable, "-m", "shadow_ab", "ingest", "--kafka", ctx.kafka]
+    cmd += ["--database-url", url, "--group", f"chaos-{tag}", "--metrics-port", "0"]
+    cmd += ["--exchanges-topic", names[0], "--health-topic", names[1], "--dlq-topic", names[2]]
+    proc = ManagedProcess(cmd, ctx.tmp / f"ingest-{tag}.log", merge_stdout=True)
+    store = sqlite3.connect(url.removeprefix("sqlite:///"), timeout=30)
+    letters: list[Any] = []
+    consumer = KafkaConsumer(
+        names[2], bootstrap_servers=ctx.kafka, auto_offset_reset="earliest", group_id=None
+    )
+    try:
+
+        def stored() -> int:
+            return int(store.execute("SELECT count(*) FROM exchanges").fetchone()[0])
+
+        def done() -> bool:
+            letters.extend(r for rs in consumer.poll(timeout_ms=200).values() for r in rs)
+            return stored() >= n and len(letters) >= 1
+
+        wait_for(done, 120)
+        time.sleep(3)  # a crash-looping ingester would re-send its dead letters meanwhile
+        done()
+        alive = proc.process.poll() is None
+        rss = peak_rss_mb(proc.pid) if alive else float("nan")
+        rows = stored()
+    finally:
+        consumer.close()
+        store.close()
+        proc.stop()
+        delete_topics(ctx.kafka, names)
+    lost = len(values) - rows - len(letters)
+    return Row(
+        "poison record at the ingester (year 9999)",
+        f"{len(values)}",
+        0,
+        lost,
+        len(letters),
+        alive and lost == 0,
+        rss,
+        f"{rows}/{n} good records stored; {len(letters)} dead letter(s); ingester still up",
+    )
+
+
 # -- exhaustion (finding 6) -------------------------------------------------------------------
 
 EDGE: dict[str, Any] = {"limits": {"header_timeout_s": 2.0, "idle_timeout_s": 2.0}}
@@ -478,6 +548,7 @@ def url_password(ctx: Ctx) -> Row:
 SCENARIOS: dict[str, Callable[[Ctx], Row]] = {
     "too_large": too_large,
     "disk_full": disk_full,
+    "poison": poison,
     "sigkill": sigkill,
     "sigterm": sigterm,
     "header_flood": header_flood,

@@ -46,6 +46,15 @@ def test_finding_2_a_full_disk_is_back_pressure_and_recovers(ctx: chaos.Ctx) -> 
     assert row.dropped > 0  # the disk did fill: counted spool_full
 
 
+def test_finding_3_a_year_9999_record_is_dead_lettered_and_the_rest_stored(
+    ctx: chaos.Ctx, kafka_bootstrap: str
+) -> None:
+    ctx.kafka = kafka_bootstrap
+    row = chaos.poison(ctx)
+    assert_targets(row)
+    assert row.dropped == 1  # one dead letter, not one per restart
+
+
 def test_finding_4_sigkill_loses_nothing_uncounted(ctx: chaos.Ctx) -> None:
     row = chaos.sigkill(ctx)
     assert_targets(row)
