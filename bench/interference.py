@@ -1,10 +1,11 @@
 """Interference on shared hardware: two real vLLMs on the same cores, shadowing off and on.
 
-    flock /tmp/vllm.lock python bench/interference.py [--duration 30] [--repeat 2]
+    python bench/interference.py [--duration 30] [--repeat 2]
         [--concurrency 4] [--max-tokens 32] [--configs off,on,guard,guard-windows,parity]
         [--cpus 0-1] [--json PATH]
 
-Needs ``shadow-ab engine vllm prepare`` first. Starts real vLLM (the CPU build, the tiny model)
+Needs ``shadow-ab engine vllm prepare`` first, and about 8 GB of memory for the two engines (on
+a machine shared with other real-engine jobs, run it under a lock such as ``flock``). Starts real vLLM (the CPU build, the tiny model)
 twice, the incumbent in bfloat16 and the candidate in float32, **both on the same CPUs**
 (``--cpus``, default all of them: the mission's "same GPUs" in small), warms both up, then for
 each configuration starts ``shadow-ab mirror`` in front of them (records to a temporary SQLite

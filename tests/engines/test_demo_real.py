@@ -50,7 +50,7 @@ def test_the_demo_on_real_vllm(
     engine = make_engine(url)
     try:
         with engine.connect() as conn:
-            dep = conn.execute(select(Deployment).where(Deployment.name == "demo-real")).one()
+            d = conn.execute(select(Deployment).where(Deployment.name == "demo-real")).one()
             roles = set(
                 conn.execute(
                     select(Exchange.role).where(Exchange.deployment == "demo-real").distinct()
@@ -63,7 +63,6 @@ def test_the_demo_on_real_vllm(
             )
     finally:
         engine.dispose()
-    d = dep[0]
     assert "real" in d.incumbent_engine and "bfloat16" in d.incumbent_engine
     assert "float32" in d.candidate_engine and d.hardware.startswith("real vLLM on CPU")
     assert d.incumbent_version == d.candidate_version != "unknown"
