@@ -7,10 +7,11 @@
 Needs ``shadow-ab engine vllm prepare`` first, and about 8 GB of memory for the two engines (on
 a machine shared with other real-engine jobs, run it under a lock such as ``flock``). Starts
 real vLLM (the CPU build, the tiny model) twice, the incumbent in bfloat16 and the candidate
-in float32, **both on the same CPUs** (``--cpus``, default all of them: the mission's "same GPUs" in small), warms both up, then for
-each configuration starts ``shadow-ab mirror`` in front of them (records to a temporary SQLite
-file) and sends closed-loop traffic through it: one fixed request shape (streaming greedy chat,
-a short prompt, ``--max-tokens``), ``--concurrency`` clients. Configurations:
+in float32, **both on the same CPUs** (``--cpus``, default all of them: the mission's "same
+GPUs" in small), warms both up, then for each configuration starts ``shadow-ab mirror`` in
+front of them (records to a temporary SQLite file) and sends closed-loop traffic through it:
+one fixed request shape (streaming greedy chat, a short prompt, ``--max-tokens``),
+``--concurrency`` clients. Configurations:
 
 - ``off``: shadow rate 0 (the incumbent alone behind the mirror: the reference);
 - ``on``: every request shadowed to the candidate, guard off, no load parity;
