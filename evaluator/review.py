@@ -299,11 +299,24 @@ def data_extent(engine: Engine, deployment: str, window: Window | None = None) -
     }
 
 
+def last_shadow_send(engine: Engine, deployment: str) -> datetime:
+    """When the deployment's last shadow request (candidate or replay) was sent. A pair's replay
+    leaves the mirror just after its candidate, so a window ending just after the last
+    candidate would leave the last pair's replay out (seen on real vLLM: 49 of 50 replays)."""
+    stmt = select(func.max(Exchange.sent_at)).where(
+        Exchange.deployment == deployment, Exchange.role.in_(("candidate", "replay"))
+    )
+    with engine.connect() as conn:
+        last = conn.execute(stmt).scalar_one()
+    return as_utc(last)
+
+
 def resolve_window(
     engine: Engine, deployment: str, start: datetime | None = None, end: datetime | None = None
 ) -> Window:
-    """The window to evaluate: given bounds, else the deployment's first exchange .. just after
-    its last one. Naive datetimes are taken as UTC."""
+    """The window to evaluate: given bounds, else the deployment's first mirrored pair .. just
+    after its last shadow request (:func:`last_shadow_send`). Naive datetimes are taken as
+    UTC."""
     lo = as_utc(start) if start else None
     hi = as_utc(end) if end else None
     if lo is None or hi is None:
@@ -313,7 +326,7 @@ def resolve_window(
                 f"deployment {deployment!r} has no mirrored exchanges yet: nothing to review"
             )
         lo = lo or datetime.fromisoformat(extent["first"])
-        hi = hi or datetime.fromisoformat(extent["last"]) + timedelta(microseconds=1)
+        hi = hi or last_shadow_send(engine, deployment) + timedelta(microseconds=1)
     if lo >= hi:
         raise EmptyWindow(f"the window is empty: --from {lo} is not before --to {hi}")
     return lo, hi
