@@ -1,14 +1,13 @@
 """What each flavor's ``/metrics`` reports, from one set of engine statistics.
 
-- vLLM: Prometheus text with vLLM's own names, types, HELP texts and buckets
-  (``vllm:num_requests_running``, ``vllm:kv_cache_usage_perc``,
-  ``vllm:time_to_first_token_seconds`` ...) labelled ``model_name`` then ``engine``, plus the
-  ``process_*`` metrics unless the scenario runs vLLM in multiprocess mode (where they vanish).
-  Checked against vLLM 0.11's ``vllm/v1/metrics/loggers.py`` (PrometheusStatLogger): the
-  metric set is the one shown without ``--show-hidden-metrics-for-version``, including the
-  deprecated-in-0.11 ``vllm:time_per_output_token_seconds`` (same observations as
-  ``vllm:inter_token_latency_seconds``); the token-count histograms use
-  ``build_1_2_5_buckets(max_model_len)``.
+- vLLM: Prometheus text as vLLM 0.32.0 shows it (recorded in
+  ``tests/fixtures/vllm-0.32.0/metrics.txt``): vLLM's own names, types, HELP texts and
+  buckets (``vllm:num_requests_running``, ``vllm:kv_cache_usage_perc``,
+  ``vllm:time_to_first_token_seconds`` ...), each counter and histogram followed by its
+  ``_created`` gauge, labels sorted by name (``engine``, ``model_name``, ...), plus
+  ``python_gc_*``/``python_info`` and the ``process_*`` metrics unless the scenario runs vLLM
+  in multiprocess mode (where they vanish). The token-count histograms use
+  ``build_1_2_5_buckets(max_model_len)`` (``vllm/v1/metrics/loggers.py``).
 - TensorRT-LLM: a JSON list of iteration stats (``iter``, ``iterLatencyMS``,
   ``numActiveRequests``, ``numQueuedRequests``, ``gpuMemUsage``, ``cpuMemUsage``,
   ``kvCacheStats``, ``inflightBatchingStats`` ...), drained by each read, empty when the engine

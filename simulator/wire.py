@@ -1,8 +1,12 @@
 """Each flavor's wire format: request validation, response bodies, stream chunks, errors.
 
-Checked against the engines' sources (vllm ``entrypoints/openai/protocol.py`` and
-``serving_chat.py``; TensorRT-LLM ``serve/openai_protocol.py``, ``postprocess_handlers.py``,
-``openai_server.py``):
+vLLM: what vLLM 0.32.0 answers, recorded from the real server in ``tests/fixtures/vllm-0.32.0/``
+(``shadow-ab engine vllm record-fixtures``) and held by ``tests/simulator/test_sim_fixtures.py``
+(same keys in the same order per chunk kind, same status, error shape and headers); the
+details below were first checked against vLLM 0.11's sources (``entrypoints/openai/``
+``protocol.py``, ``serving_chat.py``, ``serving_completion.py``, ``v1/engine/logprobs.py``)
+and moved where 0.32 answers otherwise. TensorRT-LLM: its sources only
+(``serve/openai_protocol.py``, ``postprocess_handlers.py``, ``openai_server.py``).
 
 =====================  ===========================================  ============================
                        vLLM                                         TensorRT-LLM
@@ -13,28 +17,32 @@ wrong ``model``        404 ``NotFoundError``                        accepted
 validation error body  ``{"error": {message, type, param, code}}``  ``{"error": "<pydantic>"}``
 first chat delta       ``{"role": "assistant", "content": ""}``     ``{"role": "assistant"}``,
                                                                     framed ``data: {..} \\n\\n``
-stream chunks          ``logprobs``/``finish_reason`` null keys,     ``None`` fields left out
-                       ``stop_reason``                              (chat), all kept (completion)
+stream chunks          ``logprobs``/``finish_reason``/``token_ids``  ``None`` fields left out
+                       null keys, ``stop_reason``                   (chat), all kept (completion)
+``include_usage``      false unless asked                           true unless refused
 =====================  ===========================================  ============================
 
 Both: ``data: [DONE]`` last, usage chunk (empty ``choices``) with
 ``stream_options.include_usage``, ``continuous_usage_stats`` on every chunk, ``stream_options``
 without ``stream`` is a 400.
 
-vLLM details checked against vLLM 0.11's ``entrypoints/openai/serving_chat.py``,
-``serving_completion.py``, ``protocol.py`` and ``v1/engine/logprobs.py``:
+vLLM details:
 
 - chat chunks are dumped with ``exclude_unset=True`` (so ``stop_reason`` only on the last
-  chunk of a choice, usage objects without ``prompt_tokens_details``); completion chunks with
-  ``exclude_unset=False`` (every field, ``null`` included); the final usage chunk of either with
-  ``exclude_none=True``.
+  chunk of a choice; 0.32 adds ``token_ids: null`` to every choice and ``prompt_token_ids``/
+  ``prompt_text: null`` to each choice's first chunk); completion chunks carry every choice
+  field, ``null`` included, and (0.32) no ``usage`` key unless continuous usage; the final
+  usage chunk of either leaves out nulls.
 - ``continuous_usage_stats`` counts per choice (``previous_num_tokens[i]``) and, for a batch of
   completion prompts, that choice's prompt; the final usage chunk sums all choices.
 - the engine's logprobs dict for a position holds the sampled token first, then the top-N; chat
   ``top_logprobs`` takes the first ``top_logprobs`` entries of it, completions take up to N+1
   (so ``logprobs: 0`` still gives ``{sampled: lp}``).
-- ``logprobs``/``top_logprobs`` above ``max_logprobs`` (20) is refused by the engine's
-  processor: 400 ``Requested sample logprobs of N, which is greater than max allowed: 20``.
+- errors: FastAPI's validation errors are ``type: "Bad Request"`` with ``param`` their
+  location; vLLM's own (``VLLMValidationError``: ``stream_options`` without ``stream``,
+  ``top_logprobs`` without ``logprobs``, more than ``max_logprobs`` (20), ``max_tokens`` or a
+  prompt above ``max_model_len``) are ``BadRequestError`` with ``param`` and the message
+  ending ``(parameter=..., value=...)``.
 
 ``system_fingerprint`` is placed as real vLLM 0.32.0 places it (seen on the server that
 ``shadow-ab engine vllm serve`` runs, ``--fingerprint-mode full``): ``vllm-<version>-<hash8>``
