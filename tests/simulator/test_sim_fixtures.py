@@ -159,3 +159,54 @@ def test_the_metrics_content_type(sim: RunningSim) -> None:
 
     with urllib.request.urlopen(sim.base_url + "/metrics", timeout=10) as resp:
         assert resp.headers["Content-Type"] == recorded["content-type"]
+
+
+# -- the recorder ------------------------------------------------------------------------------
+
+
+def test_the_recorder_normalises_only_what_varies() -> None:
+    case = fixtures.Case("x", "GET", "/v1/models")
+    body = {"object": "list", "data": [{"id": "m", "created": 17, "root": "/srv/models/m",
+                                        "permission": [{"id": "p", "created": 18}]}]}  # fmt: skip
+    answer = fixtures.Answer(
+        200,
+        [("date", "Tue, 01 Dec"), ("content-length", "99"), ("content-type", "application/json")],
+        json.dumps(body).encode(),
+    )
+    out = fixtures.to_fixture(case, answer)
+    assert out["headers"] == [["date", "<date>"], ["content-length", "<n>"],
+                              ["content-type", "application/json"]]  # fmt: skip
+    assert out["json"] == {"object": "list", "data": [{"id": "<id>", "created": 0,
+                           "root": "<model path>",
+                           "permission": [{"id": "<id>", "created": 0}]}]}  # fmt: skip
+    stream = fixtures.Answer(200, [("content-type", "text/event-stream; charset=utf-8")],
+                             b'data: {"id":"a","created":5,"x":1}\n\ndata: [DONE]\n\n')  # fmt: skip
+    assert fixtures.to_fixture(case, stream)["sse"] == [
+        'data: {"id":"<id>","created":0,"x":1}',
+        "data: [DONE]",
+    ]
+    with pytest.raises(ValueError, match="blank line"):
+        fixtures.sse_frames(b"data: {}\n")
+
+
+def test_record_fixtures_writes_a_folder_the_tests_can_read(tmp_path: Path) -> None:
+    """``shadow-ab engine vllm record-fixtures --base-url`` against a server that speaks vLLM
+    (here the simulator): one file per case, ``metrics.txt``, ``meta.json``."""
+    from click.testing import CliRunner
+
+    from shadow_ab.dev.engines.cli import engine
+
+    with running_sim("vllm", "clean", overrides=LIKE_THE_RECORDING, ledger=False) as s:
+        result = CliRunner().invoke(
+            engine, ["vllm", "record-fixtures", "--out", str(tmp_path), "--base-url", s.base_url]
+        )
+    assert result.exit_code == 0, result.output
+    recorded = fixtures.load(tmp_path)
+    assert set(recorded) == {c.name for c in fixtures.MATRIX}
+    assert json.loads((tmp_path / "meta.json").read_text())["version"] == META["version"]
+    assert "vllm:num_requests_running" in fixtures.metric_families(
+        (tmp_path / "metrics.txt").read_text()
+    )
+    for name, fixture in recorded.items():  # what the recorder wrote reads like real vLLM's
+        assert fixtures.differences(RECORDED[name], fixture) == [], name
+    assert recorded["chat-404-model"]["status"] == 404
