@@ -804,10 +804,12 @@ class Framer:
 
 def models_body(flavor: Flavor, model: str, max_model_len: int, created: int) -> dict[str, Any]:
     card: dict[str, Any] = {"id": model, "object": "model", "created": created}
-    if flavor == "vllm":  # root: real vLLM gives the model's path
+    if flavor == "vllm":  # root: real vLLM gives the model's path; the permission's id is
+        # random per answer there, stable per process here (so two reads are the same bytes)
         card.update(owned_by="vllm", root=model, parent=None, max_model_len=max_model_len)
         card["permission"] = [
-            {"id": f"modelperm-{uuid.uuid4().hex}", "object": "model_permission",
+            {"id": f"modelperm-{hashlib.md5(f'{model}:{created}'.encode()).hexdigest()}",
+             "object": "model_permission",
              "created": created, "allow_create_engine": False, "allow_sampling": True,
              "allow_logprobs": True, "allow_search_indices": False, "allow_view": True,
              "allow_fine_tuning": False, "organization": "*", "group": None,
