@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import yaml
 from pydantic import (
@@ -54,12 +54,15 @@ class EngineConfig(BaseModel):
 
     url: str = Field(description="the engine's server root, e.g. http://10.0.0.5:8000")
     flavor: Flavor = Field(
-        default="auto", description="vllm, trtllm or auto (the health sampler guesses)"
+        default="auto",
+        description="how the health sampler reads /metrics: vllm, trtllm, or auto (recognised"
+        " from each answer)",
     )
     engine: str | None = Field(
         default=None,
         max_length=200,
-        description="engine id in records and health samples; default <flavor>@<role>",
+        description="engine id in records and health samples; default <flavor>@<role> when"
+        " flavor is set, else vllm@incumbent and trtllm@candidate",
     )
     connect_timeout_s: float = Field(default=5.0, gt=0, description="TCP connect timeout")
     max_connections: int = Field(
@@ -77,14 +80,20 @@ class EngineConfig(BaseModel):
         # The OpenAI base URL (.../v1) is accepted: the mirror adds the paths itself.
         return v.removesuffix("/v1")
 
+    # The id's flavor when none is set: the default flavor used to be vllm for the incumbent
+    # and trtllm for the candidate, and engine ids stay what they were.
+    id_flavor: ClassVar[str] = "engine"
+
     def engine_id(self, role: str) -> str:
         if self.engine:
             return redact_url(self.engine)
+        if "flavor" not in self.model_fields_set:
+            return f"{self.id_flavor}@{role}"
         return f"{self.flavor if self.flavor != 'auto' else 'engine'}@{role}"
 
 
 class IncumbentConfig(EngineConfig):
-    flavor: Flavor = "vllm"
+    id_flavor: ClassVar[str] = "vllm"
     include_usage: bool = Field(
         default=True,
         description="ask the incumbent's streams for a usage chunk too (token counts, TPOT);"
@@ -98,7 +107,7 @@ class IncumbentConfig(EngineConfig):
 
 
 class CandidateConfig(EngineConfig):
-    flavor: Flavor = "trtllm"
+    id_flavor: ClassVar[str] = "trtllm"
     headers: dict[str, str] = Field(
         default_factory=dict,
         description="headers sent to the candidate instead of the client's of the same name"

@@ -10,9 +10,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
+from factories import ListSink as ListSink  # used by the mirror tests from here
 from sqlalchemy import text
 
-from shadow_ab.records import Record
 from storage.db import make_engine
 
 MODEL = "sim-llama-3-8b-instruct"
@@ -22,25 +22,6 @@ FAST: dict[str, Any] = {
     "answers": {"min_tokens": 8, "max_tokens": 24},
 }
 """Simulator overrides: short, quick answers (the tests are about bytes and records)."""
-
-
-class ListSink:
-    """A record sink (the mirror's RecordSink seam) that keeps what it is given."""
-
-    label = "direct"
-
-    def __init__(self) -> None:
-        self.records: list[Record] = []
-
-    def submit(self, record: Record) -> bool:
-        self.records.append(record)
-        return True
-
-    def flush(self, timeout: float = 30.0) -> bool:
-        return True
-
-    def close(self, timeout: float = 30.0) -> bool:
-        return True
 
 
 _ID = re.compile(rb'"id":\s*"[^"]*"')
