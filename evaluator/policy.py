@@ -49,6 +49,7 @@ KEY_PATTERNS: tuple[str, ...] = (
     r"errors\.rate_ratio",
     rf"incidents\.{_KIND}\.(rate_ratio|candidate_count)",
     r"incidents\.leak\.candidate_mb_per_hour",
+    r"incidents\.leak\.excess_mb_per_hour",
     r"divergence\.(candidate_rate|noise_rate|excess_rate)",
     r"divergence\.edit_similarity\.mean",
     r"divergence\.(finish_mismatch|json_invalid)\.excess",

@@ -21,6 +21,9 @@ Measurement keys (``<metric>`` in ttft, tpot, itl, e2e, tokens_per_s; ``<q>`` in
                                           conditional-binomial interval
     incidents.<kind>.candidate_count      candidate incidents in the window (interval None)
     incidents.leak.candidate_mb_per_hour  the candidate's steepest sustained memory slope
+    incidents.leak.excess_mb_per_hour     candidate minus incumbent memory growth (MB/hour),
+                                          every process life after its warm-up, interval
+                                          widened for autocorrelated noise
     divergence.candidate_rate             share of candidate pairs that diverge
     divergence.noise_rate                 share of replay pairs that diverge (the noise floor)
     divergence.excess_rate                candidate_rate - noise_rate, with its interval

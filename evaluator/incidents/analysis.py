@@ -24,6 +24,7 @@ from evaluator.incidents.exchanges import (
     merge_findings,
 )
 from evaluator.incidents.leak import Slope, trend
+from evaluator.incidents.memory import MemoryComparison, compare_memory
 from evaluator.incidents.model import (
     KINDS,
     MEMORY_SERIES,
@@ -210,6 +211,8 @@ class IncidentSection:
     memory: dict[str, dict[str, Slope]]
     stored_new: int = 0
     truncated: bool = False
+    memory_comparison: MemoryComparison | None = None
+    """Growth compared between the engines, levels and peaks per version."""
 
     def count(self, role: str, kind: str) -> int:
         return sum(1 for f in self.findings if f.role == role and f.kind == kind)
@@ -246,6 +249,8 @@ class IncidentSection:
                 )
             )
         out.append(self._leak_measurement())
+        if self.memory_comparison is not None:
+            out.append(self.memory_comparison.measurement())
         e = self.error_comparison
         cand, inc = self.errors.get("candidate", {}), self.errors.get("incumbent", {})
         out.append(
@@ -340,6 +345,9 @@ class IncidentSection:
             },
             "stored_new": self.stored_new,
             "truncated": self.truncated,
+            "memory_comparison": None
+            if self.memory_comparison is None
+            else self.memory_comparison.to_dict(),
             "measurements": [m.to_dict() for m in self.measurements()],
         }
 
@@ -401,6 +409,7 @@ def incident_section(
                 best = memory.setdefault(role, {}).get(series)
                 if best is None or s.mb_per_hour > best.mb_per_hour:
                     memory[role][series] = s
+    memory_comparison = compare_memory(memory_points, health, roles, restarts, config.leak_params)
     return IncidentSection(
         deployment=deployment,
         window=window,
@@ -415,4 +424,5 @@ def incident_section(
         memory=memory,
         stored_new=stored_new,
         truncated=data.truncated,
+        memory_comparison=memory_comparison,
     )

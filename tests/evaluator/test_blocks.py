@@ -106,6 +106,7 @@ def test_pooled_and_share_delta_take_blocks() -> None:
         groups_i, groups_c, BootstrapConfig(pooled_resamples=49), blocks=blocks
     )
     assert ratios["p50"].low <= ratios["p50"].value <= ratios["p50"].high
+    assert spread.low <= spread.value <= spread.high
     ok_i = inc < 0.25
     ok_c = cand < 0.25
     delta = share_delta(ok_i, ok_c, BootstrapConfig(n_resamples=99), blocks=blocks)
