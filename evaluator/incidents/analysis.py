@@ -45,6 +45,7 @@ from evaluator.rates import (
     bucket_label,
     bucket_length,
     buckets_between,
+    compare_dispersed_rates,
     compare_failure_shares,
     compare_poisson_rates,
     overlap_s,
@@ -194,6 +195,66 @@ def bucket_table(
     return rows
 
 
+def episodes(findings: Sequence[Finding], gap_s: float) -> list[Finding]:
+    """The findings as episodes: per role and kind, an incident starting within ``gap_s`` of
+    the end of the previous one joins its episode (a crash loop of ten restarts, or a run of
+    hangs over one bad hour, is one event). Each episode is its first finding, its evidence
+    saying how many incidents it holds."""
+    out: list[Finding] = []
+    last: dict[tuple[str, str], tuple[int, float]] = {}
+    for f in sorted(findings, key=lambda f: (f.started_at, f.engine, f.kind)):
+        key = (f.role, f.kind)
+        start, end = unix_s(f.started_at), unix_s(f.end_or_start)
+        prev = last.get(key)
+        if prev is not None and start - prev[1] <= gap_s:
+            i = prev[0]
+            n = int(out[i].evidence.get("episode_incidents", 1)) + 1
+            out[i] = replace(out[i], evidence={**out[i].evidence, "episode_incidents": n})
+            last[key] = (i, max(prev[1], end))
+        else:
+            out.append(replace(f, evidence={**f.evidence, "episode_incidents": 1}))
+            last[key] = (len(out) - 1, end)
+    return out
+
+
+def daily_counts(
+    starts: Sequence[float], exposure: Sequence[tuple[float, float]], window: Window
+) -> tuple[list[float], list[float]]:
+    """Events and observed days per UTC day of ``window`` (for the overdispersion)."""
+    lo, hi = utc_window(window)
+    xs, ts = [], []
+    for b in buckets_between(lo, hi, "day"):
+        s = max(unix_s(b), unix_s(lo))
+        e = min(unix_s(b + bucket_length("day")), unix_s(hi))
+        xs.append(float(sum(1 for t in starts if s <= t < e)))
+        ts.append(overlap_s(exposure, s, e) / 86400.0)
+    return xs, ts
+
+
+def failure_comparison(data: DetectionInput, level: float) -> RateComparison | None:
+    """``errors.rate_ratio``: failed shares compared with the overdispersion of the per-day
+    failure counts (bursts) when the loader gave them, else as rare Poisson events."""
+    errors = data.outcomes or {}
+    by_day = data.outcomes_by_day
+    cand, inc = errors.get("candidate", {}), errors.get("incumbent", {})
+    plain = compare_failure_shares(
+        cand.get("failed", 0), cand.get("sent", 0), inc.get("failed", 0), inc.get("sent", 0), level
+    )
+    if plain is None or not by_day:
+        return plain
+    days = sorted(set(by_day.get("candidate", {})) | set(by_day.get("incumbent", {})))
+    sides = []
+    for role in ("candidate", "incumbent"):
+        per = by_day.get(role, {})
+        sides.append(
+            (
+                [float(per.get(d, (0, 0))[1]) for d in days],
+                [float(per.get(d, (0, 0))[0]) for d in days],
+            )
+        )
+    return compare_dispersed_rates(sides[0][0], sides[0][1], sides[1][0], sides[1][1], level)
+
+
 @dataclass
 class IncidentSection:
     """Incidents of one deployment over one window: what :func:`incident_section` returns."""
@@ -223,17 +284,28 @@ class IncidentSection:
         for kind in KINDS:
             c = self.comparisons.get(kind)
             n_c, n_i = self.count("candidate", kind), self.count("incumbent", kind)
+            e_c = c.x1 if c is not None else n_c
+            e_i = c.x2 if c is not None else n_i
+            dispersion = (
+                ""
+                if c is None or c.dispersion == 1.0
+                else f" on counts divided by the overdispersion {c.dispersion:.3g} of the"
+                " per-day counts"
+            )
             out.append(
                 Measurement(
                     key=f"incidents.{kind}.rate_ratio",
                     value=None if c is None else c.ratio,
                     interval=None if c is None else c.interval,
-                    n=n_c + n_i,
+                    n=e_c + e_i,
                     unit="ratio",
                     detail=(
-                        f"candidate {n_c} in {days.get('candidate', 0.0):.2f} observed days vs"
-                        f" incumbent {n_i} in {days.get('incumbent', 0.0):.2f}; exact"
-                        " conditional binomial test"
+                        f"candidate {e_c} episode(s) ({n_c} incidents) in"
+                        f" {days.get('candidate', 0.0):.2f} observed days vs incumbent {e_i}"
+                        f" ({n_i}) in {days.get('incumbent', 0.0):.2f}; incidents of a kind"
+                        f" within {self.config.episode_gap_s / 60:g} min of the previous are one"
+                        " episode; exact conditional binomial test"
+                        + dispersion
                         + ("" if c is None else f", p = {c.p_value:.3g}")
                     ),
                 )
@@ -265,6 +337,12 @@ class IncidentSection:
                     f" incumbent {inc.get('failed', 0)}/{inc.get('sent', 0)} (http errors,"
                     " timeouts, connection errors; a cancelled exchange is sent, not failed);"
                     " exact conditional binomial interval on rare events"
+                    + (
+                        ""
+                        if e is None or e.dispersion == 1.0
+                        else f", counts divided by the overdispersion {e.dispersion:.3g} of the"
+                        " per-day failure counts (bursts)"
+                    )
                     + ("" if e is None else f", p = {e.p_value:.3g}")
                 ),
             )
@@ -377,23 +455,19 @@ def incident_section(
     lo, hi = unix_s(window[0]), unix_s(window[1])
     days = {role: overlap_s(exposure[role], lo, hi) / 86400.0 for role in ROLES}
     comparisons: dict[str, RateComparison | None] = {}
+    eps = episodes(findings, config.episode_gap_s)
     for kind in KINDS:
         if days["candidate"] > 0 and days["incumbent"] > 0:
-            x1 = sum(1 for f in findings if f.role == "candidate" and f.kind == kind)
-            x2 = sum(1 for f in findings if f.role == "incumbent" and f.kind == kind)
-            comparisons[kind] = compare_poisson_rates(
-                x1, days["candidate"], x2, days["incumbent"], config.level
-            )
+            per_role = []
+            for side in ("candidate", "incumbent"):
+                starts = [unix_s(f.started_at) for f in eps if f.role == side and f.kind == kind]
+                per_role.append(daily_counts(starts, exposure[side], window))
+            (x1, t1), (x2, t2) = per_role
+            comparisons[kind] = compare_dispersed_rates(x1, t1, x2, t2, config.level)
         else:
             comparisons[kind] = None
     errors = data.outcomes
-    error_comparison = compare_failure_shares(
-        errors["candidate"]["failed"],
-        errors["candidate"]["sent"],
-        errors["incumbent"]["failed"],
-        errors["incumbent"]["sent"],
-        config.level,
-    )
+    error_comparison = failure_comparison(data, config.level)
     memory_points = data.memory_by_engine()
     health = data.health_by_engine()
     restarts: dict[str, list[float]] = defaultdict(list)
