@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -35,6 +35,7 @@ from sqlalchemy import Engine
 from evaluator.blocks import METHOD as BLOCK_METHOD
 from evaluator.blocks import MIN_HOURS, Blocks, blocks_from_hours
 from evaluator.errors import LatencyError
+from evaluator.parity import ParityConfig, load_parity, parity_reason
 from evaluator.rates import wilson_interval
 from evaluator.results import Interval, Measurement, Progress, Window
 from evaluator.rollups import (
@@ -141,6 +142,7 @@ class LatencySection:
 # --- assembling the section ------------------------------------------------------------------
 
 DEFAULT_BOOTSTRAP = BootstrapConfig()
+DEFAULT_PARITY = ParityConfig()
 COLD_LOOKAHEAD = timedelta(minutes=10)
 """How far after a restart the cold-start look goes (at least the warm-up window itself)."""
 COLD_FIRST = 5
@@ -343,6 +345,105 @@ def _cold_start(
     return out
 
 
+CURVE_METRICS = ("ttft", "tpot", "e2e")
+CURVE_MIN_PAIRS = 20
+
+
+def _concurrency_curve(
+    cols: dict[str, list[Any]], keep: npt.NDArray[np.bool_], config: BootstrapConfig
+) -> list[dict[str, Any]]:
+    """Latency against concurrency: per load bucket (``inflight_incumbent`` at dispatch) of the
+    sampled pairs (both ok, outside warm-up), each role's p50/p95 and the p50/p95 ratios with
+    pair-bootstrap intervals (buckets of at least ``CURVE_MIN_PAIRS`` pairs)."""
+    labels = bucket_labels(SLICES["load"][1])
+    edges = np.array(SLICES["load"][1])
+    inflight = _floats(cols["inflight_incumbent"])
+    bucket = np.where(np.isfinite(inflight), np.searchsorted(edges, inflight, side="right"), -1)
+    small = replace(config, n_resamples=min(config.n_resamples, 199))
+    out = []
+    for i, label in enumerate(labels):
+        mask = keep & (bucket == i)
+        n = int(mask.sum())
+        if n < CURVE_MIN_PAIRS:
+            continue
+        for metric in CURVE_METRICS:
+            column = _SAMPLE_COLUMN[metric]
+            a = _floats(cols[f"incumbent_{column}"])[mask]
+            b = _floats(cols[f"candidate_{column}"])[mask]
+            comp = paired_comparison(a, b, small)
+            qa = np.nanquantile(a, [0.5, 0.95]) if np.isfinite(a).any() else [math.nan] * 2
+            qb = np.nanquantile(b, [0.5, 0.95]) if np.isfinite(b).any() else [math.nan] * 2
+            out.append(
+                {
+                    "bucket": label,
+                    "metric": metric,
+                    "n": comp.n,
+                    "incumbent": {"p50": float(qa[0]), "p95": float(qa[1])},
+                    "candidate": {"p50": float(qb[0]), "p95": float(qb[1])},
+                    "ratio": {q: comp.ratios[q].to_dict() for q in ("p50", "p95")},
+                }
+            )
+    return out
+
+
+CENSORED_METRICS = ("ttft", "e2e")
+"""Metrics whose quantiles are also given with failures counted as slowest."""
+
+
+def _with_failures(
+    cols: dict[str, list[Any]],
+    keep: npt.NDArray[np.bool_],
+    hours: Sequence[datetime],
+    config: BootstrapConfig,
+    timeout_s: float,
+) -> tuple[list[Measurement], list[dict[str, Any]]]:
+    """``latency.<metric>.<q>.ratio_with_failures``: the quantile ratios over every sampled pair
+    (outside warm-up, neither side cancelled), a failed answer counted as the slowest (at the
+    shadow timeout) and both roles censored there (the mirror cuts the candidate at the
+    timeout, never the incumbent): a candidate that times out does not look faster by losing
+    its slowest requests."""
+    status = {r: np.array(cols[f"{r}_status"], dtype=object) for r in ROLES}
+    use = keep & (status["incumbent"] != "cancelled") & (status["candidate"] != "cancelled")
+    blocks = _blocks(hours, use, config)
+    out: list[Measurement] = []
+    table: list[dict[str, Any]] = []
+    for metric in CENSORED_METRICS:
+        column = _SAMPLE_COLUMN[metric]
+        values = {}
+        for r in ROLES:
+            v = _floats(cols[f"{r}_{column}"])
+            v = np.where((status[r] == "ok") & np.isfinite(v), v, timeout_s)
+            values[r] = np.minimum(v, timeout_s)[use]
+        comp = paired_comparison(values["incumbent"], values["candidate"], config, blocks=blocks)
+        failed = {r: int(np.sum(status[r][use] != "ok")) for r in ROLES}
+        detail = (
+            f"{comp.n} sampled pairs, failures counted as the slowest (candidate"
+            f" {failed['candidate']}, incumbent {failed['incumbent']}) and both roles censored"
+            f" at the {timeout_s:g} s shadow timeout; "
+            + ("block" if blocks is not None else "pair")
+            + " bootstrap"
+        )
+        for q in QUANTILES:
+            out.append(
+                _measurement(
+                    f"latency.{metric}.{q}.ratio_with_failures",
+                    comp.ratios[q],
+                    "ratio",
+                    detail,
+                    level=config.level,
+                )
+            )
+        table.append(
+            {
+                "metric": metric,
+                "failed": failed,
+                "timeout_s": timeout_s,
+                "ratio": {q: comp.ratios[q].to_dict() for q in QUANTILES},
+            }
+        )
+    return out, table
+
+
 def _blocks(
     hours: Sequence[datetime], mask: npt.NDArray[np.bool_], config: BootstrapConfig
 ) -> Blocks | None:
@@ -383,6 +484,8 @@ def analyze_latency(
     config: BootstrapConfig = DEFAULT_BOOTSTRAP,
     now: datetime | None = None,
     refresh: bool = True,
+    shadow_timeout_s: float = 120.0,
+    parity: ParityConfig = DEFAULT_PARITY,
 ) -> LatencySection:
     """The latency section of ``deployment`` over ``window`` (see the module docstring).
 
@@ -526,6 +629,10 @@ def analyze_latency(
             }
         )
 
+    # failures counted as slowest, both roles censored at the shadow timeout
+    censored, censored_table = _with_failures(cols, keep_pairs, hours, config, shadow_timeout_s)
+    measurements += censored
+
     # goodput: every sampled pair outside warm-up, failed requests are not good
     report("latency: goodput", 0.95)
     good = {}
@@ -631,6 +738,7 @@ def analyze_latency(
         "by_output_length": _bucket_table(sketches, "output"),
         "goodput": goodput,
         "cold_start": cold,
+        "with_failures": censored_table,
     }
     notes = [
         "Only status = ok exchanges count for latency; quantiles per role come from hourly"
@@ -645,6 +753,14 @@ def analyze_latency(
             f" ({excluded['incumbent']} incumbent and {excluded['candidate']} candidate"
             " exchanges); see cold_start."
         )
+    load = load_parity(engine, deployment, (lo, hi))
+    load["curve"] = _concurrency_curve(cols, keep_pairs & status_ok, config)
+    reason = parity_reason(load, parity)
+    load["inconclusive"] = reason or None
+    tables["load_parity"] = load
+    if reason:
+        measurements = [replace(m, inconclusive=reason) for m in measurements]
+        notes.append("Latency criteria are INCONCLUSIVE: " + reason + ".")
     report("latency: done", 1.0)
     return LatencySection(
         deployment=deployment,

@@ -124,6 +124,8 @@ def judge(criterion: Criterion, m: Measurement | None) -> CriterionResult:
         return result(
             Outcome.INCONCLUSIVE, f"no analysis produced {c.key}: nothing to judge {c.text} on"
         )
+    if m.inconclusive:
+        return result(Outcome.INCONCLUSIVE, m.inconclusive)
     no_events = m.value is None and (m.n == 0 or m.interval is None or m.interval.low == 0)
     if c.pass_if_zero and (m.value == 0 or no_events):
         seen = "no events on either engine" if m.value is None else "none on the candidate"

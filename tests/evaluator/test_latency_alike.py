@@ -1,0 +1,102 @@
+"""Both engines measured alike, through a store (SQLite and PostgreSQL): failures counted as
+the slowest, load parity (INCONCLUSIVE when the candidate ran at another concurrency), the
+latency-vs-concurrency curve, and block intervals once the window holds enough hours."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+
+from latency_factories import T0, pairs
+from sqlalchemy import Engine
+
+from evaluator.latency import LatencySection, analyze_latency
+from evaluator.policy import Criterion
+from evaluator.results import Measurement
+from evaluator.stats import BootstrapConfig
+from evaluator.verdict import Outcome, judge
+from shadow_ab.records import ExchangeRecord
+from storage.partitions import ensure_partitions
+from storage.write import write_exchanges
+
+FAST = BootstrapConfig(n_resamples=199, pooled_resamples=49)
+NOW = T0 + timedelta(days=3)
+
+
+def _write(engine: Engine, records: list[ExchangeRecord]) -> None:
+    if engine.dialect.name == "postgresql":
+        ensure_partitions(engine, T0, days_ahead=3)
+    write_exchanges(engine, records)
+
+
+def _with(r: ExchangeRecord, **fields: object) -> ExchangeRecord:
+    return ExchangeRecord.model_validate({**r.model_dump(), **fields})
+
+
+def _m(section: LatencySection, key: str) -> Measurement:
+    return next(m for m in section.measurements() if m.key == key)
+
+
+def test_a_candidate_that_times_out_on_its_slowest_does_not_look_faster(store: Engine) -> None:
+    records = pairs(1200, step=timedelta(seconds=6))
+    inc_e2e = sorted(r.e2e_s or 0.0 for r in records if r.role == "incumbent")
+    slow = inc_e2e[int(0.9 * len(inc_e2e))]
+    out = []
+    for r in records:
+        if r.role == "candidate" and (r.e2e_s or 0.0) >= slow * 0.98:
+            # the candidate fails on the slowest tenth: only its fast answers are "ok"
+            r = _with(r, status="timeout", e2e_s=None, ttft_s=None, tpot_s=None, itl_s=[])
+        out.append(r)
+    _write(store, out)
+    window = (T0, T0 + timedelta(hours=2))
+    section = analyze_latency(store, "dep-lat", window, config=FAST, now=NOW)
+    ok_only = _m(section, "latency.e2e.p95.ratio")
+    with_failures = _m(section, "latency.e2e.p95.ratio_with_failures")
+    assert ok_only.value is not None and with_failures.value is not None
+    assert with_failures.interval is not None and with_failures.interval.low > 1.5
+    assert with_failures.value > ok_only.value
+    table = section.to_dict()["with_failures"]
+    assert table[0]["failed"]["candidate"] > 50 and table[0]["failed"]["incumbent"] == 0
+
+
+def test_candidate_at_a_tenth_of_the_concurrency_makes_latency_inconclusive(store: Engine) -> None:
+    records = [
+        _with(r, inflight_candidate=max(0, (r.inflight_incumbent or 0) // 10))
+        for r in pairs(600, step=timedelta(seconds=12), cand_ttft=0.7)
+    ]
+    _write(store, records)
+    section = analyze_latency(store, "dep-lat", (T0, T0 + timedelta(hours=2)), config=FAST, now=NOW)
+    parity = section.to_dict()["load_parity"]
+    assert parity["inflight_ratio"] is not None and parity["inflight_ratio"] < 0.2
+    assert parity["shadow_share"] == 1.0 and parity["guard_states"]
+    assert sum(b["pairs"] for b in parity["by_load"]) == 600
+    m = _m(section, "latency.ttft.p95.ratio")
+    assert "different concurrency" in m.inconclusive
+    # the candidate is 30 % faster, but that was at a tenth of the load: not a verdict
+    result = judge(Criterion("latency.ttft.p95.ratio", "<=", 1.10), m)
+    assert result.outcome is Outcome.INCONCLUSIVE and "concurrency" in result.reason
+    assert json.loads(json.dumps(section.to_dict()))["load_parity"]["inconclusive"]
+
+
+def test_same_concurrency_is_judged_and_the_curve_has_intervals(store: Engine) -> None:
+    _write(store, pairs(1200, step=timedelta(seconds=6), cand_ttft=0.8))
+    section = analyze_latency(store, "dep-lat", (T0, T0 + timedelta(hours=2)), config=FAST, now=NOW)
+    m = _m(section, "latency.ttft.p95.ratio")
+    assert not m.inconclusive
+    assert judge(Criterion("latency.ttft.p95.ratio", "<=", 1.10), m).outcome is Outcome.PASS
+    curve = section.to_dict()["load_parity"]["curve"]
+    ttft = [row for row in curve if row["metric"] == "ttft"]
+    assert len(ttft) >= 3
+    for row in ttft:
+        r = row["ratio"]["p95"]
+        assert r["low"] <= 0.8 <= r["high"] or abs(r["value"] - 0.8) < 0.05, row
+
+
+def test_a_day_of_pairs_gets_block_intervals(store: Engine) -> None:
+    _write(store, pairs(1440, step=timedelta(seconds=60)))
+    section = analyze_latency(store, "dep-lat", (T0, T0 + timedelta(days=1)), config=FAST, now=NOW)
+    method = section.to_dict()["method"]["bootstrap"]
+    assert method["unit"] == "blocks" and "two-stage block bootstrap" in method["resampled"]
+    assert "24 hour(s)" in method["resampled"]
+    m = _m(section, "latency.ttft.p95.ratio")
+    assert m.interval is not None and m.interval.contains(1.0)
