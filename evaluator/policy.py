@@ -5,19 +5,26 @@ be on, plus how much data a verdict needs::
 
     name: default
     min_pairs: 1000          # fewer paired requests in the window -> INCONCLUSIVE
-    min_days: 1              # a shorter window -> INCONCLUSIVE
+    min_days: 1              # a shorter window -> INCONCLUSIVE (a criterion beyond -> ALERT)
+    horizon_days: 30         # the planned review: one look a day for this long
+    false_nogo: 0.05         # at most this chance of a NO-GO for identical engines, all looks
+    spending: obrien-fleming # how each look's level is set (or pocock; evaluator/sequential.py)
+    alert_level: 0.95        # a criterion beyond its threshold at this level -> ALERT (shown)
     criteria:
       - latency.ttft.p95.ratio <= 1.10                     # shorthand: KEY OP THRESHOLD
       - key: incidents.crash.rate_ratio                    # or a mapping, with options
         op: "<="
         threshold: 2
-        pass_if_zero: true   # no events on either engine (or none on the candidate) -> PASS
+        pass_if_zero: true   # none on the candidate -> PASS, if its rate's exact upper
+        zero_budget: 0.25    #   bound is within this budget (events per day; errors: per exchange)
         min_n: 0             # fewer samples behind the measurement -> INCONCLUSIVE
         why: crashes must not double
 
 Keys are those of :mod:`evaluator.results` (``latency.<metric>.<q>.ratio``, ...). ``op`` is
 ``<=`` (the figure must stay at or below the threshold) or ``>=``. The shipped default policy is
-``evaluator/policies/default.yaml`` (:func:`default_policy`).
+``evaluator/policies/default.yaml`` (:func:`default_policy`). The plan (``horizon_days``,
+``false_nogo``, ``spending``) sets the level of every interval at each look
+(:meth:`Policy.look`, :mod:`evaluator.sequential`).
 
 Errors: :class:`~evaluator.errors.PolicyError` (an :class:`~evaluator.errors.EvaluatorError`):
 the file is missing, not YAML, or a criterion is malformed; the message names the criterion and
@@ -29,7 +36,7 @@ from __future__ import annotations
 import difflib
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
@@ -37,6 +44,7 @@ from typing import Any, Literal
 import yaml
 
 from evaluator.errors import PolicyError
+from evaluator.sequential import SPENDINGS, Look, look_at
 
 Op = Literal["<=", ">="]
 
@@ -51,6 +59,8 @@ KEY_PATTERNS: tuple[str, ...] = (
     rf"incidents\.{_KIND}\.(rate_ratio|candidate_count)",
     r"incidents\.leak\.candidate_mb_per_hour",
     r"incidents\.leak\.excess_mb_per_hour",
+    rf"incidents\.{_KIND}\.candidate_rate",
+    r"errors\.candidate_rate",
     r"divergence\.(candidate_rate|noise_rate|excess_rate)",
     r"divergence\.edit_similarity\.mean",
     r"divergence\.(finish_mismatch|json_invalid)\.excess",
@@ -96,9 +106,14 @@ class Criterion:
     min_n: int = 0
     """Fewer samples behind the measurement (its ``n``) -> INCONCLUSIVE."""
     pass_if_zero: bool = False
-    """For sparse events (errors, incidents): PASS when none were seen (the measurement's value
-    is 0, or it has no value because neither engine had any event)."""
+    """For sparse events (errors, incidents): PASS when none were seen on the candidate (the
+    value is 0, or no value because neither engine had any event) and ``zero_budget`` holds."""
     why: str = ""
+    zero_budget: float | None = None
+    """With ``pass_if_zero``: the most candidate events the policy accepts, per day for
+    incidents, per exchange sent for errors; zero events pass only when the exact upper bound
+    of the candidate's rate (``<...>.candidate_rate``) is within it: zero events in two days
+    is not evidence."""
 
     @property
     def text(self) -> str:
@@ -117,7 +132,17 @@ class Criterion:
             "pass_if_zero": self.pass_if_zero,
             "why": self.why,
             "text": self.text,
+            "zero_budget": self.zero_budget,
         }
+
+    @property
+    def rate_key(self) -> str | None:
+        """The candidate's own rate behind a rate ratio (``zero_budget`` is judged on it)."""
+        if self.key == "errors.rate_ratio":
+            return "errors.candidate_rate"
+        if self.key.startswith("incidents.") and self.key.endswith(".rate_ratio"):
+            return self.key.removesuffix("rate_ratio") + "candidate_rate"
+        return None
 
 
 @dataclass(frozen=True)
@@ -133,19 +158,42 @@ class Policy:
     """Where the policy came from (a path, ``<default>`` or ``<dict>``)."""
     notes: tuple[str, ...] = field(default=())
     """Changes made after loading (e.g. the demo waiving ``min_days``), shown in the report."""
+    horizon_days: float = 30.0
+    """The planned review: one look a day for this many days (:mod:`evaluator.sequential`)."""
+    false_nogo: float = 0.05
+    """The family-wise chance of a NO-GO for identical engines at some look of the plan."""
+    spending: str = "obrien-fleming"
+    """How each look's share of ``false_nogo`` is set: ``obrien-fleming`` or ``pocock``."""
+    alert_level: float = 0.95
+    """A criterion whose interval at this level is beyond its threshold, without the plan's
+    boundary crossed (or before ``min_days``), is an ALERT: shown, not a NO-GO."""
 
     def with_minimums(
-        self, *, min_pairs: int | None = None, min_days: float | None = None, note: str = ""
+        self,
+        *,
+        min_pairs: int | None = None,
+        min_days: float | None = None,
+        note: str = "",
+        horizon_days: float | None = None,
     ) -> Policy:
-        """A copy with other data minimums; ``note`` says why (the report shows it)."""
-        return Policy(
-            name=self.name,
-            criteria=self.criteria,
+        """A copy with other data minimums (and horizon); ``note`` says why (the report shows
+        it)."""
+        return replace(
+            self,
             min_pairs=self.min_pairs if min_pairs is None else min_pairs,
             min_days=self.min_days if min_days is None else min_days,
-            description=self.description,
-            source=self.source,
+            horizon_days=self.horizon_days if horizon_days is None else horizon_days,
             notes=(*self.notes, note) if note else self.notes,
+        )
+
+    def look(self, days: float) -> Look:
+        """The look a window of ``days`` is within the plan, with its intervals' level."""
+        return look_at(
+            days,
+            horizon_days=self.horizon_days,
+            false_nogo=self.false_nogo,
+            criteria=len(self.criteria),
+            spending=self.spending,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -157,6 +205,10 @@ class Policy:
             "min_days": self.min_days,
             "criteria": [c.to_dict() for c in self.criteria],
             "notes": list(self.notes),
+            "horizon_days": self.horizon_days,
+            "false_nogo": self.false_nogo,
+            "spending": self.spending,
+            "alert_level": self.alert_level,
         }
 
 
@@ -216,7 +268,7 @@ def parse_criterion(raw: Any, where: str) -> Criterion:
             f"{where}: a criterion is a string 'KEY OP THRESHOLD' or a mapping with key, op and"
             f" threshold, got {type(raw).__name__}"
         )
-    allowed = {"key", "op", "threshold", "min_n", "pass_if_zero", "why", "text"}  # text: to_dict's
+    allowed = {"key", "op", "threshold", "min_n", "pass_if_zero", "why", "text", "zero_budget"}
     extra = sorted(set(raw) - allowed)
     if extra:
         raise PolicyError(
@@ -239,6 +291,20 @@ def parse_criterion(raw: Any, where: str) -> Criterion:
     why = raw.get("why", "")
     if not isinstance(why, str):
         raise PolicyError(f"{where}: why must be text, got {why!r}")
+    budget = raw.get("zero_budget")
+    if budget is not None:
+        budget = _number(budget, "zero_budget", where)
+        if budget <= 0:
+            raise PolicyError(f"{where}: zero_budget must be > 0, got {raw['zero_budget']!r}")
+    key_ = str(key)
+    rated = key_ == "errors.rate_ratio" or (
+        key_.startswith("incidents.") and key_.endswith(".rate_ratio")
+    )
+    if budget is not None and not rated:
+        raise PolicyError(
+            f"{where}: zero_budget applies to errors.rate_ratio and incidents.<kind>.rate_ratio"
+            f" with pass_if_zero, not to {key_}"
+        )
     return Criterion(
         key=key,
         op=_op(raw["op"], where),
@@ -246,7 +312,32 @@ def parse_criterion(raw: Any, where: str) -> Criterion:
         min_n=min_n,
         pass_if_zero=pass_if_zero,
         why=why,
+        zero_budget=budget,
     )
+
+
+def _plan(raw: dict[str, Any], source: str) -> dict[str, Any]:
+    """The plan's fields (horizon, family-wise false NO-GO, spending, alert level), checked."""
+    horizon = _number(raw.get("horizon_days", 30.0), "horizon_days", source)
+    if horizon <= 0:
+        raise PolicyError(f"{source}: horizon_days must be > 0 (the planned days of looks)")
+    false_nogo = _number(raw.get("false_nogo", 0.05), "false_nogo", source)
+    if not 0 < false_nogo < 0.5:
+        raise PolicyError(f"{source}: false_nogo must be between 0 and 0.5, e.g. 0.05")
+    spending = raw.get("spending", "obrien-fleming")
+    if spending not in SPENDINGS:
+        raise PolicyError(
+            f"{source}: spending must be one of {', '.join(SPENDINGS)}, got {spending!r}"
+        )
+    alert = _number(raw.get("alert_level", 0.95), "alert_level", source)
+    if not 0.5 <= alert < 1:
+        raise PolicyError(f"{source}: alert_level must be in [0.5, 1), e.g. 0.95")
+    return {
+        "horizon_days": horizon,
+        "false_nogo": false_nogo,
+        "spending": str(spending),
+        "alert_level": alert,
+    }
 
 
 def parse_policy(raw: Any, source: str = "<dict>") -> Policy:
@@ -258,6 +349,7 @@ def parse_policy(raw: Any, source: str = "<dict>") -> Policy:
         )
     # source and notes: what Policy.to_dict() adds (a policy stored with a deployment).
     allowed = {"name", "description", "min_pairs", "min_days", "criteria", "source", "notes"}
+    allowed |= {"horizon_days", "false_nogo", "spending", "alert_level"}
     extra = sorted(set(raw) - allowed)
     if extra:
         raise PolicyError(
@@ -296,6 +388,7 @@ def parse_policy(raw: Any, source: str = "<dict>") -> Policy:
         description=description,
         source=source,
         notes=tuple(notes),
+        **_plan(raw, source),
     )
 
 

@@ -28,7 +28,7 @@ from typing import Any, Literal
 
 from scipy import stats
 
-from evaluator.results import Interval
+from evaluator.results import Interval, Measurement
 from shadow_ab.timestamps import as_utc
 
 By = Literal["day", "week"]
@@ -287,3 +287,26 @@ def observed_intervals(times: Iterable[float], max_gap_s: float) -> list[tuple[f
 def overlap_s(intervals: Iterable[tuple[float, float]], start: float, end: float) -> float:
     """Seconds of ``intervals`` inside ``[start, end)``."""
     return sum(max(0.0, min(b, end) - max(a, start)) for a, b in intervals)
+
+
+def poisson_rate_interval(x: int, t: float, level: float = 0.95) -> Interval:
+    """Exact (Garwood) interval of the rate of ``x`` Poisson events over exposure ``t``: the
+    chi-square quantiles ``chi2(a/2, 2x) / 2t .. chi2(1 - a/2, 2x + 2) / 2t``. With no event
+    the upper bound is ``-ln(a/2) / t``: zero events over a short exposure bound nothing."""
+    _check(x, t, "x")
+    a = 1.0 - level
+    low = 0.0 if x == 0 else float(stats.chi2.ppf(a / 2.0, 2 * x)) / (2.0 * t)
+    high = float(stats.chi2.isf(a / 2.0, 2 * x + 2)) / (2.0 * t)
+    return Interval(low, high, level)
+
+
+def rate_measurement(
+    key: str, x: int, t: float, level: float, unit: str, detail: str
+) -> Measurement:
+    """A rate ``x / t`` with its exact interval (:func:`poisson_rate_interval`), as a
+    measurement; no value when nothing was observed (``t`` 0)."""
+    if t <= 0:
+        return Measurement(key, None, None, x, unit, detail + " (nothing observed)")
+    return Measurement(
+        key, x / t, poisson_rate_interval(x, t, level), x, unit, f"{x} events; {detail}"
+    )

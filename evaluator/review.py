@@ -72,6 +72,10 @@ class Analyses:
     """``(engine, deployment, window, warmup=..., progress=...) -> LatencySection``."""
     divergence: Callable[..., Section]
     """``(engine, deployment, window, progress=...) -> DivergenceSection``."""
+    at_level: Callable[[float], Analyses] | None = None
+    """The same analyses computing every interval at a given confidence level (the look's,
+    :meth:`evaluator.policy.Policy.look`); None: they keep their own level, and the verdict
+    widens intervals below the look's level by normal approximation."""
 
 
 def default_analyses(
@@ -80,15 +84,26 @@ def default_analyses(
     divergence_config: Any = None,
     slo: Any = None,
     warmup_s: float = 60.0,
+    level: float | None = None,
+    bootstrap_config: Any = None,
 ) -> Analyses:
-    """The real analyses, with optional configurations (defaults: each analysis' own)."""
-    from evaluator.divergence import analyze_divergence
+    """The real analyses, with optional configurations (defaults: each analysis' own);
+    ``level``: the confidence level of every interval, set in each configuration."""
+    from dataclasses import replace
+
+    from evaluator.divergence import DivergenceConfig, analyze_divergence
     from evaluator.incidents.analysis import detect_incidents, incident_section
     from evaluator.incidents.load import load_detection_input
     from evaluator.incidents.model import IncidentConfig
     from evaluator.incidents.restarts import warmup_windows
     from evaluator.incidents.store import store_incidents
     from evaluator.latency import analyze_latency
+    from evaluator.stats import BootstrapConfig
+
+    if level is not None:
+        incident_config = replace(incident_config or IncidentConfig(), level=level)
+        divergence_config = replace(divergence_config or DivergenceConfig(), level=level)
+        bootstrap_config = replace(bootstrap_config or BootstrapConfig(), level=level)
 
     def incidents(
         engine: Engine, deployment: str, window: Window, progress: Progress | None = None
@@ -120,6 +135,8 @@ def default_analyses(
     def latency(engine: Engine, deployment: str, window: Window, **kw: Any) -> Section:
         if slo is not None:
             kw["slo"] = slo
+        if bootstrap_config is not None:
+            kw["config"] = bootstrap_config
         return analyze_latency(engine, deployment, window, **kw)
 
     def divergence(engine: Engine, deployment: str, window: Window, **kw: Any) -> Section:
@@ -128,7 +145,23 @@ def default_analyses(
         section: Section = analyze_divergence(engine, deployment, window, **kw)
         return section
 
-    return Analyses(incidents=incidents, warmup=warmup, latency=latency, divergence=divergence)
+    def at_level(new_level: float) -> Analyses:
+        return default_analyses(
+            incident_config=incident_config,
+            divergence_config=divergence_config,
+            slo=slo,
+            warmup_s=warmup_s,
+            level=new_level,
+            bootstrap_config=bootstrap_config,
+        )
+
+    return Analyses(
+        incidents=incidents,
+        warmup=warmup,
+        latency=latency,
+        divergence=divergence,
+        at_level=at_level,
+    )
 
 
 @dataclass
@@ -388,6 +421,11 @@ def build_review(
             " recording (SELECT min(sent_at), max(sent_at) FROM exchanges)"
         )
     run = analyses or default_analyses()
+    # The look within the policy's plan fixes the level of every interval (the sequential
+    # decision: evaluator/sequential.py); the analyses compute theirs at it.
+    look = policy.look(float(data["days"]))
+    if run.at_level is not None:
+        run = run.at_level(look.level)
     incidents = stages.run(
         "incidents",
         lambda: run.incidents(engine, deployment, window, progress=stages.sub("incidents")),

@@ -1,6 +1,13 @@
 """The verdict: each policy criterion judged on its measurement's interval, then GO / NO-GO /
 INCONCLUSIVE overall, each with the statistic, its interval and a reason sentence.
 
+The review is looked at every day of a planned horizon, so each look is judged at the level
+the policy's plan gives it (:meth:`Policy.look`, :mod:`evaluator.sequential`): the analyses
+compute their intervals at that level, and a look's interval beyond the threshold is the
+sequential boundary crossed. An interval handed in at a lower level than the look's is widened
+to it first (normal approximation about the estimate, on the log scale for ratios), and the
+reason says so.
+
 Per criterion (``op`` ``<=``; ``>=`` mirrors it):
 
 - **PASS** when the whole interval is on the good side (``high <= threshold``);
@@ -10,24 +17,34 @@ Per criterion (``op`` ``<=``; ``>=`` mirrors it):
   came without an interval (a point estimate alone never decides: that is how sparse error
   counts fool a judge). Observed counts (unit ``count``) are exact and judged on their value.
 
-Sparse events: a criterion with ``pass_if_zero`` PASSes when nothing was seen (the value is 0,
-or the ratio has no value because neither engine had an event: ``n`` 0, or the exact interval
-of 0 vs 0 events, ``0 .. inf``).
+- **ALERT** (shown, never a NO-GO) when the interval is beyond the threshold but the window
+  is shorter than the policy's ``min_days``, or when it is beyond only at the policy's
+  ``alert_level`` (95 %), not at the look's level: an early warning, not yet evidence.
 
-Overall: **NO-GO** if any criterion FAILs; else **INCONCLUSIVE** if any is INCONCLUSIVE or the
-window holds fewer pairs or days than the policy asks; else **GO**. Pure functions, no I/O.
+Sparse events: a criterion with ``pass_if_zero`` PASSes when nothing was seen on the
+candidate (the value is 0, or the ratio has no value because neither engine had an event)
+*and* the exact upper bound of the candidate's own rate (``<...>.candidate_rate``, at the
+look's level) is within the criterion's ``zero_budget``: zero crashes in two days bound
+nothing. Without a budget, zero events do not pass on their own.
+
+Overall: **NO-GO** if any criterion FAILs (the boundary crossed, at least ``min_days`` of
+data); else **INCONCLUSIVE** if any is INCONCLUSIVE or ALERT or the window holds fewer pairs or
+days than the policy asks; else **GO**: every criterion's interval at the look's level -- a
+repeated confidence interval, valid at every look of the plan at once -- wholly on the good
+side. Pure functions, no I/O.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
 
 from evaluator.policy import Criterion, Policy
-from evaluator.results import Measurement
+from evaluator.results import Interval, Measurement
+from evaluator.sequential import Look, level_text, z_of
 
 EXACT_UNITS = frozenset({"count", "p-value"})
 """Units of figures that are observed, not estimated: judged on their value alone."""
@@ -37,6 +54,7 @@ class Outcome(StrEnum):
     PASS = "PASS"
     FAIL = "FAIL"
     INCONCLUSIVE = "INCONCLUSIVE"
+    ALERT = "ALERT"
 
 
 class Decision(StrEnum):
@@ -71,6 +89,8 @@ class Verdict:
     results: tuple[CriterionResult, ...]
     data_checks: tuple[CriterionResult, ...]
     reason: str
+    look: Look | None = None
+    """The look within the policy's plan, and the level the intervals were judged at."""
 
     def counts(self) -> dict[str, int]:
         out = {str(o): 0 for o in Outcome}
@@ -85,6 +105,7 @@ class Verdict:
             "counts": self.counts(),
             "criteria": [r.to_dict() for r in self.results],
             "data_checks": [r.to_dict() for r in self.data_checks],
+            "look": None if self.look is None else self.look.to_dict(),
         }
 
 
@@ -104,7 +125,7 @@ def fmt(value: float | None, unit: str = "") -> str:
 def _interval_text(m: Measurement) -> str:
     if m.interval is None:
         return ""
-    level = f"{m.interval.level * 100:.0f} % "
+    level = f"{level_text(m.interval.level)} "
     return f"{level}interval {fmt(m.interval.low, m.unit)} .. {fmt(m.interval.high, m.unit)}"
 
 
@@ -112,13 +133,77 @@ def _finite(x: float) -> bool:
     return not math.isnan(x)
 
 
-def judge(criterion: Criterion, m: Measurement | None) -> CriterionResult:
-    """One criterion on its measurement (None when no analysis produced the key)."""
+def at_level(m: Measurement, level: float) -> Measurement:
+    """``m`` with its interval restated at ``level`` by a normal approximation about its value:
+    each side's distance scaled by ``z(level) / z(its level)``, on the log scale when the value
+    and both bounds are positive and finite (ratios, rates). Unchanged without an interval or
+    a value, or already at ``level``."""
+    iv = m.interval
+    if iv is None or m.value is None or abs(iv.level - level) < 1e-12:
+        return m
+    v = float(m.value)
+    if math.isnan(v) or math.isnan(iv.low) or math.isnan(iv.high) or not 0 < iv.level < 1:
+        return m
+    k = z_of(level) / z_of(iv.level)
+    if v > 0 and iv.low > 0 and math.isfinite(iv.high):
+        lv = math.log(v)
+        low = math.exp(lv - max(0.0, lv - math.log(iv.low)) * k)
+        high = math.exp(lv + max(0.0, math.log(iv.high) - lv) * k)
+    else:
+        low = v - max(0.0, v - iv.low) * k if math.isfinite(iv.low) else iv.low
+        high = v + max(0.0, iv.high - v) * k if math.isfinite(iv.high) else iv.high
+    return replace(m, interval=Interval(low, high, level))
+
+
+def _widened(m: Measurement | None, look: Look | None) -> tuple[Measurement | None, str]:
+    """``m`` at the look's level when it came at a lower one, and a note saying so."""
+    if m is None or m.interval is None or look is None or m.interval.level >= look.level - 1e-12:
+        return m, ""
+    note = (
+        f" (its {m.interval.level * 100:.3g} % interval widened to the look's level by"
+        " normal approximation)"
+    )
+    return at_level(m, look.level), note
+
+
+def _zero_budget(
+    c: Criterion, m: Measurement, look: Look | None, rates: dict[str, Measurement]
+) -> tuple[bool, str]:
+    """Whether zero candidate events pass: the exact upper bound of the candidate's rate
+    within the criterion's ``zero_budget``; the sentence either way."""
+    if c.zero_budget is None:
+        return False, "no zero_budget: zero events alone do not pass"
+    rate, _ = _widened(rates.get(c.rate_key or ""), look)
+    if rate is None or rate.interval is None:
+        return False, f"no {c.rate_key} to hold against the zero_budget {c.zero_budget:g}"
+    bound = fmt(rate.interval.high)
+    level = f"{rate.interval.level * 100:.3g} %"
+    if rate.interval.high <= c.zero_budget:
+        return True, (
+            f"none on the candidate, and its rate's exact {level} upper bound {bound}"
+            f" {rate.unit} is within the budget {c.zero_budget:g}"
+        )
+    return False, (
+        f"none on the candidate yet, but its rate's exact {level} upper bound {bound}"
+        f" {rate.unit} is above the budget {c.zero_budget:g}: too little exposure to pass on"
+        " zero"
+    )
+
+
+def judge(
+    criterion: Criterion,
+    m: Measurement | None,
+    look: Look | None = None,
+    rates: dict[str, Measurement] | None = None,
+) -> CriterionResult:
+    """One criterion on its measurement (None when no analysis produced the key), at the
+    ``look``'s level when given; ``rates``: the measurements by key (for ``zero_budget``)."""
     c = criterion
     thr = fmt(c.threshold, m.unit if m else "")
+    widened = ""
 
     def result(outcome: Outcome, reason: str) -> CriterionResult:
-        return CriterionResult(c, outcome, m, reason)
+        return CriterionResult(c, outcome, m, reason + widened)
 
     if m is None:
         return result(
@@ -126,12 +211,19 @@ def judge(criterion: Criterion, m: Measurement | None) -> CriterionResult:
         )
     if m.inconclusive:
         return result(Outcome.INCONCLUSIVE, m.inconclusive)
+    m, widened = _widened(m, look)
+    assert m is not None
+    zero_note = ""
     no_events = m.value is None and (m.n == 0 or m.interval is None or m.interval.low == 0)
     if c.pass_if_zero and (m.value == 0 or no_events):
-        seen = "no events on either engine" if m.value is None else "none on the candidate"
-        return result(Outcome.PASS, f"{seen} in the window ({m.detail or m.key})".rstrip())
+        passes, zero_note = _zero_budget(c, m, look, rates or {})
+        if passes:
+            return result(Outcome.PASS, f"{zero_note} ({m.detail or m.key})".rstrip())
+        zero_note = f"; {zero_note}"
     if m.value is None or (isinstance(m.value, float) and math.isnan(m.value)):
-        return result(Outcome.INCONCLUSIVE, f"no value for {c.key} (n = {m.n}): too little data")
+        return result(
+            Outcome.INCONCLUSIVE, f"no value for {c.key} (n = {m.n}): too little data{zero_note}"
+        )
     if m.n < c.min_n:
         return result(
             Outcome.INCONCLUSIVE,
@@ -163,7 +255,46 @@ def judge(criterion: Criterion, m: Measurement | None) -> CriterionResult:
             return result(Outcome.FAIL, f"{value}, whole {span} below {thr}")
     return result(
         Outcome.INCONCLUSIVE,
-        f"{value}, but the {span} straddles {thr}: more data needed to decide",
+        f"{value}, but the {span} straddles {thr}: more data needed to decide{zero_note}",
+    )
+
+
+def _beyond(c: Criterion, m: Measurement | None) -> bool:
+    """Whether ``m``'s interval lies wholly beyond ``c``'s threshold."""
+    if m is None or m.interval is None:
+        return False
+    low, high = m.interval.low, m.interval.high
+    if not (_finite(low) and _finite(high)):
+        return False
+    return low > c.threshold if c.op == "<=" else high < c.threshold
+
+
+def _alert(r: CriterionResult, policy: Policy, days: float) -> CriterionResult:
+    """A FAIL before ``min_days``, or an undecided criterion beyond its threshold at the
+    policy's ``alert_level``, as an ALERT (shown, not a NO-GO)."""
+    if r.outcome is Outcome.FAIL and days < policy.min_days:
+        return replace(
+            r,
+            outcome=Outcome.ALERT,
+            reason=(
+                f"{r.reason}; only {days:.3g} of the policy's {policy.min_days:g} minimum days:"
+                " an ALERT, not a NO-GO"
+            ),
+        )
+    m = r.measurement
+    if r.outcome is not Outcome.INCONCLUSIVE or m is None or m.interval is None:
+        return r
+    early = at_level(m, policy.alert_level)
+    if not _beyond(r.criterion, early):
+        return r
+    return replace(
+        r,
+        outcome=Outcome.ALERT,
+        reason=(
+            f"{r.reason}; beyond {fmt(r.criterion.threshold, m.unit)} at the alert level"
+            f" ({_interval_text(early)}), not across the sequential boundary: an ALERT,"
+            " not a NO-GO"
+        ),
     )
 
 
@@ -184,32 +315,53 @@ def _data_check(
 
 
 def decide(policy: Policy, measurements: Iterable[Measurement]) -> Verdict:
-    """Judge every criterion of ``policy`` and decide GO / NO-GO / INCONCLUSIVE."""
+    """Judge every criterion of ``policy`` at this look's level (from ``data.days``) and decide
+    GO / NO-GO / INCONCLUSIVE."""
     by_key: dict[str, Measurement] = {}
     for m in measurements:
         by_key.setdefault(m.key, m)
-    results = tuple(judge(c, by_key.get(c.key)) for c in policy.criteria)
+    days_m = by_key.get("data.days")
+    days = float(days_m.value) if days_m is not None and days_m.value is not None else 0.0
+    look = policy.look(days)
+    results = tuple(
+        _alert(judge(c, by_key.get(c.key), look, by_key), policy, days) for c in policy.criteria
+    )
     checks = (
         _data_check("data.pairs", policy.min_pairs, by_key, "pairs"),
         _data_check("data.days", policy.min_days, by_key, "days"),
     )
     failed = [r for r in results if r.outcome is Outcome.FAIL]
-    unsure = [r for r in results if r.outcome is Outcome.INCONCLUSIVE]
+    unsure = [r for r in results if r.outcome in (Outcome.INCONCLUSIVE, Outcome.ALERT)]
+    alerts = [r for r in results if r.outcome is Outcome.ALERT]
     thin = [r for r in checks if r.outcome is not Outcome.PASS]
+    at = f"look {look.look} of {look.looks}, intervals at {level_text(look.level)}"
     if failed:
         names = ", ".join(r.criterion.text for r in failed)
-        decision, reason = Decision.NO_GO, f"{len(failed)} criterion(s) failed: {names}"
+        decision = Decision.NO_GO
+        reason = (
+            f"{len(failed)} criterion(s) failed, the sequential boundary crossed ({at}): {names}"
+        )
     elif unsure or thin:
         parts = []
         if thin:
             parts.append("too little data (" + "; ".join(r.reason for r in thin) + ")")
-        if unsure:
+        if alerts:
             parts.append(
-                f"{len(unsure)} criterion(s) undecided: "
-                + ", ".join(r.criterion.key for r in unsure)
+                f"{len(alerts)} ALERT(s), not NO-GO: " + ", ".join(r.criterion.key for r in alerts)
             )
-        decision, reason = Decision.INCONCLUSIVE, "; ".join(parts)
+        undecided = [r for r in unsure if r.outcome is Outcome.INCONCLUSIVE]
+        if undecided:
+            parts.append(
+                f"{len(undecided)} criterion(s) undecided: "
+                + ", ".join(r.criterion.key for r in undecided)
+            )
+        if look.final and undecided:
+            parts.append("the planned horizon is reached: the data cannot resolve them")
+        decision, reason = Decision.INCONCLUSIVE, "; ".join(parts) + f" ({at})"
     else:
         decision = Decision.GO
-        reason = f"all {len(results)} criteria passed with their whole intervals on the good side"
-    return Verdict(decision, results, checks, reason)
+        reason = (
+            f"all {len(results)} criteria passed with their whole intervals on the good side"
+            f" ({at}: intervals valid at every look of the plan)"
+        )
+    return Verdict(decision, results, checks, reason, look)

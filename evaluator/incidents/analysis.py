@@ -49,6 +49,7 @@ from evaluator.rates import (
     compare_failure_shares,
     compare_poisson_rates,
     overlap_s,
+    rate_measurement,
 )
 from evaluator.results import Interval, Measurement
 
@@ -345,6 +346,35 @@ class IncidentSection:
                     )
                     + ("" if e is None else f", p = {e.p_value:.3g}")
                 ),
+            )
+        )
+        return out + self._candidate_rates()
+
+    def _candidate_rates(self) -> list[Measurement]:
+        """The candidate's own rates with exact intervals (a ``zero_budget`` is judged on
+        them): ``incidents.<kind>.candidate_rate`` per observed day, ``errors.candidate_rate``
+        per exchange sent."""
+        level, days = self.config.level, self.exposure_days.get("candidate", 0.0)
+        out = [
+            rate_measurement(
+                f"incidents.{kind}.candidate_rate",
+                self.count("candidate", kind),
+                days,
+                level,
+                "per day",
+                f"{kind} incidents of the candidate per observed day, exact Poisson interval",
+            )
+            for kind in KINDS
+        ]
+        cand = self.errors.get("candidate", {})
+        out.append(
+            rate_measurement(
+                "errors.candidate_rate",
+                int(cand.get("failed", 0)),
+                float(cand.get("sent", 0)),
+                level,
+                "per exchange",
+                "failed exchanges of the candidate per exchange sent, exact Poisson interval",
             )
         )
         return out

@@ -69,6 +69,16 @@ def render_markdown(body: Mapping[str, Any]) -> str:
         "",
         str(verdict.get("reason", "")),
         "",
+        *(
+            [
+                f"Sequential plan: {verdict['look'].get('text')}. ALERT: beyond the threshold"
+                " before the policy's minimum days, or only at its alert level; shown, never a"
+                " NO-GO.",
+                "",
+            ]
+            if verdict.get("look")
+            else []
+        ),
         "## Deployment",
         "",
         table_md(

@@ -13,6 +13,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from evaluator.sequential import level_text
+
 MAX_ROWS = 400
 """Longer tables are cut (with a note) so a month-long report stays readable."""
 
@@ -48,6 +50,11 @@ def number(value: Any) -> str:
 
 def is_interval(value: Any) -> bool:
     return isinstance(value, Mapping) and {"low", "high"} <= set(value) and len(value) <= 4
+
+
+def level_cell(level: Any) -> str:
+    """A confidence level for people: 95 %, 99.38 %, or 1 - 2.0e-09 when very close to 1."""
+    return level_text(float(level)) if isinstance(level, int | float) else ""
 
 
 def interval_cell(value: Mapping[str, Any]) -> str:
@@ -137,6 +144,7 @@ def criteria_table(verdict: Mapping[str, Any]) -> Table:
                 "criterion": r.get("criterion", {}).get("text"),
                 "value": number(m.get("value")) if m else "",
                 "interval": interval_cell(iv) if iv else "",
+                "level": level_cell(iv.get("level")) if iv else "",
                 "n": m.get("n") if m else "",
                 "reason": r.get("reason"),
             }

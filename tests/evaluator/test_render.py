@@ -71,7 +71,9 @@ def test_html_is_self_contained(html: str) -> None:
 def test_html_shows_the_verdict_and_every_figure(html: str) -> None:
     assert 'class="banner NO-GO"' in html
     assert "divergence.excess_rate" in html  # the failing criterion, with its reason
-    assert "whole 95 % interval" in html
+    # judged at the look's level (day 7 of a 30-day plan), which the page states
+    assert re.search(r"whole 1 - \d\.\de-\d\d interval", html) and "widened" in html
+    assert "Sequential plan: look 7 of 30" in html
     assert html.count("<svg") == 4  # CDFs, weekly p95, incident timeline, divergence histogram
     for title in ("Latency CDFs", "Weekly p95", "Incidents", "Output divergence"):
         assert title in html
@@ -97,7 +99,8 @@ def test_markdown_has_the_same_content(review_body: dict[str, Any]) -> None:
     assert "Verdict: **NO-GO**" in md
     criteria = md[md.index("## Criteria") :]
     rows = [line for line in criteria.splitlines() if line.startswith("| ")]
-    assert rows[0].startswith("| outcome | criterion | value | interval | n | reason |")
+    assert rows[0].startswith("| outcome | criterion | value | interval | level | n | reason |")
+    assert "Sequential plan: look 7 of 30" in md
     assert any(r.startswith("| FAIL | divergence.excess_rate <= 0.02") for r in rows)
     assert "weekly p95 (plotted)" in md and "2026-W46" in md
     assert "incident timeline (plotted)" in md

@@ -77,7 +77,7 @@ def test_review_runs_the_analyses_in_order_and_stores_the_report(sqlite_engine: 
         sqlite_engine,
         DEP,
         WINDOW,
-        default_policy().with_minimums(min_pairs=10, note="test minimums"),
+        default_policy().with_minimums(min_pairs=10, note="test minimums", horizon_days=7),
         lambda stage, f: progress.append((stage, f)),
         analyses=analyses(incidents=incidents, calls=calls),
     )
@@ -175,7 +175,7 @@ def test_three_days_of_data_count_three_days(sqlite_engine: Engine) -> None:
     three_days = (T0, T0 + timedelta(days=3))
     assert data_extent(sqlite_engine, DEP, three_days)["days"] == 3.0
     assert data_extent(sqlite_engine, DEP, resolve_window(sqlite_engine, DEP))["days"] == 3.0
-    policy = default_policy().with_minimums(min_pairs=10, min_days=3.0)
+    policy = default_policy().with_minimums(min_pairs=10, min_days=3.0, horizon_days=3.0)
     review = build_review(sqlite_engine, DEP, three_days, policy, analyses=analyses(), store=False)
     assert review.decision == "GO", review.verdict.reason
     days = next(m for m in review.measurements if m.key == "data.days")

@@ -8,6 +8,7 @@ import pytest
 from scipy import stats
 
 from evaluator.policy import Criterion, Policy, default_policy, parse_policy
+from evaluator.rates import rate_measurement
 from evaluator.results import Interval, Measurement
 from evaluator.verdict import Decision, Outcome, decide, judge
 
@@ -19,7 +20,7 @@ def ratio(value: float | None, low: float, high: float, n: int = 1000) -> Measur
     return Measurement("latency.ttft.p95.ratio", value, Interval(low, high), n, "ratio")
 
 
-def data(pairs: int = 5000, days: float = 7.0) -> list[Measurement]:
+def data(pairs: int = 5000, days: float = 30.0) -> list[Measurement]:
     return [
         Measurement("data.pairs", pairs, None, pairs, "count"),
         Measurement("data.days", days, None, pairs, "days"),
@@ -76,16 +77,33 @@ def test_counts_are_exact() -> None:
     assert judge(c, Measurement(c.key, 1, None, 1, "count")).outcome is Outcome.FAIL
 
 
-def test_pass_if_zero_for_sparse_events() -> None:
-    c = Criterion(key="incidents.crash.rate_ratio", op="<=", threshold=2, pass_if_zero=True)
+def test_pass_if_zero_needs_the_candidates_rate_bounded_within_the_budget() -> None:
+    """Zero events pass only when the exact upper bound of the candidate's rate is within the
+    policy's budget: zero crashes in two days bound nothing (upper bound 1.84/day at 95 %)."""
+    c = Criterion(
+        key="incidents.crash.rate_ratio", op="<=", threshold=2, pass_if_zero=True, zero_budget=0.25
+    )
+
+    def rate(days: float) -> dict[str, Measurement]:
+        m = rate_measurement("incidents.crash.candidate_rate", 0, days, 0.95, "per day", "")
+        return {m.key: m}
+
     none_at_all = Measurement(c.key, None, None, 0, "ratio")
-    assert judge(c, none_at_all).outcome is Outcome.PASS
     zero_vs_zero = Measurement(c.key, None, Interval(0.0, float("inf")), 20000, "ratio")
-    assert judge(c, zero_vs_zero).outcome is Outcome.PASS
     none_on_candidate = Measurement(c.key, 0.0, Interval(0.0, 4.0), 3, "ratio")
-    assert judge(c, none_on_candidate).outcome is Outcome.PASS
-    strict = Criterion(key=c.key, op="<=", threshold=2)
-    assert judge(strict, none_at_all).outcome is Outcome.INCONCLUSIVE
+    for m in (none_at_all, zero_vs_zero, none_on_candidate):
+        short = judge(c, m, rates=rate(2.0))
+        assert short.outcome is Outcome.INCONCLUSIVE, short.reason
+        assert "above the budget 0.25" in short.reason
+        long = judge(c, m, rates=rate(30.0))  # upper bound 3.69 / 30 = 0.123 per day
+        assert long.outcome is Outcome.PASS and "within the budget 0.25" in long.reason
+    # Without a budget, or without the candidate's rate, zero events do not pass on their own.
+    no_budget = Criterion(key=c.key, op="<=", threshold=2, pass_if_zero=True)
+    assert judge(no_budget, none_at_all, rates=rate(30.0)).outcome is Outcome.INCONCLUSIVE
+    assert judge(c, none_at_all).outcome is Outcome.INCONCLUSIVE
+    # At a look's stricter level the bound is wider: 30 days at the first look do not pass.
+    look = default_policy().look(1.0)
+    assert judge(c, none_at_all, look, rate(30.0)).outcome is Outcome.INCONCLUSIVE
 
 
 def test_nan_interval_is_inconclusive() -> None:
@@ -115,7 +133,10 @@ def test_overall_decision() -> None:
     assert unknown.decision is Decision.INCONCLUSIVE
     body = no_go.to_dict()
     assert body["decision"] == "NO-GO" and body["counts"]["FAIL"] == 1
-    assert body["criteria"][1]["measurement"]["interval"]["low"] == 0.05
+    # The 95 % interval handed in was widened to the look's level (day 30 of 30) and judged so.
+    judged = body["criteria"][1]["measurement"]["interval"]
+    assert judged["level"] == pytest.approx(body["look"]["level"]) and judged["level"] > 0.95
+    assert 0.04 < judged["low"] < 0.05 and "widened" in body["criteria"][1]["reason"]
 
 
 def _bootstrap_ratio(
@@ -168,6 +189,11 @@ def synthetic_aa(seed: int, pairs: int = 3000, exchanges: int = 20000) -> list[M
         Measurement("incidents.crash.rate_ratio", c_v, Interval(lo, hi), int(sum(crashes)), "ratio")
     )
     out.append(Measurement("incidents.hang.rate_ratio", None, None, 0, "ratio"))
+    # The candidate's own rates over 30 observed days (``zero_budget`` is judged on them).
+    out.append(
+        rate_measurement("incidents.crash.candidate_rate", int(crashes[1]), 30.0, 0.95, "", "")
+    )
+    out.append(rate_measurement("incidents.hang.candidate_rate", 0, 30.0, 0.95, "", ""))
     out.append(Measurement("incidents.leak.candidate_count", 0, None, 0, "count"))
     out.append(
         Measurement("incidents.leak.excess_mb_per_hour", 0.0, Interval(-5.0, 5.0), 100, "MB/hour")
@@ -183,7 +209,7 @@ def synthetic_aa(seed: int, pairs: int = 3000, exchanges: int = 20000) -> list[M
                 key, p_c - p_r, Interval(p_c - p_r - 2 * se, p_c - p_r + 2 * se), pairs, "share"
             )
         )
-    return out + data(pairs=pairs, days=7)
+    return out + data(pairs=pairs, days=30)
 
 
 def test_aa_runs_are_never_no_go() -> None:
