@@ -457,6 +457,46 @@ def _blocks(
     return blocks if blocks.n_hours >= MIN_HOURS else None
 
 
+def _steady_from_sample(cols: dict[str, list[Any]]) -> dict[str, float]:
+    """Each role's median TTFT over the sampled ok pairs (the "normal" a warm-up ends at)."""
+    out = {}
+    for role in ROLES:
+        ok = np.array([st == "ok" for st in cols[f"{role}_status"]], dtype=bool)
+        v = _floats(cols[f"{role}_ttft_s"])[ok]
+        v = v[np.isfinite(v)]
+        if v.size:
+            out[role] = float(np.median(v))
+    return out
+
+
+def _until_normal(
+    engine: Engine,
+    deployment: str,
+    warmup: Sequence[WarmupWindow],
+    window: tuple[datetime, datetime],
+    steady: dict[str, float],
+) -> list[WarmupWindow]:
+    """Each warm-up window stretched to when latency was measured back to normal: the rolling
+    median of ``COLD_FIRST`` TTFTs within ``NORMAL_FACTOR`` of the role's steady median; a role
+    not back to normal within ``COLD_LOOKAHEAD`` is left out that long. A window is never
+    shortened (the caller's is the least left out)."""
+    out = []
+    for w in warmup:
+        entry = _cold_start(engine, deployment, [w], window, steady)
+        end = w.end
+        if entry:
+            normal = entry[0]["time_to_normal_s"]
+            start = w.start.astimezone(UTC)
+            measured = (
+                start + timedelta(seconds=normal)
+                if normal is not None
+                else start + max(w.end - w.start, COLD_LOOKAHEAD)
+            )
+            end = max(end, measured)
+        out.append(WarmupWindow(w.role, w.start, end))
+    return out
+
+
 def _measurement(
     key: str,
     est: Estimate,
@@ -507,6 +547,9 @@ def analyze_latency(
             progress=(lambda _s, f: report("latency: rollups", 0.5 * f)),
             now=now,
         )
+    sample = load_sample(engine, deployment, (lo, hi), target=config.max_pairs)
+    cols = sample.columns
+    warmup = _until_normal(engine, deployment, warmup, (lo, hi), _steady_from_sample(cols))
     exclude: dict[str, list[tuple[datetime, datetime]]] = {}
     for w in warmup:
         exclude.setdefault(w.role, []).append((w.start.astimezone(UTC), w.end.astimezone(UTC)))
@@ -514,8 +557,6 @@ def analyze_latency(
     sketches = group_sketches(rows)
     report("latency: sketches", 0.6)
 
-    sample = load_sample(engine, deployment, (lo, hi), target=config.max_pairs)
-    cols = sample.columns
     all_spans = merge_intervals(s for spans in exclude.values() for s in spans)
     in_warmup = _in_any(cols["sent_at"], all_spans)
     status_ok = np.array(

@@ -129,8 +129,19 @@ def default_analyses(
         return section
 
     def warmup(section: Section) -> Sequence[Any]:
+        """The ``warmup_s`` after every restart and after each engine's first start (the
+        latency analysis stretches each until latency is measured back to normal)."""
+        from evaluator.incidents.model import utc_at
+        from evaluator.latency import WarmupWindow
+
         findings: Sequence[Any] = getattr(section, "findings", None) or ()
-        return warmup_windows(list(findings), warmup_s)
+        windows = warmup_windows(list(findings), warmup_s)
+        starts: dict[str, list[float]] = getattr(section, "process_starts", None) or {}
+        for role, times in starts.items():
+            for t in times:
+                at = utc_at(t)
+                windows.append(WarmupWindow(role, at, at + timedelta(seconds=warmup_s)))
+        return windows
 
     def latency(engine: Engine, deployment: str, window: Window, **kw: Any) -> Section:
         if slo is not None:

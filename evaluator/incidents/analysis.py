@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from evaluator.incidents.exchanges import (
@@ -275,6 +275,9 @@ class IncidentSection:
     truncated: bool = False
     memory_comparison: MemoryComparison | None = None
     """Growth compared between the engines, levels and peaks per version."""
+    process_starts: dict[str, list[float]] = field(default_factory=dict)
+    """Per role, every process start seen (Unix seconds): the first start and each restart,
+    for the latency's warm-up exclusion."""
 
     def count(self, role: str, kind: str) -> int:
         return sum(1 for f in self.findings if f.role == role and f.kind == kind)
@@ -529,4 +532,8 @@ def incident_section(
         stored_new=stored_new,
         truncated=data.truncated,
         memory_comparison=memory_comparison,
+        process_starts={
+            role: sorted(t for eng, ts in restarts.items() if roles.get(eng) == role for t in ts)
+            for role in ROLES
+        },
     )

@@ -10,7 +10,7 @@ from datetime import timedelta
 from latency_factories import T0, pairs
 from sqlalchemy import Engine
 
-from evaluator.latency import LatencySection, analyze_latency
+from evaluator.latency import LatencySection, WarmupWindow, analyze_latency
 from evaluator.policy import Criterion
 from evaluator.results import Measurement
 from evaluator.stats import BootstrapConfig
@@ -99,4 +99,27 @@ def test_a_day_of_pairs_gets_block_intervals(store: Engine) -> None:
     assert method["unit"] == "blocks" and "two-stage block bootstrap" in method["resampled"]
     assert "24 hour(s)" in method["resampled"]
     m = _m(section, "latency.ttft.p95.ratio")
+    assert m.interval is not None and m.interval.contains(1.0)
+
+
+def test_warm_up_is_left_out_until_latency_is_back_to_normal(store: Engine) -> None:
+    restart = T0 + timedelta(minutes=30)
+    slow_until = restart + timedelta(minutes=5)
+    records = [
+        _with(r, ttft_s=(r.ttft_s or 0.0) * 8)
+        if r.role == "candidate" and restart <= r.sent_at < slow_until
+        else r
+        for r in pairs(1200, step=timedelta(seconds=6))
+    ]
+    _write(store, records)
+    warmup = [WarmupWindow("candidate", restart, restart + timedelta(seconds=60))]
+    section = analyze_latency(
+        store, "dep-lat", (T0, T0 + timedelta(hours=2)), warmup=warmup, config=FAST, now=NOW
+    )
+    body = section.to_dict()
+    cold = body["cold_start"][0]
+    assert cold["time_to_normal_s"] is not None and 270 <= cold["time_to_normal_s"] <= 330
+    # the 60 s window was stretched to the measured 5 minutes: ~50 slow exchanges left out
+    assert 45 <= body["n"]["warmup_excluded"]["candidate"] <= 56
+    m = _m(section, "latency.ttft.p99.ratio")
     assert m.interval is not None and m.interval.contains(1.0)
