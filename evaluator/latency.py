@@ -795,10 +795,11 @@ def analyze_latency(
             " exchanges); see cold_start."
         )
     load = load_parity(engine, deployment, (lo, hi))
-    load["curve"] = _concurrency_curve(cols, keep_pairs & status_ok, config)
     reason = parity_reason(load, parity)
     load["inconclusive"] = reason or None
+    tables["load_parity_by_bucket"] = load.pop("by_load")
     tables["load_parity"] = load
+    tables["by_concurrency"] = _concurrency_curve(cols, keep_pairs & status_ok, config)
     if reason:
         measurements = [replace(m, inconclusive=reason) for m in measurements]
         notes.append("Latency criteria are INCONCLUSIVE: " + reason + ".")

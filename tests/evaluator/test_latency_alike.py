@@ -69,7 +69,7 @@ def test_candidate_at_a_tenth_of_the_concurrency_makes_latency_inconclusive(stor
     parity = section.to_dict()["load_parity"]
     assert parity["inflight_ratio"] is not None and parity["inflight_ratio"] < 0.2
     assert parity["shadow_share"] == 1.0 and parity["guard_states"]
-    assert sum(b["pairs"] for b in parity["by_load"]) == 600
+    assert sum(b["pairs"] for b in section.to_dict()["load_parity_by_bucket"]) == 600
     m = _m(section, "latency.ttft.p95.ratio")
     assert "different concurrency" in m.inconclusive
     # the candidate is 30 % faster, but that was at a tenth of the load: not a verdict
@@ -84,7 +84,7 @@ def test_same_concurrency_is_judged_and_the_curve_has_intervals(store: Engine) -
     m = _m(section, "latency.ttft.p95.ratio")
     assert not m.inconclusive
     assert judge(Criterion("latency.ttft.p95.ratio", "<=", 1.10), m).outcome is Outcome.PASS
-    curve = section.to_dict()["load_parity"]["curve"]
+    curve = section.to_dict()["by_concurrency"]
     ttft = [row for row in curve if row["metric"] == "ttft"]
     assert len(ttft) >= 3
     for row in ttft:
@@ -123,3 +123,19 @@ def test_warm_up_is_left_out_until_latency_is_back_to_normal(store: Engine) -> N
     assert 45 <= body["n"]["warmup_excluded"]["candidate"] <= 56
     m = _m(section, "latency.ttft.p99.ratio")
     assert m.interval is not None and m.interval.contains(1.0)
+
+
+def test_the_latency_vs_concurrency_curve_is_plotted() -> None:
+    from evaluator.render.plots import latency_vs_concurrency
+
+    row = {
+        "bucket": "4-7",
+        "metric": "ttft",
+        "n": 50,
+        "incumbent": {"p50": 0.05, "p95": 0.1},
+        "candidate": {"p50": 0.04, "p95": 0.08},
+        "ratio": {"p95": {"value": 0.8, "low": 0.7, "high": None, "n": 50}},
+    }
+    svg = latency_vs_concurrency({"by_concurrency": [row, {**row, "bucket": "8-15"}]})
+    assert svg is not None and "<svg" in svg
+    assert latency_vs_concurrency({}) is None
