@@ -39,6 +39,7 @@ from evaluator.incidents.model import (
     utc_window,
 )
 from evaluator.incidents.restarts import detect_restarts, process_starts, restart_times
+from evaluator.incidents.upgrades import upgrade_table
 from evaluator.rates import (
     By,
     RateComparison,
@@ -275,6 +276,8 @@ class IncidentSection:
     truncated: bool = False
     memory_comparison: MemoryComparison | None = None
     """Growth compared between the engines, levels and peaks per version."""
+    upgrades: list[dict[str, Any]] = field(default_factory=list)
+    """Per version change: the role's incident episodes and failures before and after it."""
     process_starts: dict[str, list[float]] = field(default_factory=dict)
     """Per role, every process start seen (Unix seconds): the first start and each restart,
     for the latency's warm-up exclusion."""
@@ -456,6 +459,7 @@ class IncidentSection:
             },
             "stored_new": self.stored_new,
             "truncated": self.truncated,
+            "upgrades": self.upgrades,
             "memory_comparison": None
             if self.memory_comparison is None
             else self.memory_comparison.to_dict(),
@@ -532,6 +536,7 @@ def incident_section(
         stored_new=stored_new,
         truncated=data.truncated,
         memory_comparison=memory_comparison,
+        upgrades=upgrade_table(findings, eps, exposure, window, data.outcomes_by_day, config.level),
         process_starts={
             role: sorted(t for eng, ts in restarts.items() if roles.get(eng) == role for t in ts)
             for role in ROLES

@@ -144,3 +144,34 @@ def test_both_roles_are_censored_at_the_shadow_timeout(store: Engine) -> None:
     assert len(censored) == 4 and all(e.status == "timeout" for e in censored)
     c = failure_comparison(data, 0.95)
     assert c is not None and c.ratio == 1.0
+
+
+def test_incidents_before_and_after_each_upgrade() -> None:
+    from evaluator.incidents.upgrades import upgrade_table
+
+    change = Finding(
+        "e@candidate",
+        "candidate",
+        "version_change",
+        T0 + timedelta(days=2),
+        T0 + timedelta(days=2, minutes=1),
+        {"from_version": "1.0", "to_version": "1.1", "restart": True},
+    )
+    crashes = [_crash("candidate", T0 + timedelta(days=2, hours=3 * i)) for i in range(1, 9)]
+    findings = [change, *crashes, _crash("candidate", T0 + timedelta(hours=5))]
+    eps = episodes(findings, 1800.0)
+    lo, hi = T0, T0 + timedelta(days=4)
+    exposure = {"candidate": [(lo.timestamp(), hi.timestamp())]}
+    by_day = {
+        "candidate": {int(lo.timestamp() // 86400) + d: (1000, 1 + 9 * (d >= 2)) for d in range(4)}
+    }
+    rows = upgrade_table(findings, eps, exposure, (lo, hi), by_day, 0.9)
+    assert len(rows) == 1
+    row = rows[0]
+    assert (row["from_version"], row["to_version"], row["role"]) == ("1.0", "1.1", "candidate")
+    assert row["before"]["episodes"]["crash"] == 1 and row["after"]["episodes"]["crash"] == 8
+    assert row["incidents_after_vs_before"]["interval"]["level"] == 0.9
+    assert row["incidents_after_vs_before"]["interval"]["low"] > 1.0
+    # whole UTC days on each side: the day of the change counts on neither
+    assert row["failures"]["after"]["failed"] == 10 and row["failures"]["before"]["failed"] == 2
+    assert row["failures"]["comparison"]["interval"]["low"] > 1.0
