@@ -77,6 +77,17 @@ class WarmupWindow:
 
 
 @dataclass(frozen=True)
+class VersionChange:
+    """An engine's version change at ``at`` (from the incidents): latency is compared in the
+    spans just before and just after it."""
+
+    role: str
+    at: datetime
+    from_version: str | None = None
+    to_version: str | None = None
+
+
+@dataclass(frozen=True)
 class SLO:
     """Service-level objectives for goodput, as vLLM's benchmark ``--goodput ttft:..,tpot:..``:
     a request is good when it completed and every configured metric is <= its objective
@@ -345,6 +356,53 @@ def _cold_start(
     return out
 
 
+UPGRADE_METRICS = ("ttft", "tpot", "e2e")
+
+
+def _upgrade_latency(
+    engine: Engine,
+    deployment: str,
+    window: tuple[datetime, datetime],
+    changes: Sequence[VersionChange],
+    exclude: dict[str, list[tuple[datetime, datetime]]],
+) -> list[dict[str, Any]]:
+    """Per version change, both roles' p50/p95/p99 (from the sketches, warm-ups left out) in the
+    span just before it (from the role's previous change or the window's start) and just after
+    it (to its next change or the window's end), and the candidate/incumbent ratios in each."""
+    lo, hi = window
+    out = []
+    for c in sorted(changes, key=lambda c: c.at):
+        at = c.at.astimezone(UTC)
+        if not lo < at < hi:
+            continue
+        same = sorted(x.at.astimezone(UTC) for x in changes if x.role == c.role)
+        prev = max([t for t in same if t < at], default=lo)
+        nxt = min([t for t in same if t > at], default=hi)
+        row: dict[str, Any] = {
+            "role": c.role,
+            "at": at.isoformat(),
+            "from_version": c.from_version,
+            "to_version": c.to_version,
+        }
+        for side, span in (("before", (max(prev, lo), at)), ("after", (at, min(nxt, hi)))):
+            sketches = group_sketches(load_sketches(engine, deployment, span, exclude=exclude))
+            cells = []
+            for metric in UPGRADE_METRICS:
+                inc = _qs(sketches.get(("all", "", "incumbent", metric, "all")))
+                cand = _qs(sketches.get(("all", "", "candidate", metric, "all")))
+                cells.append(
+                    {
+                        "metric": metric,
+                        "incumbent": inc,
+                        "candidate": cand,
+                        "ratio": _ratio_cells(inc, cand),
+                    }
+                )
+            row[side] = {"from": span[0].isoformat(), "to": span[1].isoformat(), "metrics": cells}
+        out.append(row)
+    return out
+
+
 CURVE_METRICS = ("ttft", "tpot", "e2e")
 CURVE_MIN_PAIRS = 20
 
@@ -526,6 +584,7 @@ def analyze_latency(
     refresh: bool = True,
     shadow_timeout_s: float = 120.0,
     parity: ParityConfig = DEFAULT_PARITY,
+    version_changes: Sequence[VersionChange] = (),
 ) -> LatencySection:
     """The latency section of ``deployment`` over ``window`` (see the module docstring).
 
@@ -793,6 +852,10 @@ def analyze_latency(
             f"{len(all_spans)} warm-up span(s) after engine (re)starts left out"
             f" ({excluded['incumbent']} incumbent and {excluded['candidate']} candidate"
             " exchanges); see cold_start."
+        )
+    if version_changes:
+        tables["upgrades"] = _upgrade_latency(
+            engine, deployment, (lo, hi), version_changes, exclude
         )
     load = load_parity(engine, deployment, (lo, hi))
     reason = parity_reason(load, parity)

@@ -128,14 +128,25 @@ def default_analyses(
         step("incidents done", 1.0)
         return section
 
+    changes: list[Any] = []
+
     def warmup(section: Section) -> Sequence[Any]:
         """The ``warmup_s`` after every restart and after each engine's first start (the
         latency analysis stretches each until latency is measured back to normal)."""
         from evaluator.incidents.model import utc_at
-        from evaluator.latency import WarmupWindow
+        from evaluator.latency import VersionChange, WarmupWindow
 
         findings: Sequence[Any] = getattr(section, "findings", None) or ()
         windows = warmup_windows(list(findings), warmup_s)
+        # the version changes, for latency before and after each (the review asks for the
+        # warm-up windows, then runs latency, on the same incidents)
+        changes[:] = [
+            VersionChange(
+                f.role, f.end_or_start, f.evidence.get("from_version"), f.evidence.get("to_version")
+            )
+            for f in findings
+            if f.kind == "version_change"
+        ]
         starts: dict[str, list[float]] = getattr(section, "process_starts", None) or {}
         for role, times in starts.items():
             for t in times:
@@ -148,6 +159,8 @@ def default_analyses(
             kw["slo"] = slo
         if bootstrap_config is not None:
             kw["config"] = bootstrap_config
+        if changes:
+            kw.setdefault("version_changes", list(changes))
         return analyze_latency(engine, deployment, window, **kw)
 
     def divergence(engine: Engine, deployment: str, window: Window, **kw: Any) -> Section:

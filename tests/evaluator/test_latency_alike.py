@@ -10,7 +10,7 @@ from datetime import timedelta
 from latency_factories import T0, pairs
 from sqlalchemy import Engine
 
-from evaluator.latency import LatencySection, WarmupWindow, analyze_latency
+from evaluator.latency import LatencySection, VersionChange, WarmupWindow, analyze_latency
 from evaluator.policy import Criterion
 from evaluator.results import Measurement
 from evaluator.stats import BootstrapConfig
@@ -139,3 +139,31 @@ def test_the_latency_vs_concurrency_curve_is_plotted() -> None:
     svg = latency_vs_concurrency({"by_concurrency": [row, {**row, "bucket": "8-15"}]})
     assert svg is not None and "<svg" in svg
     assert latency_vs_concurrency({}) is None
+
+
+def test_latency_before_and_after_an_upgrade(store: Engine) -> None:
+    upgrade = T0 + timedelta(hours=1)
+    records = [
+        _with(r, ttft_s=(r.ttft_s or 0.0) * 1.5)
+        if r.role == "candidate" and r.sent_at >= upgrade
+        else r
+        for r in pairs(1200, step=timedelta(seconds=6))
+    ]
+    _write(store, records)
+    change = VersionChange("candidate", upgrade, "1.0", "1.1")
+    section = analyze_latency(
+        store,
+        "dep-lat",
+        (T0, T0 + timedelta(hours=2)),
+        config=FAST,
+        now=NOW,
+        version_changes=[change],
+    )
+    row = section.to_dict()["upgrades"][0]
+    assert (row["from_version"], row["to_version"]) == ("1.0", "1.1")
+    ttft = {
+        side: next(m for m in row[side]["metrics"] if m["metric"] == "ttft")
+        for side in ("before", "after")
+    }
+    assert abs(ttft["before"]["ratio"]["p50"] - 1.0) < 0.05
+    assert abs(ttft["after"]["ratio"]["p50"] - 1.5) < 0.08
