@@ -535,21 +535,16 @@ def _until_normal(
     steady: dict[str, float],
 ) -> list[WarmupWindow]:
     """Each warm-up window stretched to when latency was measured back to normal: the rolling
-    median of ``COLD_FIRST`` TTFTs within ``NORMAL_FACTOR`` of the role's steady median; a role
-    not back to normal within ``COLD_LOOKAHEAD`` is left out that long. A window is never
-    shortened (the caller's is the least left out)."""
+    median of ``COLD_FIRST`` TTFTs within ``NORMAL_FACTOR`` of the role's steady median (looked
+    for up to ``COLD_LOOKAHEAD`` after the start). A window is never shortened (the caller's is
+    the least left out; a first start's may be empty, then only the measured warm-up counts),
+    nor stretched when the data cannot say (too few requests, never back to normal)."""
     out = []
     for w in warmup:
         entry = _cold_start(engine, deployment, [w], window, steady)
         end = w.end
-        if entry:
-            normal = entry[0]["time_to_normal_s"]
-            start = w.start.astimezone(UTC)
-            measured = (
-                start + timedelta(seconds=normal)
-                if normal is not None
-                else start + max(w.end - w.start, COLD_LOOKAHEAD)
-            )
+        if entry and entry[0]["time_to_normal_s"] is not None:
+            measured = w.start.astimezone(UTC) + timedelta(seconds=entry[0]["time_to_normal_s"])
             end = max(end, measured)
         out.append(WarmupWindow(w.role, w.start, end))
     return out

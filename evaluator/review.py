@@ -147,11 +147,15 @@ def default_analyses(
             for f in findings
             if f.kind == "version_change"
         ]
+        # Each engine's first start too: its window starts empty and is stretched by the latency
+        # analysis to the warm-up it measures (restarts keep at least warmup_s).
         starts: dict[str, list[float]] = getattr(section, "process_starts", None) or {}
+        covered = {(w.role, w.start) for w in windows}
         for role, times in starts.items():
-            for t in times:
+            for t in times[:1]:
                 at = utc_at(t)
-                windows.append(WarmupWindow(role, at, at + timedelta(seconds=warmup_s)))
+                if not any(r == role and abs((s - at).total_seconds()) < 1 for r, s in covered):
+                    windows.append(WarmupWindow(role, at, at))
         return windows
 
     def latency(engine: Engine, deployment: str, window: Window, **kw: Any) -> Section:
