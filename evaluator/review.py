@@ -128,15 +128,43 @@ def default_analyses(
         step("incidents done", 1.0)
         return section
 
+    changes: list[Any] = []
+
     def warmup(section: Section) -> Sequence[Any]:
+        """The ``warmup_s`` after every restart and after each engine's first start (the
+        latency analysis stretches each until latency is measured back to normal)."""
+        from evaluator.incidents.model import utc_at
+        from evaluator.latency import VersionChange, WarmupWindow
+
         findings: Sequence[Any] = getattr(section, "findings", None) or ()
-        return warmup_windows(list(findings), warmup_s)
+        windows = warmup_windows(list(findings), warmup_s)
+        # the version changes, for latency before and after each (the review asks for the
+        # warm-up windows, then runs latency, on the same incidents)
+        changes[:] = [
+            VersionChange(
+                f.role, f.end_or_start, f.evidence.get("from_version"), f.evidence.get("to_version")
+            )
+            for f in findings
+            if f.kind == "version_change"
+        ]
+        # Each engine's first start too: its window starts empty and is stretched by the latency
+        # analysis to the warm-up it measures (restarts keep at least warmup_s).
+        starts: dict[str, list[float]] = getattr(section, "process_starts", None) or {}
+        covered = {(w.role, w.start) for w in windows}
+        for role, times in starts.items():
+            for t in times[:1]:
+                at = utc_at(t)
+                if not any(r == role and abs((s - at).total_seconds()) < 1 for r, s in covered):
+                    windows.append(WarmupWindow(role, at, at))
+        return windows
 
     def latency(engine: Engine, deployment: str, window: Window, **kw: Any) -> Section:
         if slo is not None:
             kw["slo"] = slo
         if bootstrap_config is not None:
             kw["config"] = bootstrap_config
+        if changes:
+            kw.setdefault("version_changes", list(changes))
         return analyze_latency(engine, deployment, window, **kw)
 
     def divergence(engine: Engine, deployment: str, window: Window, **kw: Any) -> Section:
