@@ -342,12 +342,19 @@ def _cold_start(
 
 
 def _measurement(
-    key: str, est: Estimate, unit: str, detail: str, *, with_interval: bool = True
+    key: str,
+    est: Estimate,
+    unit: str,
+    detail: str,
+    *,
+    with_interval: bool = True,
+    level: float = 0.95,
 ) -> Measurement:
+    """``est`` as a measurement; ``level``: the level its interval was computed at."""
     value = est.value if est.ok else None
     interval = None
     if with_interval and est.ok and not (math.isnan(est.low) or math.isnan(est.high)):
-        interval = Interval(est.low, est.high)
+        interval = Interval(est.low, est.high, level)
     return Measurement(key, value, interval, est.n, unit, detail)
 
 
@@ -438,7 +445,9 @@ def analyze_latency(
             )
         for q in QUANTILES:
             measurements.append(
-                _measurement(f"latency.{metric}.{q}.ratio", ratios[q], "ratio", detail)
+                _measurement(
+                    f"latency.{metric}.{q}.ratio", ratios[q], "ratio", detail, level=config.level
+                )
             )
         measurements.append(
             _measurement(
@@ -446,6 +455,7 @@ def analyze_latency(
                 comp.median_delta,
                 UNITS[metric],
                 "median over pairs of candidate - incumbent; " + sample_note,
+                level=config.level,
             )
         )
         measurements.append(
@@ -454,6 +464,7 @@ def analyze_latency(
                 spread,
                 "ratio",
                 "candidate / incumbent (p99 - p50): catches a wider spread at the same median",
+                level=config.level,
             )
         )
         measurements.append(
@@ -513,6 +524,7 @@ def analyze_latency(
             "candidate - incumbent share of requests meeting every SLO (vLLM's goodput"
             f" rule: completed and <= {slo.to_dict()}), on {n_good} sampled pairs, paired"
             " bootstrap",
+            level=config.level,
         )
     )
     steady: dict[str, float] = {}
