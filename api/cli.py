@@ -120,6 +120,9 @@ def _serve(settings: APISettings) -> None:
         f" (store {redact_url(settings.store_url)}, docs at /docs)",
         err=True,
     )
+    from api import audit
+
+    audit.configure()  # one JSON line per read of prompts or outputs, on stderr
     try:
         uvicorn.run(
             create_app(engine, auth),

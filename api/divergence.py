@@ -13,6 +13,7 @@ from typing import Any
 
 from api.models import Divergence, Highlight, Span
 from evaluator.compare import PairSide, compare_pair
+from shadow_ab.privacy import is_digest
 
 
 def common_prefix(a: str, b: str) -> int:
@@ -47,7 +48,8 @@ def compare(incumbent: Mapping[str, Any], other: Mapping[str, Any], *, content: 
     inc = PairSide.from_row({**incumbent, "request": request})
     oth = PairSide.from_row({**other, "request": request})
     d = compare_pair(inc, oth)
-    mark = highlight(inc.text, oth.text)
+    # Digests stand in for text (capture: metadata): there is no text to mark.
+    mark = None if is_digest(inc.text) else highlight(inc.text, oth.text)
     return Divergence(
         comparable=d.comparable,
         greedy=d.greedy,

@@ -2,12 +2,23 @@
 
 Pure functions over plain values: :func:`split_request` separates a stored request body into
 its prompt and its parameters; :func:`redact` nulls content fields anywhere in a JSON document
-(a stored report's body), and token lists, and says whether it found text.
+(a stored report's body), and token lists, and says whether it found text;
+:func:`redact_parameters` and :func:`redact_error` clean a request's other fields (at any depth:
+``metadata.api_key``, a ``user`` e-mail) and an exchange's ``error`` (engines echo the input
+there) for a token without ``content``.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from shadow_ab.privacy import (
+    error_summary,
+    redact_strings,
+    redact_text,
+    redact_urls,
+    strip_credentials,
+)
 
 PROMPT_KEYS = frozenset({"messages", "prompt", "input", "suffix"})
 """Request fields that carry what the user sent."""
@@ -68,3 +79,26 @@ def redact(value: Any) -> tuple[Any, bool]:
         items = [redact(v) for v in value]
         return [v for v, _ in items], any(f for _, f in items)
     return value, False
+
+
+def redact_parameters(params: dict[str, Any], *, content: bool) -> dict[str, Any]:
+    """A request's fields other than the prompt as a token may see them: credential-like keys
+    removed at any depth for every token; without ``content``, e-mail addresses, phone and card
+    numbers, API keys and bearer tokens in every string replaced too
+    (:func:`shadow_ab.privacy.redact_text`)."""
+    out, _ = strip_credentials(params)
+    return out if content else redact_strings(out, redact_text)
+
+
+def redact_error(error: str | None, status: str, *, content: bool) -> str | None:
+    """An exchange's ``error`` as a token may see it. Without ``content``, an engine's error
+    body (status ``http_error``: engines echo the input in it) keeps only its type and code,
+    and the mirror's own error texts pass the built-in redactor."""
+    if not error:
+        return error
+    error = redact_urls(error)
+    if content:
+        return error
+    if status == "http_error":
+        return error_summary(error, "needs the content scope")
+    return redact_text(error)

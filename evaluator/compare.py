@@ -22,6 +22,13 @@ Per pair:
   request asked for JSON (``response_format`` ``json_object`` / ``json_schema``), whether each
   side's text parses as JSON.
 
+Records kept with ``capture: metadata`` (``mirror/privacy.py``) carry keyed digests instead of
+text (``output_text`` is ``hmac-sha256:...``, each logprobs token a digest of the token). Equal
+texts have equal digests, so ``exact_match`` and ``diverged`` hold as with text; with logprobs
+(digested tokens) so do ``first_divergence``, ``edit_similarity`` and ``near_tie``
+(``token_basis`` ``logprobs``); without them ``token_basis`` is ``digest`` and the token-level
+figures and JSON validity are None. A pair with a digest on one side only is not comparable.
+
 Errors: none raised for odd data; a pair where either side failed (status not ok, or no text)
 is ``comparable=False`` with the metrics left None.
 """
@@ -36,6 +43,7 @@ from typing import Any
 import orjson
 from rapidfuzz.distance import Levenshtein
 
+from shadow_ab.privacy import is_digest
 from shadow_ab.records import ExchangeRecord, TokenLogprob
 
 _TOKEN = re.compile(r"\w+|[^\w\s]", re.UNICODE)
@@ -188,7 +196,12 @@ def compare_pair(incumbent: PairSide, other: PairSide) -> PairDivergence:
     greedy = incumbent.greedy
     if not (incumbent.ok and other.ok):
         return PairDivergence(comparable=False, greedy=greedy)
+    digests = is_digest(incumbent.text), is_digest(other.text)
+    if digests[0] != digests[1]:
+        return PairDivergence(comparable=False, greedy=greedy)
     use_lp = bool(incumbent.logprobs) and bool(other.logprobs)
+    if digests[0] and not use_lp:
+        return _compare_digests(incumbent, other, greedy)
     ta, tb = _tokens(incumbent, use_lp), _tokens(other, use_lp)
     exact = incumbent.text == other.text
     first = None if exact else first_difference(ta, tb)
@@ -221,8 +234,30 @@ def compare_pair(incumbent: PairSide, other: PairSide) -> PairDivergence:
         finish_mismatch=(fa != fb) if fa is not None and fb is not None else None,
         length_ratio=nb / na if na else None,
         json_asked=asked,
-        json_valid_incumbent=json_valid(incumbent.text) if asked else None,
-        json_valid_other=json_valid(other.text) if asked else None,
+        json_valid_incumbent=json_valid(incumbent.text) if asked and not digests[0] else None,
+        json_valid_other=json_valid(other.text) if asked and not digests[0] else None,
         tokens=(len(ta), len(tb)),
         divergent_tokens=divergent,
+    )
+
+
+def _compare_digests(incumbent: PairSide, other: PairSide, greedy: bool) -> PairDivergence:
+    """Two answers known by their digests only (no text, no logprobs): whether they are equal,
+    and what does not need the text."""
+    exact = incumbent.text == other.text
+    fa, fb = incumbent.finish_reason, other.finish_reason
+    na, nb = incumbent.completion_tokens, other.completion_tokens
+    return PairDivergence(
+        comparable=True,
+        greedy=greedy,
+        exact_match=exact if greedy else None,
+        diverged=greedy and not exact,
+        edit_similarity=None,  # unknown without tokens (1.0 for equal ones would bias means)
+        first_divergence=None,
+        token_basis="digest",
+        finish_reasons=(fa, fb),
+        finish_mismatch=(fa != fb) if fa is not None and fb is not None else None,
+        length_ratio=nb / na if na and nb is not None else None,
+        json_asked=incumbent.json_asked,
+        tokens=(na or 0, nb or 0),
     )

@@ -32,6 +32,8 @@ import numpy as np
 import numpy.typing as npt
 from sqlalchemy import Engine
 
+from evaluator.blocks import METHOD as BLOCK_METHOD
+from evaluator.blocks import MIN_HOURS, Blocks, blocks_from_hours
 from evaluator.errors import LatencyError
 from evaluator.rates import wilson_interval
 from evaluator.results import Interval, Measurement, Progress, Window
@@ -341,6 +343,19 @@ def _cold_start(
     return out
 
 
+def _blocks(
+    hours: Sequence[datetime], mask: npt.NDArray[np.bool_], config: BootstrapConfig
+) -> Blocks | None:
+    """The hour/day blocks of the sampled pairs in ``mask`` (None when the config resamples
+    pairs one by one)."""
+    if config.unit == "pairs":
+        return None
+    if config.unit != "blocks":
+        raise LatencyError(f"bootstrap unit must be 'blocks' or 'pairs', got {config.unit!r}")
+    blocks = blocks_from_hours([h for h, k in zip(hours, mask, strict=True) if k])
+    return blocks if blocks.n_hours >= MIN_HOURS else None
+
+
 def _measurement(
     key: str,
     est: Estimate,
@@ -348,7 +363,7 @@ def _measurement(
     detail: str,
     *,
     with_interval: bool = True,
-    level: float = 0.95,
+    level: float = DEFAULT_BOOTSTRAP.level,
 ) -> Measurement:
     """``est`` as a measurement; ``level``: the level its interval was computed at."""
     value = est.value if est.ok else None
@@ -414,34 +429,56 @@ def analyze_latency(
 
     measurements: list[Measurement] = []
     overall: list[dict[str, Any]] = []
+    hours = list(cols["hour"])
+    paired_blocks = _blocks(hours, paired, config)
+    unit_text = (
+        f"{BLOCK_METHOD} ({paired_blocks.describe()})"
+        if paired_blocks is not None
+        else (
+            "pairs resampled one by one (assumes independent pairs)"
+            if config.unit == "pairs"
+            else f"pairs resampled one by one: fewer than {MIN_HOURS} hours of sampled pairs"
+            " are too few blocks to resample (assumes independent pairs)"
+        )
+    )
     sample_note = (
         f"paired statistics from a random sample of {n_paired} pairs (both ok, warm-up left"
         f" out) of {sample.n_pairs_total} in the window, drawn in SQL per hour in proportion to"
-        f" the hour's traffic; percentile bootstrap, {config.n_resamples} resamples"
+        f" the hour's traffic; percentile bootstrap, {config.n_resamples} resamples,"
+        f" {unit_text}"
     )
     for mi, metric in enumerate(METRICS):
         report("latency: bootstrap", 0.6 + 0.35 * mi / len(METRICS))
         column = _SAMPLE_COLUMN[metric]
         inc_vals = _floats(cols[f"incumbent_{column}"])[paired]
         cand_vals = _floats(cols[f"candidate_{column}"])[paired]
-        comp = paired_comparison(inc_vals, cand_vals, config)
+        comp = paired_comparison(inc_vals, cand_vals, config, blocks=paired_blocks)
         ratios, spread = comp.ratios, comp.spread_ratio
         detail = sample_note
         if metric == "itl":
-            ids = [p for p, k in zip(cols["pair_id"], paired, strict=True) if k]
+            ids = [(p, h) for p, h, k in zip(cols["pair_id"], hours, paired, strict=True) if k]
             rng = np.random.default_rng(config.seed)
             pick = [ids[i] for i in subsample(len(ids), config.pooled_max_pairs, rng)]
-            gaps = load_itl(engine, deployment, pick)
-            both = [p for p in pick if (p, "incumbent") in gaps and (p, "candidate") in gaps]
+            gaps = load_itl(engine, deployment, [p for p, _ in pick])
+            both = [
+                (p, h) for p, h in pick if (p, "incumbent") in gaps and (p, "candidate") in gaps
+            ]
+            itl_blocks = (
+                blocks_from_hours([h for _, h in both])
+                if paired_blocks is not None and both
+                else None
+            )
             ratios, spread = pooled_comparison(
-                [gaps[(p, "incumbent")] for p in both],
-                [gaps[(p, "candidate")] for p in both],
+                [gaps[(p, "incumbent")] for p, _ in both],
+                [gaps[(p, "candidate")] for p, _ in both],
                 config,
+                blocks=itl_blocks,
             )
             detail = (
-                f"ITL gaps pooled per pair over {len(both)} sampled pairs, cluster bootstrap"
-                f" ({config.pooled_resamples} resamples of whole pairs); the median delta and"
-                " rank test compare each pair's mean ITL"
+                f"ITL gaps pooled per pair over {len(both)} sampled pairs, bootstrap of whole"
+                f" pairs ({config.pooled_resamples} resamples;"
+                f" {'by days and hours' if itl_blocks is not None else 'pair by pair'});"
+                " the median delta and rank test compare each pair's mean ITL"
             )
         for q in QUANTILES:
             measurements.append(
@@ -504,7 +541,9 @@ def analyze_latency(
             e2e_slo=slo.e2e_s,
         )[keep_pairs]
     n_good = int(keep_pairs.sum())
-    delta = share_delta(good["incumbent"], good["candidate"], config)
+    delta = share_delta(
+        good["incumbent"], good["candidate"], config, blocks=_blocks(hours, keep_pairs, config)
+    )
     goodput: dict[str, Any] = {"slo": slo.to_dict(), "delta": delta.to_dict()}
     for role in ROLES:
         k = int(good[role].sum())
@@ -574,6 +613,8 @@ def analyze_latency(
                 "pooled_resamples": config.pooled_resamples,
                 "pooled_max_pairs": config.pooled_max_pairs,
                 "level": config.level,
+                "unit": config.unit,
+                "resampled": unit_text,
             },
             "sample": "per hour, pairs ordered by random() in SQL; hours weighted by traffic",
         },

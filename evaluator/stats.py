@@ -31,6 +31,8 @@ import numpy as np
 import numpy.typing as npt
 from scipy import stats as sps
 
+from evaluator.blocks import Blocks, block_bootstrap, weighted_quantiles_rows
+
 FloatArray = npt.NDArray[np.float64]
 QS = (0.50, 0.95, 0.99)
 
@@ -47,6 +49,10 @@ class BootstrapConfig:
     seed: int = 20261130
     batch: int = 50
     """Resamples computed at once (memory: batch x pairs x 8 bytes per array)."""
+    unit: str = "blocks"
+    """What the latency intervals resample: ``"blocks"`` (whole days, then hours within them:
+    :mod:`evaluator.blocks`) or ``"pairs"`` (single pairs, which takes correlated pairs for
+    independent ones; kept to compare)."""
 
 
 @dataclass(frozen=True)
@@ -102,13 +108,19 @@ def quantiles(values: npt.ArrayLike, qs: Sequence[float] = QS) -> FloatArray:
     return np.asarray(np.quantile(arr, qs), dtype=np.float64)
 
 
-def _finite_pairs(inc: npt.ArrayLike, cand: npt.ArrayLike) -> tuple[FloatArray, FloatArray]:
+def _finite_pairs(
+    inc: npt.ArrayLike, cand: npt.ArrayLike, blocks: Blocks | None = None
+) -> tuple[FloatArray, FloatArray, Blocks | None]:
     a = np.asarray(inc, dtype=np.float64)
     b = np.asarray(cand, dtype=np.float64)
     if a.shape != b.shape:
         raise ValueError(f"paired arrays differ in length: {a.shape} vs {b.shape}")
+    if blocks is not None and len(blocks) != a.size:
+        raise ValueError(f"blocks for {len(blocks)} pairs, values for {a.size}")
     keep = np.isfinite(a) & np.isfinite(b)
-    return a[keep], b[keep]
+    if blocks is not None and not keep.all():
+        blocks = blocks.take(np.flatnonzero(keep))
+    return a[keep], b[keep], blocks
 
 
 def subsample(n: int, cap: int, rng: np.random.Generator) -> npt.NDArray[np.intp]:
@@ -184,16 +196,39 @@ def wilcoxon_p(inc: FloatArray, cand: FloatArray) -> float:
     return float(res.pvalue)
 
 
+def _weighted_paired_statistic(a: FloatArray, b: FloatArray, w: FloatArray) -> FloatArray:
+    """:func:`_paired_statistic` of every weight row ``w`` (k, n): (5, k)."""
+    qa = weighted_quantiles_rows(a, w, QS)
+    qb = weighted_quantiles_rows(b, w, QS)
+    ratios = _ratio(qb, qa)
+    spread = _ratio(qb[2] - qb[0], qa[2] - qa[0])
+    delta = weighted_quantiles_rows(b - a, w, (0.5,))
+    return np.concatenate([ratios, spread[None], delta], axis=0)
+
+
 def paired_comparison(
     inc: npt.ArrayLike,
     cand: npt.ArrayLike,
     config: BootstrapConfig = BootstrapConfig(),
+    *,
+    blocks: Blocks | None = None,
 ) -> PairedComparison:
-    """Candidate vs incumbent on one metric from paired values (non-finite pairs dropped)."""
-    a, b = _finite_pairs(inc, cand)
+    """Candidate vs incumbent on one metric from paired values (non-finite pairs dropped).
+    With ``blocks`` (each pair's hour and day) the intervals resample whole days and hours
+    (:mod:`evaluator.blocks`), else single pairs. Values may be ``inf`` on either side only
+    through :func:`censored_comparison` (failures counted as slowest)."""
+    a, b, blocks = _finite_pairs(inc, cand, blocks)
+    return _paired(a, b, config, blocks)
+
+
+def _paired(
+    a: FloatArray, b: FloatArray, config: BootstrapConfig, blocks: Blocks | None
+) -> PairedComparison:
     rng = np.random.default_rng(config.seed)
     keep = subsample(a.size, config.max_pairs, rng)
     a, b = a[keep], b[keep]
+    if blocks is not None and keep.size != len(blocks):
+        blocks = blocks.take(keep)
     n = int(a.size)
     if n == 0:
         return PairedComparison(
@@ -204,7 +239,17 @@ def paired_comparison(
             0,
         )
     point = _paired_statistic(a, b)
-    if n >= 2:
+    if n >= 2 and blocks is not None:
+        low, high = block_bootstrap(
+            blocks,
+            lambda w: _weighted_paired_statistic(a, b, w),
+            n_resamples=config.n_resamples,
+            level=config.level,
+            rng=rng,
+            batch=config.batch,
+            point=point,
+        )
+    elif n >= 2:
 
         def statistic(idx: npt.NDArray[np.intp], axis: int = -1) -> FloatArray:
             return _paired_statistic(a[idx], b[idx], axis=axis)
@@ -239,6 +284,8 @@ def pooled_comparison(
     inc_groups: Sequence[npt.ArrayLike],
     cand_groups: Sequence[npt.ArrayLike],
     config: BootstrapConfig = BootstrapConfig(),
+    *,
+    blocks: Blocks | None = None,
 ) -> tuple[dict[str, Estimate], Estimate]:
     """Ratios of pooled quantiles (p50/p95/p99) and the spread ratio for a metric with many
     values per pair (ITL gaps): pair i's incumbent values are ``inc_groups[i]``, its candidate
@@ -248,6 +295,10 @@ def pooled_comparison(
         raise ValueError("pooled_comparison: one group per pair on each side")
     rng = np.random.default_rng(config.seed)
     keep = subsample(len(inc_groups), config.pooled_max_pairs, rng)
+    if blocks is not None:
+        if len(blocks) != len(inc_groups):
+            raise ValueError(f"blocks for {len(blocks)} pairs, groups for {len(inc_groups)}")
+        blocks = blocks.take(keep)
     sides = []
     for groups in (inc_groups, cand_groups):
         parts = [np.asarray(groups[i], dtype=np.float64) for i in keep]
@@ -269,7 +320,17 @@ def pooled_comparison(
         nan = {k: NAN_ESTIMATE for k in ("p50", "p95", "p99")}
         return nan, NAN_ESTIMATE
     point = stat_for(np.ones(n))
-    if n >= 2:
+    if n >= 2 and blocks is not None:
+        low, high = block_bootstrap(
+            blocks,
+            lambda w: np.stack([stat_for(row) for row in w], axis=1),
+            n_resamples=config.pooled_resamples,
+            level=config.level,
+            rng=rng,
+            batch=config.batch,
+            point=point,
+        )
+    elif n >= 2:
 
         def statistic(idx: npt.NDArray[np.intp]) -> FloatArray:
             return stat_for(np.bincount(idx, minlength=n).astype(np.float64))
@@ -289,9 +350,14 @@ def pooled_comparison(
 
 
 def share_delta(
-    inc_ok: npt.ArrayLike, cand_ok: npt.ArrayLike, config: BootstrapConfig = BootstrapConfig()
+    inc_ok: npt.ArrayLike,
+    cand_ok: npt.ArrayLike,
+    config: BootstrapConfig = BootstrapConfig(),
+    *,
+    blocks: Blocks | None = None,
 ) -> Estimate:
-    """mean(cand_ok) - mean(inc_ok) for paired yes/no outcomes, paired bootstrap interval."""
+    """mean(cand_ok) - mean(inc_ok) for paired yes/no outcomes, paired bootstrap interval
+    (whole days and hours resampled with ``blocks``)."""
     a = np.asarray(inc_ok, dtype=np.float64)
     b = np.asarray(cand_ok, dtype=np.float64)
     if a.shape != b.shape:
@@ -299,6 +365,8 @@ def share_delta(
     rng = np.random.default_rng(config.seed)
     keep = subsample(a.size, config.max_pairs, rng)
     a, b = a[keep], b[keep]
+    if blocks is not None:
+        blocks = blocks.take(keep)
     n = int(a.size)
     if n == 0:
         return NAN_ESTIMATE
@@ -307,6 +375,16 @@ def share_delta(
     if n < 2 or not np.any(d != d[0]):
         # every resample gives the same delta: the interval is that point
         return Estimate(point, point, point, n)
+    if blocks is not None:
+        low, high = block_bootstrap(
+            blocks,
+            lambda w: ((w @ d) / w.sum(axis=1))[None],
+            n_resamples=config.n_resamples,
+            level=config.level,
+            rng=rng,
+            batch=config.batch,
+        )
+        return Estimate(point, float(low[0]), float(high[0]), n)
 
     def statistic(idx: npt.NDArray[np.intp], axis: int = -1) -> FloatArray:
         return np.asarray(d[idx].mean(axis=axis))[None]

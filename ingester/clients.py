@@ -9,6 +9,7 @@ from typing import Any, Protocol
 
 from ingester.errors import SettingsError
 from ingester.settings import IngestSettings
+from shadow_ab.kafka_security import kafka_security
 
 
 class Consumer(Protocol):
@@ -55,6 +56,14 @@ def _unreachable(bootstrap: str, exc: Exception) -> SettingsError:
     )
 
 
+def _security() -> dict[str, Any]:
+    """TLS and SASL settings from the environment (:mod:`shadow_ab.kafka_security`)."""
+    try:
+        return kafka_security()
+    except ValueError as exc:
+        raise SettingsError(str(exc)) from None
+
+
 def make_consumer(settings: IngestSettings, *, client_id: str = "shadow-ab-ingester") -> Consumer:
     from kafka import KafkaConsumer
     from kafka.coordinator.assignors.range import RangePartitionAssignor
@@ -78,6 +87,7 @@ def make_consumer(settings: IngestSettings, *, client_id: str = "shadow-ab-inges
             # Eager rebalancing: every partition is revoked and positions restart from the
             # committed offsets, which the processor relies on when it drops an unwritten batch.
             partition_assignment_strategy=(RangePartitionAssignor, RoundRobinPartitionAssignor),
+            **_security(),
         )
     except KafkaError as exc:
         raise _unreachable(bootstrap, exc) from exc
@@ -97,6 +107,7 @@ def make_producer(
             acks="all",
             enable_idempotence=True,
             linger_ms=5,
+            **_security(),
         )
     except KafkaError as exc:
         raise _unreachable(bootstrap, exc) from exc

@@ -37,6 +37,8 @@ class PoisonReason:
     INVALID_RECORD = "invalid_record"
     WRONG_TOPIC = "wrong_topic"
     STORE_REJECTED = "store_rejected"
+    DECODE_FAILED = "decode_failed"
+    """Decoding raised something other than a validation error (a bug one message trips)."""
 
 
 @dataclass(frozen=True)

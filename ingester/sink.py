@@ -4,11 +4,13 @@ The store's writers (``storage.write``) are injected so the ingester can be driv
 PostgreSQL in tests and by the same code in production. Each write call is one transaction and
 idempotent, so retrying a whole batch after a failure never duplicates rows.
 
-A batch the store refuses for a reason that waiting will not fix (``StoreError``; its sibling
-``StoreUnavailable`` is the transient one) is bisected: records the store accepts are written,
-single records it refuses come back as rejects for the dead-letter topic. If it refuses every
-record, the problem is the store, not the data: :class:`~ingester.errors.StoreRejected`
-stops the process.
+A batch the store refuses for a reason that waiting will not fix is bisected: records the store
+accepts are written, single records it refuses come back as rejects for the dead-letter topic.
+That is a ``StoreError`` (its sibling ``StoreUnavailable`` is the transient one, retried) or any
+other exception a record provokes in the writers (an ``OverflowError``, a ``ValueError``, a bug
+that one value trips): one bad record never takes its batch with it, and never crash-loops the
+ingester. If the store refuses every record, the problem is the store (or the code), not the
+data: :class:`~ingester.errors.StoreRejected` stops the process.
 """
 
 from __future__ import annotations
@@ -55,7 +57,6 @@ class StoreSink:
         self._write_exchanges = write_exchanges
         self._write_health = write_health
         self._unavailable: type[Exception] = storage_errors.StoreUnavailable
-        self._error: type[Exception] = storage_errors.StoreError
         # Errors about the store itself, not about a record: no point bisecting the batch.
         self._systemic: tuple[type[Exception], ...] = (
             storage_errors.SchemaMissing,
@@ -73,10 +74,12 @@ class StoreSink:
             return Written()
         try:
             return Written(inserted=self._call(writer, records))
-        except self._error as exc:  # StoreUnavailable left _call as StoreDown
+        except StoreDown:
+            raise
+        except Exception as exc:  # StoreError, or anything a record trips in the writers
             if isinstance(exc, self._systemic):
                 raise StoreRejected(str(exc)) from exc
-            first_error = str(exc)
+            first_error = _describe(exc)
         written = self._bisect(writer, records, 0)
         if len(written.rejected) == len(records):
             raise StoreRejected(
@@ -95,15 +98,26 @@ class StoreSink:
         if len(records) == 1:
             try:
                 return Written(inserted=self._call(writer, records))
-            except self._error as exc:
-                return Written(rejected=[(base, str(exc))])
+            except StoreDown:
+                raise
+            except Exception as exc:
+                return Written(rejected=[(base, _describe(exc))])
         mid = len(records) // 2
         out = Written()
         for start, half in ((0, records[:mid]), (mid, records[mid:])):
             try:
                 out.inserted += self._call(writer, half)
-            except self._error:
+            except StoreDown:
+                raise
+            except Exception:
                 sub = self._bisect(writer, half, base + start)
                 out.inserted += sub.inserted
                 out.rejected.extend(sub.rejected)
         return out
+
+
+def _describe(exc: BaseException) -> str:
+    """The store's sentence for its own errors; the type too for anything else."""
+    from storage.errors import StorageError
+
+    return str(exc) if isinstance(exc, StorageError) else f"{type(exc).__name__}: {exc}"

@@ -32,6 +32,7 @@ from ingester.clock import Clock
 from ingester.decode import Poison, PoisonReason, decode
 from ingester.errors import DeadLetterUnavailable, TransientError
 from ingester.sink import StoreSink
+from shadow_ab.records import Record
 
 log = logging.getLogger(__name__)
 
@@ -165,7 +166,7 @@ class InlineRunner:
 
 
 class WriteBatch:
-    """Send a batch's dead letters, write its records, then hand its offsets on.
+    """Write a batch's records, send its dead letters, then hand its offsets on.
 
     One batch at a time: while it is being written (by ``runner``) or waiting to be
     retried, ``submit`` raises :class:`MessageRejected`, so the caller pauses consumption
@@ -284,15 +285,18 @@ class WriteBatch:
         self.next_step.submit(batch.offsets)
 
     def _write(self, batch: Batch) -> None:
-        # Dead letters first: if Kafka will not take them, nothing is committed.
-        self.dead_letters.send(batch.dead_letters)
+        # The store first, then every dead letter of the batch (poison and records the store
+        # refused) in one go, then the offsets: if Kafka will not take the dead letters, nothing
+        # is committed and the batch is retried (the store writes are done and not repeated).
+        # Sending them last keeps the window in which a crash re-sends them to the moment
+        # between Kafka's acknowledgement and the offset commit; a store outage, or a store
+        # that refuses the whole batch (StoreRejected stops the process), sends none.
         if not batch.exchanges_done:
             self._write_table(batch, "exchanges", batch.exchanges, batch.exchange_messages)
             batch.exchanges_done = True
         if not batch.health_done:
             self._write_table(batch, "health_samples", batch.health, batch.health_messages)
             batch.health_done = True
-        # Records the store refused one by one, now dead letters too.
         self.dead_letters.send(batch.dead_letters)
 
     def _write_table(
@@ -416,7 +420,12 @@ class Decode:
 
     def submit(self, message: Message) -> None:
         kind = self.expected_kinds.get(message.topic)
-        self.next_step.submit(Decoded(message, decode(message.value, kind)))
+        try:
+            result: Record | Poison = decode(message.value, kind)
+        except Exception as exc:  # a bug a message trips: that message alone is poison
+            log.exception("decoding a message at %s/%d@%d failed", *_where(message))
+            result = Poison(PoisonReason.DECODE_FAILED, f"{type(exc).__name__}: {exc}")
+        self.next_step.submit(Decoded(message, result))
 
     def poll(self) -> None:
         self.next_step.poll()
@@ -426,6 +435,10 @@ class Decode:
 
     def close(self) -> None:
         self.next_step.close()
+
+
+def _where(message: Message) -> tuple[str, int, int]:
+    return message.topic, message.partition, message.offset
 
 
 __all__ = [

@@ -49,18 +49,20 @@ from mirror.config import MirrorSettings
 from mirror.guard import InterferenceGuard
 from mirror.headers import (
     PAIR_HEADER,
+    candidate_headers,
     client_headers,
     header_value,
-    override_headers,
     shadow_headers,
     upstream_headers,
 )
+from mirror.privacy import Privacy, RedactionError
 from mirror.recording import ERROR_BODY_KEEP, Dispatch, build_record, error_text, status_of
 from mirror.rewrite import INCLUDE_USAGE, candidate_request, stored_request, with_stream_usage
 from mirror.sampling import Sampler
 from mirror.shadow import Shadows
 from mirror.sse import UsageHider
 from mirror.trace import Outcome, StreamTrace, parse_body, stream_trace
+from shadow_ab.privacy import redact_url, redact_urls
 from shadow_ab.records import Endpoint, ExchangeRecord, Role, Status, utcnow
 
 if TYPE_CHECKING:
@@ -88,6 +90,7 @@ SKIPPED_CAP = "skipped_cap"
 SKIPPED_GUARD = "skipped_guard"
 SKIPPED_MALFORMED = "skipped_malformed"
 SKIPPED_TOO_LARGE = "skipped_too_large"
+SKIPPED_LOAD_PARITY = "skipped_load_parity"
 DECISIONS = (
     SAMPLED,
     SKIPPED_SAMPLE,
@@ -95,6 +98,7 @@ DECISIONS = (
     SKIPPED_GUARD,
     SKIPPED_MALFORMED,
     SKIPPED_TOO_LARGE,
+    SKIPPED_LOAD_PARITY,
 )
 
 
@@ -187,7 +191,9 @@ class Mirror:
         self.inc_engine = settings.incumbent_engine()
         self.cand_engine = settings.candidate_engine()
         self.deployment = settings.deployment
-        self._cand_extra = [(k.lower(), v) for k, v in settings.candidate.headers.items()]
+        self._cand_extra = settings.candidate.own_headers()
+        self._cand_forward = frozenset(settings.candidate.forward_headers)
+        self.privacy = Privacy(settings.privacy)
         self._inflight = {Role.INCUMBENT: 0, Role.CANDIDATE: 0, Role.REPLAY: 0}
         self.shadows = Shadows(self)
         self.draining = False
@@ -256,8 +262,8 @@ class Mirror:
         _tune_gc()
         log.info(
             "mirroring %s (incumbent) to %s (candidate), shadow rate %.3g, deployment %s",
-            self.inc_url,
-            self.cand_url,
+            redact_url(self.inc_url),
+            redact_url(self.cand_url),
             self.settings.shadow.rate,
             self.deployment,
         )
@@ -391,9 +397,15 @@ class Mirror:
                 decision = SKIPPED_GUARD
             elif self.shadows.inflight >= self.settings.shadow.max_concurrent:
                 decision = SKIPPED_CAP
+            elif not self.settings.shadow.parity_allows(
+                self._inflight[Role.CANDIDATE], self._inflight[Role.INCUMBENT]
+            ):
+                decision = SKIPPED_LOAD_PARITY
             else:
                 decision = SAMPLED
         self._m_decision[decision].inc()
+        privacy = self.privacy
+        capture = privacy.level_for(header_value(scope["headers"], privacy.header))
 
         up_headers = upstream_headers(scope["headers"], pid)
         inc_body = body
@@ -409,6 +421,7 @@ class Mirror:
                 inc_rewrites = [INCLUDE_USAGE]
         stream = parsed is not None and parsed.get("stream") is True
         guard_state = self.guard.state()
+        guard_state["decision"] = decision  # why the pair was (not) shadowed, in its records
         inflight_inc = self._inflight[Role.INCUMBENT] + self._inflight[Role.REPLAY]
         inflight_cand = self._inflight[Role.CANDIDATE]
 
@@ -416,7 +429,7 @@ class Mirror:
         if decision == SAMPLED:
             assert parsed is not None
             sh_headers = _str_headers(shadow_headers(up_headers))
-            cand_headers = override_headers(sh_headers, self._cand_extra)
+            cand_headers = candidate_headers(sh_headers, self._cand_forward, self._cand_extra)
             cand_body, cand_rewrites = candidate_request(
                 parsed, chat=chat, rewrite=self.settings.candidate.rewrite
             )
@@ -427,6 +440,7 @@ class Mirror:
                 "inflight_incumbent": inflight_inc,
                 "inflight_candidate": inflight_cand,
                 "guard": guard_state,
+                "capture": capture,
             }
             shadows.append(
                 self.shadows.fire(
@@ -457,6 +471,7 @@ class Mirror:
             inflight_incumbent=inflight_inc,
             inflight_candidate=inflight_cand,
             guard=guard_state,
+            capture=capture,
         )
         state = _Request()
         me = asyncio.current_task()
@@ -542,7 +557,11 @@ class Mirror:
             except (aiohttp.ClientError, ValueError) as exc:  # ValueError: a header aiohttp refuses
                 status, error, client_code = Status.CONNECTION_ERROR, repr(exc), 502
                 await self._send_error(
-                    send, 502, f"the incumbent is unreachable: {exc}", "BadGateway", pid
+                    send,
+                    502,
+                    f"the incumbent is unreachable: {redact_urls(str(exc))}",
+                    "BadGateway",
+                    pid,
                 )
                 complete = True
                 return
@@ -668,6 +687,14 @@ class Mirror:
             m.RECORDS_DROPPED.labels(reason="encode_error").inc()
             return
         try:
+            record = self.privacy.apply(record, d.capture)
+        except RedactionError as exc:
+            log.error(
+                "the redactor failed on the %s record of pair %s: %s", role.value, d.pair_id, exc
+            )
+            m.RECORDS_DROPPED.labels(reason="redactor_error").inc()
+            return
+        try:
             accepted = self.sink.submit(record)
         except Exception:
             log.exception("the sink refused a record")
@@ -702,7 +729,9 @@ class Mirror:
                 allow_redirects=False,
             )
         except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
-            await self._send_error(send, 502, f"the incumbent is unreachable: {exc}", "BadGateway")
+            await self._send_error(
+                send, 502, f"the incumbent is unreachable: {redact_urls(str(exc))}", "BadGateway"
+            )
             m.REQUESTS.labels(route=route, code="502").inc()
             return
         try:

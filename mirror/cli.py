@@ -41,6 +41,13 @@ log = logging.getLogger("mirror")
 @click.option("--replay-rate", type=float, help="Fraction of shadowed requests also replayed.")
 @click.option("--max-shadow", type=int, help="Most shadow requests in flight.")
 @click.option(
+    "--load-parity",
+    type=float,
+    metavar="RATIO",
+    help="Keep the candidate's requests in flight at most RATIO times the incumbent's (at"
+    " dispatch); requests past it are not shadowed (skipped_load_parity).",
+)
+@click.option(
     "--health-only",
     is_flag=True,
     help="Run only the health sampler (serving /metrics and /healthz on --host/--port).",
@@ -54,6 +61,7 @@ def mirror(
     shadow_header: str | None,
     replay_rate: float | None,
     max_shadow: int | None,
+    load_parity: float | None,
     health_only: bool,
     verbose: bool,
     **flags: Any,
@@ -70,6 +78,7 @@ def mirror(
             ("header", shadow_header),
             ("replay_rate", replay_rate),
             ("max_concurrent", max_shadow),
+            ("load_parity", load_parity),
         )
         if v is not None
     }

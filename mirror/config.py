@@ -13,6 +13,7 @@ settings that cannot work (a sentence per problem).
 
 from __future__ import annotations
 
+import os
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Literal
@@ -33,11 +34,14 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from mirror.errors import MirrorConfigError
 from mirror.guard import GuardConfig
+from mirror.headers import CANDIDATE_FORWARD_DEFAULT, CREDENTIAL_HEADERS
 from mirror.health import HealthConfig
 from mirror.kafka_sink import KafkaSinkConfig
+from mirror.privacy import PrivacyConfig
 from mirror.rewrite import CandidateRewrite
 from mirror.sampling import ShadowConfig
 from shadow_ab.cli_support import explain as explain_lines
+from shadow_ab.privacy import redact_url
 from shadow_ab.settings import CommonSettings, default_sqlite_url
 
 Flavor = Literal["vllm", "trtllm", "auto"]
@@ -67,13 +71,15 @@ class EngineConfig(BaseModel):
     def _http_root(cls, v: str) -> str:
         v = v.strip().rstrip("/")
         if not v.startswith(("http://", "https://")) or len(v.split("://", 1)[1]) == 0:
-            raise ValueError(f"{v!r} is not an http(s) URL: give e.g. http://127.0.0.1:8000")
+            raise ValueError(
+                f"{redact_url(v)!r} is not an http(s) URL: give e.g. http://127.0.0.1:8000"
+            )
         # The OpenAI base URL (.../v1) is accepted: the mirror adds the paths itself.
         return v.removesuffix("/v1")
 
     def engine_id(self, role: str) -> str:
         if self.engine:
-            return self.engine
+            return redact_url(self.engine)
         return f"{self.flavor if self.flavor != 'auto' else 'engine'}@{role}"
 
 
@@ -99,6 +105,54 @@ class CandidateConfig(EngineConfig):
         " (e.g. the candidate's own Authorization)",
     )
     rewrite: CandidateRewrite = Field(default_factory=CandidateRewrite)
+    forward_headers: list[str] = Field(
+        default_factory=lambda: list(CANDIDATE_FORWARD_DEFAULT),
+        description="the client's headers the candidate gets (an allow-list; never"
+        " Authorization, Cookie, api-key, x-api-key: give the candidate its own in `headers`)",
+    )
+    headers_env: dict[str, str] = Field(
+        default_factory=dict,
+        description="header name -> environment variable holding its value, sent to the"
+        " candidate (e.g. {authorization: CANDIDATE_AUTHORIZATION})",
+    )
+    headers_files: dict[str, Path] = Field(
+        default_factory=dict,
+        description="header name -> file holding its value (a mounted Secret), sent to the"
+        " candidate",
+    )
+
+    @field_validator("forward_headers")
+    @classmethod
+    def _no_credentials(cls, v: list[str]) -> list[str]:
+        names = [n.strip().lower() for n in v if n.strip()]
+        bad = sorted(set(names) & CREDENTIAL_HEADERS)
+        if bad:
+            raise ValueError(
+                f"{', '.join(bad)} carry the client's credentials and are never sent to the"
+                " candidate: give the candidate its own in candidate.headers, headers_env or"
+                " headers_files"
+            )
+        return names
+
+    def own_headers(self) -> list[tuple[str, str]]:
+        """The headers configured for the candidate (lower-case names): ``headers``, then
+        ``headers_env``, then ``headers_files``; raise ValueError when a source is missing."""
+        out = {k.lower(): v for k, v in self.headers.items()}
+        for name, var in self.headers_env.items():
+            value = os.environ.get(var)
+            if not value:
+                raise ValueError(
+                    f"candidate.headers_env.{name}: the environment variable {var} is not set"
+                )
+            out[name.lower()] = value.strip()
+        for name, path in self.headers_files.items():
+            try:
+                out[name.lower()] = path.read_text().strip()
+            except OSError as exc:
+                raise ValueError(
+                    f"candidate.headers_files.{name}: cannot read {path} ({exc.strerror})"
+                ) from None
+        return list(out.items())
 
 
 _YAML: ContextVar[dict[str, Any] | None] = ContextVar("mirror_yaml", default=None)
@@ -162,6 +216,10 @@ class MirrorSettings(CommonSettings):
     )
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     access_log: bool = Field(default=False, description="uvicorn's access log (costs CPU)")
+    privacy: PrivacyConfig = Field(
+        default_factory=PrivacyConfig,
+        description="what of the request and response text is recorded (mirror/README.md)",
+    )
 
     @classmethod
     def settings_customise_sources(
@@ -184,7 +242,8 @@ class MirrorSettings(CommonSettings):
                 self.kafka = self.kafka.model_copy(update={"bootstrap": self.kafka_bootstrap})
         if self.incumbent.url == self.candidate.url:
             raise ValueError(
-                f"incumbent and candidate are the same server ({self.incumbent.url}): give the"
+                f"incumbent and candidate are the same server ({redact_url(self.incumbent.url)}):"
+                " give the"
                 " candidate's own URL with --candidate"
             )
         if self.incumbent.engine_id("incumbent") == self.candidate.engine_id("candidate"):
@@ -192,6 +251,7 @@ class MirrorSettings(CommonSettings):
                 "incumbent.engine and candidate.engine must differ (they name the engines in the"
                 " records and health samples)"
             )
+        self.candidate.own_headers()  # every configured source of a header is readable
         return self
 
     def incumbent_engine(self) -> str:

@@ -2,8 +2,11 @@
 headers belong to one connection and are not forwarded).
 
 Pure functions on ASGI-style header lists (``[(lower-case name, value), ...]`` as bytes).
-Headers are forwarded to the engines (the incumbent may check an API key), but never stored:
-records keep only the JSON body (see :mod:`mirror.rewrite`).
+The client's headers are forwarded to the incumbent (it may check an API key), but never stored:
+records keep only the JSON body (see :mod:`mirror.rewrite`). The candidate, often outside the
+incumbent's trust boundary, gets only an allow-list of the client's headers
+(:func:`candidate_headers`, never a credential) plus the headers configured for it (its own
+credentials).
 
 Errors: none.
 """
@@ -91,3 +94,30 @@ def override_headers(
         return headers
     names = {k for k, _ in extra}
     return [(k, v) for k, v in headers if k.lower() not in names] + extra
+
+
+CREDENTIAL_HEADERS = frozenset(
+    {"authorization", "proxy-authorization", "cookie", "api-key", "x-api-key"}
+)
+"""Client headers that carry credentials: never sent to the candidate, whatever is configured."""
+CANDIDATE_FORWARD_DEFAULT = ("content-type", "accept", "user-agent")
+"""The client headers the candidate gets by default (besides ``x-shadow-pair-id``)."""
+
+
+def candidate_headers(
+    shadow: list[tuple[str, str]], forward: frozenset[str], own: list[tuple[str, str]]
+) -> list[tuple[str, str]]:
+    """The candidate's headers: of the shadow copy's (``shadow``, from :func:`shadow_headers`),
+    only ``x-shadow-pair-id`` and the names in ``forward`` (lower-case; never a credential),
+    then ``own``, the headers configured for the candidate (its own credentials), replacing any
+    of the same name."""
+    pair = PAIR_HEADER.decode()
+    names = {k for k, _ in own}
+    out = [
+        (k, v)
+        for k, v in shadow
+        if (k.lower() == pair or k.lower() in forward)
+        and k.lower() not in CREDENTIAL_HEADERS
+        and k.lower() not in names
+    ]
+    return out + own

@@ -37,6 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from mirror.errors import MetricsParseError
 from mirror.metrics import ENGINE_RESTARTS, ENGINE_UP, ENGINE_VERSION_CHANGES, HEALTH_SCRAPE
+from shadow_ab.privacy import redact_urls
 from shadow_ab.records import INT32_MAX, HealthSample, Role, utcnow
 
 if TYPE_CHECKING:
@@ -346,7 +347,7 @@ class HealthSampler:
             up=scrape.up,
             http_status=scrape.http_status,
             latency_s=latency,
-            error=scrape.error,
+            error=redact_urls(scrape.error) if scrape.error else None,
             version=scrape.version,
             process_start_time=fields.get("process_start_time"),
             num_running=_count(fields.get("num_running")),
@@ -397,5 +398,5 @@ class HealthSampler:
 
 
 def _describe(exc: BaseException) -> str:
-    text = str(exc)
+    text = redact_urls(str(exc))
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

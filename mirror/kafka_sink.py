@@ -23,13 +23,21 @@ background thread does the rest:
 - a watchdog: a send the producer has not resolved ``STUCK_GRACE_S`` after the delivery
   timeout (kafka-python was seen to keep such sends for ever after a broker restart) makes the
   sink abandon that producer, spool its unacknowledged records again and build a new one.
+- a record too large for Kafka fails alone: one whose key and value exceed ``max_request_size``
+  (set it to the topics' ``max.message.bytes``) is dropped before it is sent, and one the
+  producer or the broker refuses for its size (``MessageSizeTooLargeError``) is dropped when
+  refused, from the spool too (its entry is acked, so the spool's head moves on); both are
+  counted (reason ``too_large``) and logged with their key. Never an outage, never stuck.
 - :meth:`KafkaSink.close` sends what is queued (to Kafka, or to the spool), waits for the
   producer's acknowledgements until its timeout, and closes the spool; records still spooled
-  are sent by the next process started on the same ``spool_dir``.
+  are sent by the next process started on the same ``spool_dir``. It returns False when a
+  record it accepted was dropped, or when records are left in the spool although Kafka answers
+  (stuck, not waiting for Kafka).
 
 The mirror in Kafka mode cannot reach the store's ``drops`` table, so drops are counted in
 ``shadow_ab_mirror_records_dropped_total`` (reasons: ``queue_full``, ``closed``, ``spool_full``,
-``encode_error``, ``spool_corrupt``) and summarised in a warning log at most every 10 s.
+``encode_error``, ``spool_corrupt``, ``too_large``) and summarised in a warning log at most
+every 10 s.
 
 Errors: :class:`~mirror.errors.KafkaSinkError` (a :class:`~mirror.errors.MirrorError`): the
 sink cannot start (its spool folder is unusable).
@@ -67,6 +75,13 @@ CLOSED = "closed"
 SPOOL_FULL = "spool_full"
 ENCODE_ERROR = "encode_error"
 SPOOL_CORRUPT = "spool_corrupt"
+TOO_LARGE = "too_large"
+RECORD_OVERHEAD_BYTES = 128
+"""What Kafka adds to a record's key and value (batch and record headers), rounded up: a record
+whose key and value exceed ``max_request_size`` minus this is dropped before it is sent."""
+_TOO_LARGE_ERRORS = frozenset({"MessageSizeTooLargeError", "RecordListTooLargeError"})
+"""kafka-python's errors for one record too large for the producer or the topic (the producer
+splits a batch the broker finds too large, so these name one record, never an outage)."""
 DROP_LOG_INTERVAL_S = 10.0
 
 _FRAME = struct.Struct("<HH")
@@ -93,6 +108,11 @@ class KafkaSinkConfig(BaseModel):
     spool_segment_bytes: int = Field(default=16 * 1024**2, ge=1024, description="segment size")
     spool_fsync: bool = Field(default=False, description="fsync every spooled record")
     queue_max: int = Field(default=50_000, ge=1, description="records held in memory")
+    max_request_size: int = Field(
+        default=1024**2,
+        ge=1024,
+        description="largest record sent, bytes; at most the topics' max.message.bytes",
+    )
     linger_ms: int = Field(default=5, ge=0, description="producer batching delay")
     batch_size: int = Field(default=256 * 1024, ge=1024, description="producer batch bytes")
     compression_type: str | None = Field(default=None, description="gzip, lz4, zstd or none")
@@ -183,6 +203,8 @@ def make_producer(config: KafkaSinkConfig) -> Producer:
     from kafka import KafkaProducer
     from kafka.errors import KafkaTimeoutError
 
+    from shadow_ab.kafka_security import kafka_security
+
     # kafka-python leaks its client's sockets when a producer cannot bootstrap: check first.
     if not any_reachable(config.bootstrap, config.bootstrap_timeout_ms / 1000):
         raise ConnectionError(f"no Kafka broker accepts connections at {config.bootstrap}")
@@ -199,6 +221,8 @@ def make_producer(config: KafkaSinkConfig) -> Producer:
         delivery_timeout_ms=config.delivery_timeout_ms,
         bootstrap_timeout_ms=config.bootstrap_timeout_ms,
         reconnect_backoff_max_ms=config.reconnect_backoff_max_ms,
+        max_request_size=config.max_request_size,
+        **kafka_security(),
     )
     # Fetch the topics' metadata now, so the first sends do not wait for it (a send waits at
     # most max_block_ms, then the record takes the detour through the spool).
@@ -214,6 +238,46 @@ def make_producer(config: KafkaSinkConfig) -> Producer:
                     break
     return producer
 
+
+def fetch_topic_limit(config: KafkaSinkConfig) -> int | None:
+    """The smallest ``max.message.bytes`` set on the sink's topics, or None when none is set
+    (or Kafka cannot say): records above it are refused by the broker."""
+    from kafka import KafkaAdminClient
+    from kafka.admin import ConfigResource, ConfigResourceType
+
+    try:
+        admin = KafkaAdminClient(
+            bootstrap_servers=config.bootstrap,
+            client_id=config.client_id + "-limits",
+            request_timeout_ms=config.bootstrap_timeout_ms,
+        )
+    except Exception as exc:
+        log.info("cannot read the topics' max.message.bytes: %s", exc)
+        return None
+    try:
+        topics = (config.topic_exchanges, config.topic_health)
+        answer = admin.describe_configs(
+            [ConfigResource(ConfigResourceType.TOPIC, t) for t in topics]
+        )
+        limits = [
+            int(entries["max.message.bytes"]["value"])
+            for entries in answer.get("topic", {}).values()
+            if "max.message.bytes" in entries
+        ]
+        return min(limits) if limits else None
+    except Exception as exc:
+        log.info("cannot read the topics' max.message.bytes: %s", exc)
+        return None
+    finally:
+        admin.close()
+
+
+def _no_limit(config: KafkaSinkConfig) -> int | None:
+    return None
+
+
+# What _send did with a record.
+SENT, REFUSED, DROPPED = object(), object(), object()
 
 # What the producer's callbacks report to the thread:
 # (what, producer generation, spool generation, number, error)
@@ -236,11 +300,17 @@ class KafkaSink:
         config: KafkaSinkConfig,
         *,
         producer_factory: Callable[[KafkaSinkConfig], Producer] = make_producer,
+        topic_limit: Callable[[KafkaSinkConfig], int | None] | None = None,
         clock: Callable[[], float] = time.monotonic,
         poll_s: float = 0.05,
     ) -> None:
         self.config = config
         self._factory = producer_factory
+        if topic_limit is None:
+            topic_limit = fetch_topic_limit if producer_factory is make_producer else _no_limit
+        self._topic_limit = topic_limit
+        self._limit = config.max_request_size
+        """Largest record sent: max_request_size, or the topics' max.message.bytes if lower."""
         self._clock = clock
         self._poll_s = poll_s
         try:
@@ -322,7 +392,8 @@ class KafkaSink:
     def close(self, timeout: float = 30.0) -> bool:
         """Stop accepting records, send what is queued (to Kafka or the spool), wait up to
         ``timeout`` seconds for Kafka's acknowledgements and close the spool. True when every
-        accepted record is acknowledged or safely in the spool."""
+        accepted record is acknowledged, or safely in the spool while Kafka is away; False
+        when one was dropped or records are left in the spool although Kafka answers."""
         with self._cond:
             if not self._closing:
                 self._closing = True
@@ -420,6 +491,21 @@ class KafkaSink:
             self._error("connect_failed")
             self._mark_down(f"cannot connect to Kafka at {self.config.bootstrap}: {exc}")
             return False
+        self._learn_limit()
+        return True
+
+    def _learn_limit(self) -> bool:
+        """Lower the size limit to the topics' max.message.bytes; True when it went down."""
+        learned = self._topic_limit(self.config)
+        if learned is None or learned >= self._limit:
+            return False
+        log.warning(
+            "Kafka topics take records up to %d bytes (max.message.bytes), below"
+            " kafka.max_request_size %d: larger records are dropped (too_large)",
+            learned,
+            self.config.max_request_size,
+        )
+        self._limit = learned
         return True
 
     def _mark_down(self, why: str, *, probe: bool = True) -> None:
@@ -456,7 +542,7 @@ class KafkaSink:
 
     def _route(self, rec: Record) -> None:
         frame = self._encode(rec)
-        if frame is None:
+        if frame is None or self._oversized(frame):
             return
         direct = (
             self._kafka_ok
@@ -466,10 +552,33 @@ class KafkaSink:
         )
         if direct:
             self._direct_seq += 1
-            if self._send(frame, "direct", 0, self._direct_seq):
+            sent = self._send(frame, "direct", 0, self._direct_seq)
+            if sent is SENT:
                 self._direct_frames[self._direct_seq] = (frame, self._clock())
                 return
+            if sent is DROPPED:
+                return
         self._to_spool(frame)
+
+    def _oversized(self, frame: bytes) -> bool:
+        """Drop (counted, ``too_large``) a frame Kafka would refuse for its size: it must fail
+        alone, never hold the spool's head or be taken for an outage."""
+        topic, key, value = decode_frame(frame)
+        size = len(key) + len(value) + RECORD_OVERHEAD_BYTES
+        if size <= self._limit:
+            return False
+        self._drop_too_large(topic, key, f"{size} bytes, above the limit of {self._limit}")
+        return True
+
+    def _drop_too_large(self, topic: str, key: bytes, why: str) -> None:
+        log.error(
+            "dropping a record too large for Kafka (topic %s, key %s): %s; to keep such records"
+            " raise the topics' max.message.bytes and kafka.max_request_size together",
+            topic,
+            key.decode(errors="replace"),
+            why,
+        )
+        self._count_drop(TOO_LARGE)
 
     def _to_spool(self, frame: bytes) -> None:
         if self.spool.append(frame):
@@ -478,8 +587,10 @@ class KafkaSink:
         else:
             self._count_drop(SPOOL_FULL)
 
-    def _send(self, frame: bytes, origin: str, gen: int, entry_id: int) -> bool:
-        """Hand one frame to the producer; False when the producer refused it synchronously."""
+    def _send(self, frame: bytes, origin: str, gen: int, entry_id: int) -> object:
+        """Hand one frame to the producer: SENT; REFUSED when the producer refused it
+        synchronously (Kafka is taken as away); DROPPED when the record alone is too large
+        (counted; a spooled one is acked so the spool moves on)."""
         topic, key, value = decode_frame(frame)
         try:
             if self._producer is None:  # the callers made one: lost meanwhile, a refused send
@@ -487,14 +598,19 @@ class KafkaSink:
             future = self._producer.send(topic, key=key, value=value)
         except Exception as exc:
             self._error(type(exc).__name__)
+            if type(exc).__name__ in _TOO_LARGE_ERRORS:
+                self._drop_too_large(topic, key, str(exc))
+                if origin == "spool":
+                    self.spool.ack(entry_id)
+                return DROPPED
             self._mark_down(f"send failed: {exc}", probe=origin == "spool")
-            return False
+            return REFUSED
         if origin == "spool":
             self._spool_sent[entry_id] = self._clock()
         pgen = self._pgen
         future.add_callback(lambda _md: self._report((origin + "_ok", pgen, gen, entry_id, None)))
         future.add_errback(lambda exc: self._report((origin + "_fail", pgen, gen, entry_id, exc)))
-        return True
+        return SENT
 
     def _handle(self, outcomes: list[_Outcome]) -> None:
         for what, pgen, gen, entry_id, exc in outcomes:
@@ -508,6 +624,9 @@ class KafkaSink:
             if what == "direct_ok":
                 self._direct_frames.pop(entry_id, None)
                 self._mark_up()
+            elif what.endswith("_fail") and type(exc).__name__ in _TOO_LARGE_ERRORS:
+                self._error(type(exc).__name__)
+                self._settle_too_large(what, gen, entry_id, exc)
             elif what == "direct_fail":
                 self._error(type(exc).__name__)
                 self._mark_down(f"delivery failed: {exc}", probe=False)
@@ -525,6 +644,29 @@ class KafkaSink:
                     self._error(type(exc).__name__)
                     self._mark_down(f"delivery from the spool failed: {exc}")
                     self._rewind()
+
+    def _settle_too_large(
+        self, what: str, gen: int, entry_id: int, exc: BaseException | None
+    ) -> None:
+        """The broker refused a record for its size: a topic's max.message.bytes is below
+        the limit the sink knew. The idempotent producer fails every send it holds after such
+        an error, so it is replaced (its sends spooled again, in order). With the topics' new
+        limit read again, the oversized records are then dropped alone before they are sent;
+        when Kafka will not say its limit, the refused record is dropped (counted)."""
+        failed = self._direct_frames.pop(entry_id, None) if what == "direct_fail" else None
+        if what == "spool_fail":
+            self._spool_sent.pop(entry_id, None)
+        learned = self._learn_limit()
+        if not learned:
+            if failed is not None:
+                topic, key, _value = decode_frame(failed[0])
+                self._drop_too_large(topic, key, f"the broker refused it: {exc}")
+            elif gen == self._gen:
+                self.spool.ack(entry_id)
+                self._drop_too_large("(from the spool)", b"", f"the broker refused it: {exc}")
+        elif failed is not None:
+            self._to_spool(failed[0])  # sent again, or dropped, once the new limit applies
+        self._abandon_producer()
 
     def _check_stuck(self) -> None:
         """A send the producer never resolves (seen with kafka-python when a restarted broker
@@ -588,7 +730,10 @@ class KafkaSink:
                 self._count_drop(SPOOL_CORRUPT)
                 self.spool.ack(entry.id)
                 continue
-            if not self._send(entry.payload, "spool", self._gen, entry.id):
+            if self._oversized(entry.payload):  # spooled before the limit was lowered
+                self.spool.ack(entry.id)
+                continue
+            if self._send(entry.payload, "spool", self._gen, entry.id) is REFUSED:
                 self._rewind()
                 return
 
@@ -639,11 +784,14 @@ class KafkaSink:
             _close_producer(self._producer, max(0.0, self._deadline - time.monotonic()))
             self._producer = None
         with self._cond:
-            lost = sum(self._stats.dropped[r] for r in (SPOOL_FULL, ENCODE_ERROR, SPOOL_CORRUPT))
-        self._closed_ok = lost == 0
+            lost = sum(
+                self._stats.dropped[r] for r in (SPOOL_FULL, ENCODE_ERROR, SPOOL_CORRUPT, TOO_LARGE)
+            )
         self._log_drops_now()
         self.spool.close()
         left = len(self.spool)
+        # Records left in the spool while Kafka answers are stuck, not merely waiting for it.
+        self._closed_ok = lost == 0 and (left == 0 or not self._kafka_ok)
         if left:
             log.warning(
                 "Kafka sink closed with %d records in the spool %s; the next mirror process on"

@@ -12,7 +12,7 @@ name they use is declared here (or in another part's ``metrics`` module).
 | shadow_ab_mirror_added_seconds | histogram | | time the mirror adds before the first byte reaches the client (its own overhead) |
 | shadow_ab_mirror_held_seconds | histogram | | time a stream's finish event was held back until the usage event the mirror hides (to give the finish event its system_fingerprint back) |
 | shadow_ab_mirror_inflight_requests | gauge | role | requests in flight to each engine |
-| shadow_ab_mirror_shadow_decisions_total | counter | decision | sampled, skipped_sample, skipped_cap, skipped_guard, skipped_malformed, skipped_too_large, skipped_route |
+| shadow_ab_mirror_shadow_decisions_total | counter | decision | sampled, skipped_sample, skipped_cap, skipped_guard, skipped_malformed, skipped_too_large, skipped_route, skipped_load_parity |
 | shadow_ab_mirror_replays_total | counter | | sampled requests also replayed to the incumbent |
 | shadow_ab_mirror_guard_rate_ratio | gauge | | the guard's current multiplier of the shadow rate, 0..1 |
 | shadow_ab_mirror_guard_state | gauge | state | 1 for the guard's current state (steady, backoff, recovering, off_window), else 0 |

@@ -41,6 +41,8 @@ class Dispatch:
     inflight_incumbent: int | None = None
     inflight_candidate: int | None = None
     guard: dict[str, Any] = field(default_factory=dict)
+    capture: str = "full"
+    """The capture level of this request's records (:mod:`mirror.privacy`)."""
 
     @property
     def model(self) -> str | None:

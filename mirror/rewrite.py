@@ -3,10 +3,11 @@
 Pure functions on plain dicts (the body is never mutated; a rewritten copy is returned together
 with the names of the rewrites, which go into ``ExchangeRecord.rewrites``):
 
-- :func:`candidate_request`: the candidate-specific rewrites of :class:`CandidateRewrite` --
-  model-name mapping (``model``), fields the candidate rejects (``drop:<field>``; TensorRT-LLM
-  answers 400 to fields it does not know), an explicit ``max_tokens`` where the client left it
-  out (``max_tokens``; vLLM's completions default is 16, TensorRT-LLM's is none), and
+- :func:`candidate_request`: credential-like fields removed at any depth (``credential:<path>``),
+  then the candidate-specific rewrites of :class:`CandidateRewrite` -- model-name mapping
+  (``model``), fields the candidate rejects (``drop:<field>``; TensorRT-LLM answers 400 to
+  fields it does not know), an explicit ``max_tokens`` where the client left it out
+  (``max_tokens``; vLLM's completions default is 16, TensorRT-LLM's is none), and
   ``stream_options.include_usage`` on streams so the token count (hence TPOT) is known.
 - :func:`with_stream_usage`: ``include_usage`` for the incumbent's stream too; the mirror then
   hides the usage chunk from a client that did not ask for it (and gives the finish chunks back
@@ -23,9 +24,12 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from shadow_ab.privacy import strip_credentials
+
 INCLUDE_USAGE = "stream_options.include_usage"
 MAX_TOKENS = "max_tokens"
 MODEL = "model"
+CREDENTIAL = "credential"
 
 SECRET_FIELDS = frozenset(
     {"api_key", "apikey", "api-key", "authorization", "password", "secret", "access_token"}
@@ -92,9 +96,13 @@ def with_stream_usage(body: dict[str, Any], *, hideable: bool = True) -> dict[st
 def candidate_request(
     body: dict[str, Any], *, chat: bool, rewrite: CandidateRewrite
 ) -> tuple[dict[str, Any], list[str]]:
-    """The body to send to the candidate and the rewrites applied, in order."""
-    out = dict(body)
-    done: list[str] = []
+    """The body to send to the candidate and the rewrites applied, in order. Credential-like
+    fields (``api_key``, ``metadata.password``, ...: :data:`shadow_ab.privacy.CREDENTIAL_KEYS`)
+    are removed at any depth first (``credential:<path>``): the candidate is often outside the
+    incumbent's trust boundary and gets credentials of its own (``candidate.headers``)."""
+    stripped, removed = strip_credentials(body)
+    out = dict(stripped)
+    done: list[str] = [f"{CREDENTIAL}:{path}" for path in removed]
     model = out.get("model")
     target = rewrite.model_map.get(model) if isinstance(model, str) else None
     if target is None:

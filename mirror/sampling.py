@@ -48,6 +48,28 @@ class ShadowConfig(BaseModel):
         le=1.0,
         description="fraction of shadowed requests also sent again to the incumbent (replay)",
     )
+    load_parity: float | None = Field(
+        default=None,
+        gt=0.0,
+        le=1000.0,
+        description="bound the candidate's requests in flight at dispatch to this ratio of the"
+        " incumbent's client requests in flight (plus load_parity_slack), this request counted on"
+        " both sides; past it, requests are not shadowed (counted as skipped_load_parity), so"
+        " both engines are compared at the same concurrency. None: no bound",
+    )
+    load_parity_slack: int = Field(
+        default=0,
+        ge=0,
+        description="candidate requests in flight allowed beyond load_parity * incumbent's",
+    )
+
+    def parity_allows(self, inflight_candidate: int, inflight_incumbent: int) -> bool:
+        """Whether one more candidate request keeps ``load_parity``: with this request on both
+        sides, ``candidate + 1 <= load_parity * (incumbent + 1) + load_parity_slack``."""
+        ratio = self.load_parity
+        if ratio is None:
+            return True
+        return inflight_candidate + 1 <= ratio * (inflight_incumbent + 1) + self.load_parity_slack
 
     @field_validator("header")
     @classmethod

@@ -53,6 +53,7 @@ import orjson
 
 from mirror.errors import SpoolError
 from mirror.metrics import SPOOL_BYTES, SPOOL_RECORDS
+from shadow_ab.privacy import private_opener
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +108,7 @@ class Spool:
         """Bytes cut from torn segment tails when the spool was opened."""
 
         try:
-            self.directory.mkdir(parents=True, exist_ok=True)
+            self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         except OSError as exc:
             raise SpoolError(f"cannot create the spool folder {self.directory}: {exc}") from exc
         if not self.directory.is_dir():
@@ -126,7 +127,9 @@ class Spool:
         if not self._sizes:
             self._sizes[self._ack_seg] = 0
         self._write_seq = max(self._sizes)
-        self._writer: BinaryIO = open(self._path(self._write_seq), "ab")  # noqa: SIM115
+        self._writer: BinaryIO = open(  # noqa: SIM115
+            self._path(self._write_seq), "ab", opener=private_opener
+        )
         # Reading: the next entry to hand out, and the entries handed out, not yet acked.
         self._read_seg, self._read_off = self._ack_seg, self._ack_off
         self._reader: BinaryIO | None = None
@@ -185,7 +188,7 @@ class Spool:
         self._writer.close()
         self._write_seq += 1
         self._sizes[self._write_seq] = 0
-        self._writer = open(self._path(self._write_seq), "ab")  # noqa: SIM115
+        self._writer = open(self._path(self._write_seq), "ab", opener=private_opener)  # noqa: SIM115
 
     # -- reading and acking -----------------------------------------------------------------------
 
@@ -280,7 +283,7 @@ class Spool:
     def _lock_folder(self) -> BinaryIO:
         """An exclusive flock on ``lock`` in the folder: two processes on one spool would
         interleave their segments and acks. The OS releases it when the process dies."""
-        f = open(self.directory / LOCK_FILE, "ab")  # noqa: SIM115
+        f = open(self.directory / LOCK_FILE, "ab", opener=private_opener)  # noqa: SIM115
         try:
             fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -323,7 +326,7 @@ class Spool:
             self._path(seq).unlink(missing_ok=True)
         self._sizes = {new_seq: 0}
         self._write_seq = new_seq
-        self._writer = open(self._path(new_seq), "ab")  # noqa: SIM115
+        self._writer = open(self._path(new_seq), "ab", opener=private_opener)  # noqa: SIM115
         self._ack_seg, self._ack_off = new_seq, 0
         self._read_seg, self._read_off = new_seq, 0
         self._cursor_dirty = True

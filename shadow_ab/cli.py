@@ -56,3 +56,6 @@ class LazyGroup(click.Group):
 @click.version_option(__version__, prog_name="shadow-ab")
 def main() -> None:
     """Shadow-traffic A/B evaluation for LLM serving engines."""
+    from shadow_ab.privacy import install_log_redaction
+
+    install_log_redaction()  # no URL password in any command's log

@@ -32,6 +32,12 @@ from shadow_ab.timestamps import aware_utc
 SCHEMA_VERSION = 1
 """Bumped on an incompatible change; consumers accept every version up to their own."""
 
+RECORD_TIME_MIN = datetime(1970, 1, 1, tzinfo=UTC)
+RECORD_TIME_MAX = datetime(9999, 1, 1, tzinfo=UTC)
+"""A record's ``sent_at`` / ``ts`` must lie in ``[RECORD_TIME_MIN, RECORD_TIME_MAX)``: the store
+files records in daily partitions and needs the day after a record's day to exist (9999-12-31
+has none), so times outside the range are refused when the record is parsed, not by the store."""
+
 
 class RecordError(ValueError):
     """A payload that is not a valid record. It will never become valid: do not retry it."""
@@ -135,7 +141,7 @@ class ExchangeRecord(_Record):
     @field_validator("sent_at")
     @classmethod
     def _aware_utc(cls, v: datetime) -> datetime:
-        return aware_utc(v, "sent_at")
+        return _storable(aware_utc(v, "sent_at"), "sent_at")
 
     @property
     def greedy(self) -> bool:
@@ -169,10 +175,21 @@ class HealthSample(_Record):
     @field_validator("ts")
     @classmethod
     def _aware_utc(cls, v: datetime) -> datetime:
-        return aware_utc(v, "ts")
+        return _storable(aware_utc(v, "ts"), "ts")
 
 
 Record = ExchangeRecord | HealthSample
+
+
+def _storable(ts: datetime, name: str) -> datetime:
+    """``ts`` when the store can hold it; ``ValueError`` naming ``name`` otherwise."""
+    if not RECORD_TIME_MIN <= ts < RECORD_TIME_MAX:
+        raise ValueError(
+            f"{name} {ts.isoformat()} is outside the range the store keeps"
+            f" ({RECORD_TIME_MIN:%Y-%m-%d} to {RECORD_TIME_MAX:%Y-%m-%d}, exclusive):"
+            " check the clock of the process that made the record"
+        )
+    return ts
 
 
 def _explain(exc: ValidationError) -> str:

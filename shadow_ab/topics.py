@@ -13,6 +13,8 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass, field
 
+from shadow_ab.kafka_security import kafka_security
+
 TOPIC_EXCHANGES = "shadow.exchanges"
 """Exchange records (:class:`shadow_ab.records.ExchangeRecord`), keyed by ``pair_id``."""
 TOPIC_HEALTH = "shadow.health"
@@ -76,6 +78,7 @@ def ensure_topics(
             bootstrap_servers=bootstrap,
             client_id="shadow-ab-topics",
             request_timeout_ms=timeout_ms,
+            **kafka_security(),
         )
     except KafkaError as exc:
         raise TopicError(
@@ -114,7 +117,9 @@ def delete_topics(bootstrap: str, names: list[str], *, timeout_s: float = 30.0) 
     from kafka import KafkaAdminClient
     from kafka.errors import UnknownTopicOrPartitionError
 
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="shadow-ab-topics")
+    admin = KafkaAdminClient(
+        bootstrap_servers=bootstrap, client_id="shadow-ab-topics", **kafka_security()
+    )
     try:
         existing = set(admin.list_topics())
         present = [n for n in names if n in existing]

@@ -6,12 +6,14 @@ the engine it returns, so tests and other parts hand in whichever database they 
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
 
+from shadow_ab.privacy import redact_url as _redact_url
 from shadow_ab.settings import normalize_database_url
 from storage.errors import BadConfiguration
 
@@ -28,11 +30,9 @@ def normalize_url(url: str) -> str:
 
 
 def redact_url(url: str) -> str:
-    """The URL without its password, for logs and messages."""
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:  # an unparseable URL has no password we could hide reliably
-        return url.split("@")[-1]
+    """The URL without its password, for logs and messages (:func:`shadow_ab.privacy.redact_url`,
+    the one helper for it)."""
+    return _redact_url(url)
 
 
 def make_engine(url: str, **kwargs: Any) -> Engine:
@@ -44,12 +44,27 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
     """
     url = normalize_url(url)
     if url.startswith("sqlite"):
+        _private_file(make_url(url).database)
         engine = create_engine(url, **kwargs)
         event.listen(engine, "connect", _sqlite_on_connect)
         return engine
     connect_args = {"connect_timeout": CONNECT_TIMEOUT_S, **kwargs.pop("connect_args", {})}
     kwargs.setdefault("pool_pre_ping", True)
     return create_engine(url, connect_args=connect_args, **kwargs)
+
+
+def _private_file(path: str | None) -> None:
+    """Create the SQLite file readable by its owner only (0600: it holds prompts and outputs);
+    SQLite gives its -wal and -shm files the same mode. An existing file is left as it is."""
+    if not path or path == ":memory:" or path.startswith("file:"):
+        return
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    except FileExistsError:
+        return
+    except OSError:
+        return  # a missing folder: SQLite's own error says it better when it connects
+    os.close(fd)
 
 
 def _sqlite_on_connect(dbapi_connection: sqlite3.Connection, _record: object) -> None:

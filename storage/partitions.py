@@ -21,9 +21,10 @@ from datetime import UTC, date, datetime, time, timedelta
 
 from sqlalchemy import Connection, Engine, delete, func, select, text
 
+from shadow_ab.records import RECORD_TIME_MAX, RECORD_TIME_MIN
 from shadow_ab.timestamps import as_utc
 from storage.db import is_postgres
-from storage.errors import translate
+from storage.errors import StoreError, translate
 from storage.models import DROPS, EXCHANGES, HEALTH_SAMPLES, PARTITIONED_TABLES
 
 _NAME = re.compile(r"^(?P<table>[a-z_]+)_p(?P<day>\d{8})$")
@@ -53,9 +54,20 @@ def day_start(day: date) -> datetime:
     return datetime.combine(day, time.min, tzinfo=UTC)
 
 
+def next_day(day: date) -> date:
+    """The day after ``day``; :class:`StoreError` for a day outside the range the store keeps
+    (the records' own validation refuses those first: this guards any other way in)."""
+    if not RECORD_TIME_MIN.date() <= day < RECORD_TIME_MAX.date():
+        raise StoreError(
+            f"no partition can hold the day {day.isoformat()}: the store keeps"
+            f" {RECORD_TIME_MIN:%Y-%m-%d} to {RECORD_TIME_MAX:%Y-%m-%d} (exclusive)"
+        )
+    return day + timedelta(days=1)
+
+
 def _create_sql(table: str, day: date) -> str:
     lo = day_start(day).strftime("%Y-%m-%d %H:%M:%S+00")
-    hi = day_start(day + timedelta(days=1)).strftime("%Y-%m-%d %H:%M:%S+00")
+    hi = day_start(next_day(day)).strftime("%Y-%m-%d %H:%M:%S+00")
     return (
         f"CREATE TABLE IF NOT EXISTS {partition_name(table, day)} PARTITION OF {table}"
         f" FOR VALUES FROM ('{lo}') TO ('{hi}')"
@@ -133,7 +145,7 @@ class PartitionCache:
         if days:
             # Also the day after the newest: creating a partition locks the parent table
             # exclusively, better done before midnight than while traffic waits for it.
-            days.add(max(days) + timedelta(days=1))
+            days.add(next_day(max(days)))
         missing = days - self.known.get(table, set())
         if not missing:
             return

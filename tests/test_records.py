@@ -99,3 +99,27 @@ def test_kind_mismatch_is_an_error() -> None:
 def test_counts_beyond_what_the_store_holds_are_malformed(field: str, value: int) -> None:
     with pytest.raises(RecordError, match=field):
         parse_record(exchange_document(**{field: value}))
+
+
+@pytest.mark.parametrize(
+    "when",
+    [
+        "9999-12-31T00:00:00Z",
+        "9999-01-01T00:00:00Z",
+        "1969-12-31T23:59:59Z",
+        "0001-01-01T00:00:00Z",
+    ],
+)
+def test_times_the_store_cannot_hold_are_refused_at_parse_time(when: str) -> None:
+    """9999-12-31 once crash-looped the ingester (no day after it for a partition)."""
+    with pytest.raises(RecordError, match=r"sent_at .* outside the range the store keeps"):
+        parse_record(orjson.dumps(exchange_document(sent_at=when)))
+    doc = orjson.loads(health().to_json())
+    doc["ts"] = when
+    with pytest.raises(RecordError, match=r"ts .* outside the range the store keeps"):
+        parse_record(doc)
+
+
+def test_the_last_storable_instant_is_accepted() -> None:
+    rec = parse_record(exchange_document(sent_at="9998-12-31T23:59:59.999999Z"))
+    assert isinstance(rec, ExchangeRecord) and rec.sent_at.year == 9998

@@ -11,10 +11,10 @@ from __future__ import annotations
 import uuid
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Header, Path, Query
+from fastapi import APIRouter, Header, Path, Query, Request
 from fastapi.responses import HTMLResponse, Response
 
-from api import queries
+from api import audit, queries
 from api.auth import Principal, Reader
 from api.deps import (
     MAX_PAGE,
@@ -32,7 +32,7 @@ from api.errors import MissingScope, NotFound
 from api.html import PAGE_HEADERS, pair_page
 from api.models import DivergentPair, PairDetail, PairPage, Side, SideSummary, problem_response
 from api.queries import AnyRow
-from api.redact import split_request
+from api.redact import redact_error, redact_parameters, split_request
 
 router = APIRouter(tags=["pairs"])
 
@@ -64,6 +64,7 @@ def _columns(row: AnyRow, prefix: str) -> dict[str, Any]:
     summary="Pairs whose outputs or finish reasons differ, oldest first, paged",
 )
 def divergent_pairs(
+    request: Request,
     name: DeploymentName,
     who: Reader,
     conn: Conn,
@@ -100,6 +101,15 @@ def divergent_pairs(
                 divergence=compare(incumbent, _columns(row, "o_"), content=who.sees_content),
             )
         )
+    if who.sees_content and items:
+        audit.content_read(
+            who,
+            request.url.path,
+            name,
+            pair_ids=[p.pair_id for p in items],
+            since=since,
+            until=until,
+        )
     next_cursor = None
     if scan.resume is not None:
         next_cursor = queries.encode_cursor(scan.resume)
@@ -113,6 +123,9 @@ def divergent_pairs(
 
 def _side(row: AnyRow, who: Principal) -> Side:
     fields = dict(row._mapping)
+    fields["error"] = redact_error(
+        fields.get("error"), str(fields.get("status")), content=who.sees_content
+    )
     if not who.sees_content:
         fields["output_text"] = None
         fields["logprobs"] = None
@@ -138,7 +151,7 @@ def pair_detail(name: str, rows: list[AnyRow], who: Principal) -> PairDetail:
         endpoint=first.endpoint,
         model=first.model,
         prompt=prompt if who.sees_content else None,
-        parameters=parameters,
+        parameters=redact_parameters(parameters, content=who.sees_content),
         sides={role: _side(r, who) for role, r in by_role.items()},
         divergence=divergence,
     )
@@ -157,6 +170,7 @@ def pair_detail(name: str, rows: list[AnyRow], who: Principal) -> PairDetail:
     },
 )
 def get_pair(
+    request: Request,
     name: DeploymentName,
     pair_id: Annotated[uuid.UUID, Path(description="the pair's id (x-shadow-pair-id)")],
     who: Reader,
@@ -175,6 +189,8 @@ def get_pair(
             " (the JSON form shows timings and divergence offsets without it)"
         )
     detail = pair_detail(name, rows, who)
+    if who.sees_content:
+        audit.content_read(who, request.url.path, name, pair_ids=[pair_id])
     if html:
         return HTMLResponse(pair_page(detail), headers=PAGE_HEADERS)
     return detail

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, Path, Query
+from fastapi import APIRouter, Header, Path, Query, Request
 from fastapi.responses import HTMLResponse, Response
 
-from api import queries
+from api import audit, queries
 from api.auth import Principal, Reader
 from api.deps import MAX_PAGE, Conn, DeploymentName, Format, deployment_row, wants_html
 from api.errors import MissingScope, NotFound
@@ -56,13 +56,15 @@ def list_reports(
 
 
 def _answer(
-    row: AnyRow | None, what: str, name: str, who: Principal, html: bool
+    row: AnyRow | None, what: str, name: str, who: Principal, html: bool, route: str
 ) -> Report | Response:
     if row is None:
         raise NotFound(f"deployment {name!r} has no report {what}")
     fields = dict(row._mapping)
     body, had_content = redact(fields.pop("body"))
     page = fields.pop("html")
+    if had_content and who.sees_content:
+        audit.content_read(who, route, name, report_id=row.id)
     if html:
         if page is None:
             raise NotFound(f"report {row.id} of {name!r} has no HTML page: ask for JSON")
@@ -83,6 +85,7 @@ def _answer(
     responses=REPORT_RESPONSES,
 )
 def latest_report(
+    request: Request,
     name: DeploymentName,
     who: Reader,
     conn: Conn,
@@ -91,7 +94,7 @@ def latest_report(
 ) -> Report | Response:
     deployment_row(conn, name)
     row = queries.report(conn, name, None)
-    return _answer(row, "yet", name, who, wants_html(format, accept))
+    return _answer(row, "yet", name, who, wants_html(format, accept), request.url.path)
 
 
 @router.get(
@@ -101,6 +104,7 @@ def latest_report(
     responses=REPORT_RESPONSES,
 )
 def get_report(
+    request: Request,
     name: DeploymentName,
     report_id: Annotated[int, Path(ge=1, le=2**63 - 1)],
     who: Reader,
@@ -110,4 +114,4 @@ def get_report(
 ) -> Report | Response:
     deployment_row(conn, name)
     row = queries.report(conn, name, report_id)
-    return _answer(row, str(report_id), name, who, wants_html(format, accept))
+    return _answer(row, str(report_id), name, who, wants_html(format, accept), request.url.path)

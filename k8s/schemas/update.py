@@ -19,8 +19,8 @@ Sources (pinned; rerun this script when a pin moves):
   PodMonitor, PrometheusRule): the CRD YAML in their Go modules, fetched with
   ``go mod download -json MODULE@VERSION`` (``config/crd/bases`` and
   ``example/prometheus-operator-crd``).
-- Strimzi 1.2.0 (Kafka, KafkaNodePool, KafkaTopic; API ``kafka.strimzi.io/v1``): the CRD YAML in
-  ``packaging/install/cluster-operator/04*-Crd-*.yaml`` of a checkout of
+- Strimzi 1.2.0 (Kafka, KafkaNodePool, KafkaTopic, KafkaUser; API ``kafka.strimzi.io/v1``): the
+  CRD YAML in ``packaging/install/cluster-operator/04*-Crd-*.yaml`` of a checkout of
   strimzi-kafka-operator at tag 1.2.0, passed as ``--strimzi-dir``.
 
 CRD ``openAPIV3Schema`` trees are turned into JSON schema the way kubeconform's
@@ -87,6 +87,7 @@ PROMETHEUS_OPERATOR_CRDS = (
 STRIMZI_CRDS = (
     ("packaging/install/cluster-operator/040-Crd-kafka.yaml", "v1"),
     ("packaging/install/cluster-operator/043-Crd-kafkatopic.yaml", "v1"),
+    ("packaging/install/cluster-operator/044-Crd-kafkauser.yaml", "v1"),
     ("packaging/install/cluster-operator/045-Crd-kafkanodepool.yaml", "v1"),
 )
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from evaluator.blocks import MIN_HOURS, blocks_from_keys
 from evaluator.policy import Criterion, Policy, default_policy
 from evaluator.rates import (
     compare_failure_shares,
@@ -114,7 +115,13 @@ def ttft_p95(month: Month, day: int, level: float, settings: Settings) -> Measur
     config = BootstrapConfig(
         level=level, n_resamples=settings.resamples, max_pairs=settings.latency_pairs, seed=day
     )
-    p95 = paired_comparison(inc, cand, config).ratios["p95"]
+    blocks = None
+    if config.unit == "blocks" and 24 * day >= MIN_HOURS:
+        # the review's blocks: each pair's UTC day and hour (whole days, then hours, resampled)
+        take = inc.size // (24 * day)
+        hours = np.repeat(np.arange(24 * day), take)
+        blocks = blocks_from_keys([(str(h // 24), str(h)) for h in hours])
+    p95 = paired_comparison(inc, cand, config, blocks=blocks).ratios["p95"]
     iv = None if math.isnan(p95.low) or math.isnan(p95.high) else Interval(p95.low, p95.high, level)
     return Measurement("latency.ttft.p95.ratio", p95.value, iv, p95.n, "ratio")
 

@@ -105,6 +105,44 @@ def test_poison_goes_to_the_dlq_with_its_reason_and_the_rest_is_stored(
     assert reasons[poison[2][1]].startswith("unsupported_schema_version: ")
 
 
+def test_a_year_9999_record_is_dead_lettered_once_and_its_batch_is_written(
+    kafka_bootstrap: str, ingest_db_url: str, ingest_engine: Engine, topics: Topics
+) -> None:
+    """Issue 14, finding 3: one schema-valid message dated 9999-12-31 crash-looped the
+    ingester (OverflowError in the partition code), each restart re-sent the batch's dead
+    letters and the rest of the batch was never written."""
+    good = _exchanges(topics.deployment, 0, 20)
+    late = orjson.loads(good[0][1])
+    late["pair_id"] = "7f000000-0000-4000-8000-000000009999"
+    late["sent_at"] = "9999-12-31T12:00:00Z"
+    late_health = orjson.loads(numbered_health(topics.deployment, 0).to_json())
+    late_health["ts"] = "9999-12-31T12:00:00Z"
+    messages = [(b"same-key", v) for _, v in good[:10]]
+    messages += [(b"same-key", orjson.dumps(late))]
+    messages += [(b"same-key", v) for _, v in good[10:]]
+    produce(kafka_bootstrap, topics.exchanges, messages)
+    produce(kafka_bootstrap, topics.health, [(b"vllm@incumbent", orjson.dumps(late_health))])
+    total = len(messages) + 1
+
+    settings = settings_for(topics, kafka_bootstrap, ingest_db_url, ingest_batch_size=64)
+    run_until_committed(settings, total, "every offset, the year-9999 ones included")
+    assert count_rows(ingest_engine, "exchanges", topics.deployment) == len(good)
+    letters = _read_all(kafka_bootstrap, topics.dlq, expected=2)
+    reasons = sorted(dict(m.headers)["reason"].decode() for m in letters)
+    assert all(r.startswith("invalid_record: ") for r in reasons), reasons
+    assert "sent_at 9999-12-31T12:00:00+00:00 is outside the range" in reasons[0] + reasons[1]
+    assert "ts 9999-12-31T12:00:00+00:00 is outside the range" in reasons[0] + reasons[1]
+
+    # A restart of the same group reads on from the committed offsets: the dead letters are
+    # not sent again, and new records flow.
+    more = _exchanges(topics.deployment, 20, 25)
+    produce(kafka_bootstrap, topics.exchanges, [(b"same-key", v) for _, v in more])
+    # (this run commits only the exchanges' partition the records share: its next offset)
+    run_until_committed(settings, len(messages) + len(more), "the restarted ingester's new offsets")
+    assert count_rows(ingest_engine, "exchanges", topics.deployment) == len(good) + len(more)
+    assert len(_read_all(kafka_bootstrap, topics.dlq, expected=2)) == 2
+
+
 def _read_all(bootstrap: str, topic: str, expected: int) -> list[Any]:
     from kafka import KafkaConsumer
 

@@ -248,3 +248,80 @@ def test_unmigrated_store_stops_at_once() -> None:
     with pytest.raises(StoreRejected, match="db upgrade"):
         sink.write_exchanges([numbered_exchange("d", i) for i in range(64)])
     assert calls == [64]  # no bisecting a schema problem
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [OverflowError("date value out of range"), ValueError("bad"), RuntimeError("a bug")],
+    ids=["overflow", "value", "runtime"],
+)
+def test_any_failure_one_record_trips_sends_just_that_one_to_the_dlq(
+    failure: Exception,
+) -> None:
+    """Not only StoreError: whatever one record makes the writer raise is isolated to it."""
+    p = Pipeline(batch_size=5)
+    inner = p.store.write_exchanges
+
+    def tripping(engine: Any, records: Sequence[Any]) -> int:
+        if any(r.output_text == "answer 2" for r in records):
+            raise failure
+        return inner(engine, records)
+
+    p.write.sink = StoreSink(None, tripping, p.store.write_health)
+    for i in range(5):
+        p.submit_exchange(i)
+    assert len(p.store.rows) == 4
+    assert [x.message.offset for x in p.letters.sent] == [2]
+    assert p.letters.sent[0].poison.code == PoisonReason.STORE_REJECTED
+    assert type(failure).__name__ in p.letters.sent[0].poison.detail
+    assert p.commits.offsets == [{Partition(EX, 0): 5}]
+
+
+def test_a_record_tripping_the_decoder_is_poison_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    import ingester.steps as steps
+
+    real = steps.decode
+
+    def fragile(value: bytes | None, kind: str | None = None) -> Any:
+        if value == b"trips":
+            raise KeyError("boom")
+        return real(value, kind)
+
+    monkeypatch.setattr(steps, "decode", fragile)
+    p = Pipeline(batch_size=3)
+    p.submit_exchange(0)
+    p.decode.submit(p.msg(EX, b"trips"))
+    p.submit_exchange(2)
+    assert len(p.store.rows) == 2
+    assert [(x.poison.code, x.message.offset) for x in p.letters.sent] == [
+        (PoisonReason.DECODE_FAILED, 1)
+    ]
+    assert p.commits.offsets == [{Partition(EX, 0): 3}]
+
+
+def test_dead_letters_wait_for_the_store_so_an_outage_never_sends_them() -> None:
+    """The DLQ is written after the store and just before the commit: a store outage (or a
+    restart during one) sends no dead letter, so nothing is sent twice."""
+    p = Pipeline(batch_size=2)
+    p.store.down = True
+    p.submit_exchange(0)
+    p.decode.submit(p.msg(EX, b"nope"))
+    assert p.write.busy and p.letters.sent == []
+    p.clock.now = p.write.retry_at
+    p.decode.poll()
+    assert p.letters.sent == []  # still down: still nothing
+    p.store.down = False
+    p.clock.now = p.write.retry_at
+    p.decode.poll()
+    assert len(p.letters.sent) == 1 and len(p.store.rows) == 1
+    assert p.commits.offsets == [{Partition(EX, 0): 2}]
+
+
+def test_a_store_refusing_everything_sends_no_dead_letters_before_stopping() -> None:
+    p = Pipeline(batch_size=3)
+    p.store.refuse = {"answer 0", "answer 2"}
+    p.submit_exchange(0)
+    p.decode.submit(p.msg(EX, b"nope"))
+    with pytest.raises(StoreRejected):
+        p.submit_exchange(2)
+    assert p.letters.sent == [] and p.commits.offsets == []

@@ -150,7 +150,7 @@ def test_network_is_closed(overlay: str, docs: Docs) -> None:
     # PostgreSQL: the writers, the API (read-only role), CNPG itself and Prometheus.
     pg_peers = _peers(find(d, "NetworkPolicy", "shadow-ab-postgres"))
     components = {p for p in pg_peers if not p.startswith("namespace:")}
-    assert components == {"ingester", "migrate", "evaluator", "api"}
+    assert components == {"ingester", "migrate", "evaluator", "retention", "api"}
     assert "mirror" not in pg_peers and "health-sampler" not in pg_peers
     # Kafka: Strimzi generates the listener's policy from these peers.
     kafka = find(d, "Kafka", "shadow-ab")
@@ -165,7 +165,12 @@ def test_network_is_closed(overlay: str, docs: Docs) -> None:
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_database_roles(overlay: str, docs: Docs) -> None:
     d = docs[overlay]
-    writers = {"shadow-ab-ingester", "shadow-ab-migrate", "shadow-ab-evaluator"}
+    writers = {
+        "shadow-ab-ingester",
+        "shadow-ab-migrate",
+        "shadow-ab-evaluator",
+        "shadow-ab-retention",
+    }
     for doc in d:
         if doc["kind"] not in ("Deployment", "Job", "CronJob"):
             continue
@@ -324,6 +329,7 @@ def test_prod_egress_is_allow_listed(docs: Docs) -> None:
         "ingester": {"dns", "kafka", "postgres"},
         "migrate": {"dns", "postgres"},
         "evaluator": {"dns", "postgres"},
+        "retention": {"dns", "postgres"},
         "api": {"dns", "postgres"},
     }
     assert not [

@@ -20,6 +20,7 @@ from mirror.kafka_sink import (
     KafkaSinkError,
     decode_frame,
     encode_frame,
+    fetch_topic_limit,
     make_producer,
 )
 from mirror.spool import Spool
@@ -221,3 +222,131 @@ def test_make_producer_is_idempotent_acks_all(kafka_bootstrap: str, topics: Topi
         assert producer.config["enable_idempotence"] is True
     finally:
         producer.close(timeout=5)
+
+
+SMALL_TOPIC_BYTES = 64 * 1024
+
+
+@pytest.fixture
+def small_topics(kafka_bootstrap: str) -> Iterator[Topics]:
+    """Topics whose max.message.bytes is 64 KiB, so a big record is cheap to make."""
+    tag = uuid.uuid4().hex[:10]
+    t = Topics(f"mirror-sink-small-{tag}.exchanges", f"mirror-sink-small-{tag}.health")
+    limit = {"max.message.bytes": str(SMALL_TOPIC_BYTES)}
+    ensure_topics(kafka_bootstrap, [TopicSpec(t.exchanges, 1, limit), TopicSpec(t.health, 1)])
+    yield t
+    delete_topics(kafka_bootstrap, [t.exchanges, t.health])
+
+
+def _big(i: int) -> ExchangeRecord:
+    return numbered_exchange(DEP, i, output_text="x" * (3 * SMALL_TOPIC_BYTES))
+
+
+def _limit_after_start() -> Any:
+    """The topics' limit unknown at the start (as if lowered later), read again afterwards."""
+    calls = []
+
+    def limit(cfg: KafkaSinkConfig) -> int | None:
+        calls.append(1)
+        return None if len(calls) == 1 else fetch_topic_limit(cfg)
+
+    return limit
+
+
+@pytest.mark.parametrize(
+    ("max_request_size", "topic_limit"),
+    [
+        (SMALL_TOPIC_BYTES, None),
+        (1024**2, None),
+        (1024**2, _limit_after_start),
+        (1024**2, lambda: lambda cfg: None),
+    ],
+    ids=[
+        "max_request_size matches the topic: dropped before sending",
+        "the sink reads the topic's lower limit: dropped before sending",
+        "the topic's limit lowered after the start: the broker refuses, the sink learns",
+        "Kafka will not say its limit: the broker refuses, that record is dropped",
+    ],
+)
+def test_a_record_too_large_for_kafka_fails_alone(
+    kafka_bootstrap: str,
+    small_topics: Topics,
+    tmp_path: Path,
+    max_request_size: int,
+    topic_limit: Any,
+) -> None:
+    """Issue 14, finding 1: one record over the topic's limit was taken for an outage, sat at
+    the spool's head for ever with every later record behind it, and close() said True."""
+    cfg = config(
+        kafka_bootstrap, small_topics, tmp_path / "spool", max_request_size=max_request_size
+    )
+    sink = KafkaSink(cfg, topic_limit=topic_limit() if topic_limit else None)
+    before = [numbered_exchange(DEP, i) for i in range(20)]
+    after = [numbered_exchange(DEP, i) for i in range(21, 60)]
+    for r in [*before, _big(20), *after]:
+        assert sink.submit(r)
+    assert sink.flush(60), "records were left behind the big one"
+    assert not sink.close(10), "close() must say a record it accepted was dropped"
+    stats = sink.stats()
+    assert stats.dropped == {"too_large": 1}
+    got = consume(kafka_bootstrap, small_topics.exchanges, 59)
+    assert sorted(m.value for m in got) == sorted(r.to_json() for r in before + after)
+    with Spool(tmp_path / "spool", max_bytes=10**9, publish_metrics=False) as left:
+        assert len(left) == 0
+
+
+def test_a_too_large_record_at_the_spools_head_is_dropped_and_the_rest_drains(
+    kafka_bootstrap: str, small_topics: Topics, tmp_path: Path
+) -> None:
+    """A spool left by a process whose records were too large (or spooled while Kafka was away
+    before the limit was set) does not stay stuck: a restart drains it."""
+    spool_dir = tmp_path / "spool"
+    records = [numbered_exchange(DEP, i) for i in range(30)]
+    with Spool(spool_dir, max_bytes=10**9, publish_metrics=False) as spool:
+        for r in [_big(100), *records[:15], _big(101), *records[15:]]:
+            spool.append(encode_frame(small_topics.exchanges, str(r.pair_id).encode(), r.to_json()))
+    sink = KafkaSink(
+        config(kafka_bootstrap, small_topics, spool_dir, max_request_size=SMALL_TOPIC_BYTES)
+    )
+    assert sink.flush(60)
+    assert not sink.close(10)  # two records were dropped: close() says so
+    assert sink.stats().dropped == {"too_large": 2}
+    with Spool(spool_dir, max_bytes=10**9, publish_metrics=False) as left:
+        assert len(left) == 0
+    got = consume(kafka_bootstrap, small_topics.exchanges, 30)
+    assert [m.value for m in got] == [r.to_json() for r in records]  # one partition: in order
+
+
+def test_close_is_false_when_records_are_stuck_in_the_spool_while_kafka_answers(
+    tmp_path: Path,
+) -> None:
+    """A broker that answers but never acknowledges: close() must not report success."""
+
+    class Future:
+        def add_callback(self, fn: Any) -> None:
+            pass
+
+        def add_errback(self, fn: Any) -> None:
+            pass
+
+    class Silent:
+        config: dict[str, Any] = {}
+
+        def send(self, topic: str, *, key: bytes | None, value: bytes) -> Future:
+            return Future()
+
+        def partitions_for(self, topic: str) -> set[int]:
+            return {0}
+
+        def close(self, timeout: float | None = None) -> None:
+            pass
+
+    sink = KafkaSink(
+        KafkaSinkConfig(bootstrap="x:1", spool_dir=tmp_path / "spool"),
+        producer_factory=lambda _cfg: Silent(),
+    )
+    for i in range(5):
+        assert sink.submit(numbered_exchange(DEP, i))
+    assert not sink.close(1.0)
+    with Spool(tmp_path / "spool", max_bytes=10**9, publish_metrics=False) as left:
+        assert len(left) == 5  # spooled at close: not lost, but not reported as delivered

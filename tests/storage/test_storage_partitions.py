@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from datetime import date, timedelta
+from datetime import UTC, date, datetime, timedelta
 
+import pytest
 from factories import T0, exchanges, health_series
 from sqlalchemy import Engine, text
 
+from storage.errors import StoreError
 from storage.partitions import (
     apply_retention,
     ensure_partitions,
@@ -123,3 +125,13 @@ def test_retention_deletes_old_rows_on_sqlite(sqlite_engine: Engine) -> None:
         assert conn.execute(text("SELECT count(*) FROM health_samples")).scalar_one() == 4
         oldest = conn.execute(text("SELECT min(sent_at) FROM exchanges")).scalar_one()
     assert oldest.startswith("2026-11-27 12:00:00")
+
+
+def test_a_day_the_store_cannot_hold_is_a_store_error_not_an_overflow(pg_engine: Engine) -> None:
+    """A record that got past validation (built without it) dated 9999-12-31 once raised
+    OverflowError from the partition code; now it is a StoreError the writers' callers
+    isolate to that record."""
+    (rec,) = exchanges(1)
+    late = rec.model_copy(update={"sent_at": datetime(9999, 12, 31, tzinfo=UTC)})
+    with pytest.raises(StoreError, match="no partition can hold the day 9999-12-31"):
+        write_exchanges(pg_engine, [late])

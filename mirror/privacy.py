@@ -1,0 +1,235 @@
+"""What of a request's and an answer's text a record keeps: the capture modes and the redactor.
+
+Every exchange record passes through :meth:`Privacy.apply` before it leaves the mirror (in
+:meth:`mirror.app.Mirror._finish`, after the client's answer is complete). The level is the
+deployment's ``privacy.capture``, lowered (never raised) per request by the opt-out header
+(``x-shadow-capture: metadata`` or ``none``; any other value counts as ``none``):
+
+- ``full``: the request body (credential-like keys removed at any depth), ``output_text`` and
+  ``error``, each string passed through the redactor (``privacy.redactor``: ``builtin`` replaces
+  e-mail addresses, phone and card numbers, API keys and bearer tokens; ``none``; or a Python
+  callable ``module:function``, string in, string out), and the logprobs.
+- ``metadata``: no text. The request keeps its sampling parameters (model, temperature,
+  max_tokens, ...); each field that carries text (``messages``, ``prompt``, ``tools``, ``user``,
+  ...) is replaced by a keyed digest (HMAC-SHA256, :class:`shadow_ab.privacy.Digester`);
+  ``output_text`` is the digest of the answer, and each logprobs token (and top alternative) a
+  digest of the token, numbers kept. Equal texts have equal digests under one key, so a pair's
+  exact match, first divergence and token edit similarity are still computed
+  (``evaluator.compare``); nothing can be read back. An engine's error body (engines echo the
+  input) keeps only its type and code.
+- ``none``: as ``metadata`` without any digest: timings, statuses, token counts, parameters.
+
+The level is recorded in ``rewrites`` (``capture:metadata``, ``capture:none``) so readers know
+``output_text`` is a digest or absent. Mirror-made error texts (timeouts, connection errors)
+always go through :func:`shadow_ab.privacy.redact_urls` (no password of an engine URL).
+
+Errors: :class:`RedactionError` when the configured redactor raises (the record is dropped and
+counted rather than kept unredacted).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+
+from shadow_ab.privacy import (
+    Digester,
+    error_summary,
+    load_redactor,
+    no_redaction,
+    redact_strings,
+    redact_urls,
+    strip_credentials,
+)
+from shadow_ab.records import ExchangeRecord, Status, TokenLogprob
+
+CaptureLevel = Literal["full", "metadata", "none"]
+FULL: CaptureLevel = "full"
+METADATA: CaptureLevel = "metadata"
+NONE: CaptureLevel = "none"
+_RANK = {NONE: 0, METADATA: 1, FULL: 2}
+
+PARAMETER_KEYS = frozenset(
+    {
+        "model",
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "max_tokens",
+        "max_completion_tokens",
+        "min_tokens",
+        "n",
+        "best_of",
+        "stream",
+        "stream_options",
+        "seed",
+        "logprobs",
+        "top_logprobs",
+        "presence_penalty",
+        "frequency_penalty",
+        "repetition_penalty",
+        "length_penalty",
+        "ignore_eos",
+        "echo",
+        "skip_special_tokens",
+        "parallel_tool_calls",
+    }
+)
+"""Request fields that are parameters, not text: kept whatever the capture level."""
+
+
+class RedactionError(Exception):
+    """The configured redactor failed on a record."""
+
+
+class PrivacyConfig(BaseModel):
+    """``privacy:`` in the mirror's YAML (``SHADOW_AB_MIRROR_PRIVACY__CAPTURE=metadata``, ...)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    capture: CaptureLevel = Field(
+        default=FULL,
+        description="full: text kept (redacted); metadata: timings, counts and keyed digests"
+        " only; none: no text and no digests",
+    )
+    opt_out_header: str = Field(
+        default="x-shadow-capture",
+        min_length=1,
+        description="a request with this header (value metadata or none) is captured at that"
+        " level if lower than `capture`",
+    )
+    redactor: str = Field(
+        default="builtin",
+        description="run on every string of a record kept with text: builtin, none, or a"
+        " Python callable module:function (str -> str)",
+    )
+    hash_key: SecretStr | None = Field(
+        default=None,
+        description="key of the digests (metadata mode); default: a random key per process"
+        " (pairs compare, digests of different processes do not)",
+    )
+    hash_key_file: Path | None = Field(
+        default=None, description="file holding the digest key (a mounted Secret)"
+    )
+
+    @field_validator("opt_out_header")
+    @classmethod
+    def _lower(cls, v: str) -> str:
+        return v.strip().lower()
+
+    @field_validator("redactor")
+    @classmethod
+    def _loadable(cls, v: str) -> str:
+        load_redactor(v)
+        return v.strip()
+
+    @field_validator("hash_key_file")
+    @classmethod
+    def _readable(cls, v: Path | None) -> Path | None:
+        if v is not None and not os.access(v, os.R_OK):
+            raise ValueError(f"cannot read the digest key file {v}")
+        return v
+
+    def key(self) -> bytes | None:
+        if self.hash_key_file is not None:
+            return self.hash_key_file.read_bytes().strip() or None
+        if self.hash_key is not None:
+            return self.hash_key.get_secret_value().encode() or None
+        return None
+
+
+class Privacy:
+    """Applies a :class:`PrivacyConfig` to records (one per mirror)."""
+
+    def __init__(self, config: PrivacyConfig) -> None:
+        self.config = config
+        self.level = config.capture
+        self.header = config.opt_out_header.encode("latin-1")
+        self.redactor = load_redactor(config.redactor)
+        self.digester = Digester(config.key())
+
+    def level_for(self, value: bytes | None) -> CaptureLevel:
+        """The capture level of a request whose opt-out header has ``value`` (None: absent)."""
+        if value is None:
+            return self.level
+        asked = value.decode("latin-1").strip().lower()
+        level: CaptureLevel = NONE
+        if asked in (METADATA, FULL):
+            level = METADATA if asked == METADATA else FULL
+        return level if _RANK[level] < _RANK[self.level] else self.level
+
+    def apply(self, record: ExchangeRecord, level: str) -> ExchangeRecord:
+        """``record`` as it may leave the mirror at capture ``level``."""
+        try:
+            if level == FULL:
+                return self._full(record)
+            return self._reduced(record, digests=level == METADATA, level=level)
+        except RedactionError:
+            raise
+        except Exception as exc:
+            raise RedactionError(f"{type(exc).__name__}: {exc}") from exc
+
+    def _full(self, record: ExchangeRecord) -> ExchangeRecord:
+        redact = self.redactor
+        request, _ = strip_credentials(record.request)
+        error = redact_urls(record.error) if record.error else record.error
+        if redact is no_redaction:
+            if request is record.request and error == record.error:
+                return record
+            return record.model_copy(update={"request": request, "error": error})
+        return record.model_copy(
+            update={
+                "request": redact_strings(request, redact),
+                "output_text": redact(record.output_text) if record.output_text else None,
+                "error": redact(error) if error else error,
+            }
+        )
+
+    def _reduced(self, record: ExchangeRecord, *, digests: bool, level: str) -> ExchangeRecord:
+        dg = self.digester
+        request: dict[str, Any] = {}
+        for key, value in record.request.items():
+            if key in PARAMETER_KEYS:
+                request[key] = value
+            elif key == "response_format" and isinstance(value, dict):
+                request[key] = {"type": value.get("type")}
+            elif digests and value is not None:
+                request[key] = dg.value(value)
+        output = record.output_text
+        logprobs = record.logprobs
+        if digests:
+            output = dg.text(output) if output is not None else None
+            if logprobs is not None:
+                logprobs = [_digest_token(lp, dg) for lp in logprobs]
+        else:
+            output, logprobs = None, None
+        error = record.error
+        if error:
+            error = (
+                error_summary(error, level)
+                if record.status is Status.HTTP_ERROR
+                else redact_urls(error)
+            )
+        return record.model_copy(
+            update={
+                "request": request,
+                "output_text": output,
+                "logprobs": logprobs,
+                "error": error,
+                "rewrites": [*record.rewrites, f"capture:{level}"],
+            }
+        )
+
+
+def _digest_token(lp: Any, dg: Digester) -> TokenLogprob:
+    if isinstance(lp, dict):
+        lp = TokenLogprob.model_construct(**lp)
+    return TokenLogprob.model_construct(
+        token=dg.token(lp.token),
+        logprob=lp.logprob,
+        top={dg.token(k): v for k, v in lp.top.items()},
+    )

@@ -1,0 +1,468 @@
+"""What leaves the mirror, and to whom (issue 14, findings 8-10): the candidate gets no client
+credential, no URL password reaches a client, a log or a record, and records keep only the text
+their capture level allows, redacted.
+
+Engines here are small recording servers (what each engine was sent is the evidence) or the
+simulator pair; the mirror runs in-process with a list sink, or as a real subprocess where the
+server's own parsing matters (``OPTIONS *``)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import stat
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+from aiohttp import web
+from mirror_helpers import MODEL, ListSink
+
+from evaluator.compare import PairSide, compare_pair
+from mirror import metrics as m
+from mirror.app import Mirror
+from mirror.config import MirrorConfigError, MirrorSettings, load_settings
+from mirror.privacy import Privacy, PrivacyConfig
+from mirror.spool import CURSOR_FILE, Spool
+from shadow_ab.dev.processes import RunningSim, free_port, running_mirror
+from shadow_ab.privacy import is_digest
+from shadow_ab.records import ExchangeRecord, Role, Status, TokenLogprob
+from storage.db import make_engine
+
+CLIENT_SECRETS = {
+    "authorization": "Bearer sk-client-secret-1",
+    "cookie": "session=client-cookie-2",
+    "api-key": "client-api-key-3",
+    "x-api-key": "client-x-api-key-4",
+}
+ANSWER = "Hello from the engine, write to jane@example.com"
+
+
+@dataclass
+class Recorder:
+    """A tiny OpenAI-style engine that keeps what it was sent."""
+
+    answer: str = ANSWER
+    status: int = 200
+    seen: list[tuple[dict[str, str], dict[str, Any]]] = field(default_factory=list)
+
+    async def handle(self, request: web.Request) -> web.Response:
+        body = orjson.loads(await request.read())
+        self.seen.append(({k.lower(): v for k, v in request.headers.items()}, body))
+        if self.status != 200:
+            error = {
+                "object": "error",
+                "message": f"bad request for prompt {body.get('messages')!r}",
+                "type": "BadRequestError",
+                "param": None,
+                "code": self.status,
+            }
+            return web.json_response(error, status=self.status)
+        answer = {
+            "id": "x",
+            "object": "chat.completion",
+            "model": body.get("model"),
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": self.answer},
+                    "finish_reason": "stop",
+                }
+            ],
+            "usage": {"prompt_tokens": 5, "completion_tokens": 9, "total_tokens": 14},
+        }
+        return web.json_response(answer)
+
+
+@contextlib.asynccontextmanager
+async def serving(rec: Recorder) -> AsyncIterator[str]:
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", rec.handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    site = web.TCPSite(runner, "127.0.0.1", port)
+    await site.start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
+
+
+def chat(**extra: Any) -> dict[str, Any]:
+    return {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Where is Paris? Mail me at bob@example.org"}],
+        "max_tokens": 6,
+        "temperature": 0,
+        **extra,
+    }
+
+
+async def through(
+    s: MirrorSettings,
+    requests: list[tuple[dict[str, Any], dict[str, str]]],
+    sink: ListSink,
+) -> list[httpx.Response]:
+    mirror = Mirror(s, sink=sink)
+    await mirror.startup()
+    try:
+        transport = httpx.ASGITransport(app=mirror)
+        async with httpx.AsyncClient(transport=transport, base_url="http://mirror") as client:
+            return [
+                await client.post("/v1/chat/completions", json=b, headers=h) for b, h in requests
+            ]
+    finally:
+        await mirror.shutdown()
+
+
+def run_with_engines(
+    inc: Recorder,
+    cand: Recorder,
+    requests: list[tuple[dict[str, Any], dict[str, str]]],
+    **over: Any,
+) -> tuple[list[httpx.Response], list[ExchangeRecord]]:
+    sink = ListSink()
+
+    async def main() -> list[httpx.Response]:
+        async with serving(inc) as inc_url, serving(cand) as cand_url:
+            cand_over = over.pop("candidate", {})
+            s = load_settings(
+                None,
+                incumbent={"url": inc_url, "include_usage": False},
+                candidate={"url": cand_url, **cand_over},
+                health_enabled=False,
+                database_url="sqlite:///unused.db",
+                **over,
+            )
+            return await through(s, requests, sink)
+
+    responses = asyncio.run(main())
+    return responses, [r for r in sink.records if isinstance(r, ExchangeRecord)]
+
+
+def roles(records: list[ExchangeRecord]) -> dict[Role, ExchangeRecord]:
+    return {r.role: r for r in records}
+
+
+# -- finding 8: the candidate gets no client credentials -------------------------------------------
+
+
+def test_candidate_gets_only_allowed_headers_and_its_own_credentials(tmp_path: Path) -> None:
+    key_file = tmp_path / "candidate-key"
+    key_file.write_text("Bearer candidate-own-key\n")
+    os.environ["TEST_CANDIDATE_ORG"] = "candidate-org"
+    try:
+        inc, cand = Recorder(), Recorder()
+        body = chat(api_key="sk-body-secret-5", metadata={"api_key": "sk-nested-6", "team": "a"})
+        headers = {**CLIENT_SECRETS, "x-custom": "kept-for-incumbent", "x-trace": "t-1"}
+        responses, records = run_with_engines(
+            inc,
+            cand,
+            [(body, headers)],
+            candidate={
+                "headers_files": {"Authorization": str(key_file)},
+                "headers_env": {"openai-organization": "TEST_CANDIDATE_ORG"},
+                "forward_headers": ["content-type", "accept", "x-trace"],
+            },
+        )
+    finally:
+        del os.environ["TEST_CANDIDATE_ORG"]
+    assert responses[0].status_code == 200
+    (inc_headers, inc_body), (cand_headers, cand_body) = inc.seen[0], cand.seen[0]
+
+    # The incumbent, which may check the client's key, gets the client's request as it was.
+    assert inc_headers["authorization"] == CLIENT_SECRETS["authorization"]
+    assert inc_headers["x-custom"] == "kept-for-incumbent"
+    assert inc_body["api_key"] == "sk-body-secret-5"
+
+    # The candidate: its own credentials, the allow-listed headers, nothing else of the client's.
+    assert cand_headers["authorization"] == "Bearer candidate-own-key"
+    assert cand_headers["openai-organization"] == "candidate-org"
+    assert cand_headers["x-trace"] == "t-1"
+    assert cand_headers["x-shadow-pair-id"] == inc_headers["x-shadow-pair-id"]
+    for name in ("cookie", "api-key", "x-api-key", "x-custom"):
+        assert name not in cand_headers, name
+    assert "api_key" not in cand_body and cand_body["metadata"] == {"team": "a"}
+    assert cand_body["messages"] == body["messages"]
+
+    recs = roles(records)
+    assert recs[Role.CANDIDATE].rewrites[:2] == [
+        "credential:api_key",
+        "credential:metadata.api_key",
+    ]
+    dump = repr([r.model_dump() for r in records])
+    for secret in [*CLIENT_SECRETS.values(), "sk-body-secret-5", "sk-nested-6"]:
+        assert secret.split()[-1] not in dump, secret
+
+
+def test_candidate_without_configured_credentials_gets_none() -> None:
+    inc, cand = Recorder(), Recorder()
+    run_with_engines(inc, cand, [(chat(), {**CLIENT_SECRETS, "user-agent": "sdk/1"})])
+    cand_headers, _ = cand.seen[0]
+    assert not set(CLIENT_SECRETS) & set(cand_headers)
+    assert cand_headers["user-agent"] == "sdk/1"  # on the default allow-list
+
+
+def test_forwarding_a_credential_header_is_refused() -> None:
+    with pytest.raises(MirrorConfigError, match=r"authorization.*never sent to the candidate"):
+        load_settings(
+            None,
+            incumbent={"url": "http://127.0.0.1:1"},
+            candidate={"url": "http://127.0.0.1:2", "forward_headers": ["Authorization"]},
+        )
+    with pytest.raises(MirrorConfigError, match="TEST_NOT_SET_ANYWHERE is not set"):
+        load_settings(
+            None,
+            incumbent={"url": "http://127.0.0.1:1"},
+            candidate={
+                "url": "http://127.0.0.1:2",
+                "headers_env": {"authorization": "TEST_NOT_SET_ANYWHERE"},
+            },
+        )
+
+
+# -- finding 9: URL passwords ----------------------------------------------------------------------
+
+
+def test_url_password_reaches_no_client_record_log_or_metric(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    inc_url = f"http://user:INC-PASSWORD@127.0.0.1:{free_port()}"
+    cand_url = f"http://user:CAND-PASSWORD@127.0.0.1:{free_port()}"
+    s = load_settings(
+        None,
+        incumbent={"url": inc_url},
+        candidate={"url": cand_url},
+        health_enabled=False,
+        database_url="sqlite:///unused.db",
+    )
+    sink = ListSink()
+
+    async def main() -> list[httpx.Response]:
+        mirror = Mirror(s, sink=sink)
+        await mirror.startup()
+        try:
+            transport = httpx.ASGITransport(app=mirror)
+            async with httpx.AsyncClient(transport=transport, base_url="http://m") as client:
+                out = [await client.post("/v1/chat/completions", json=chat())]
+                out.append(await client.get("/v1/models"))
+                out.append(await client.get("/healthz"))
+                out.append(await client.get("/metrics"))
+                return out
+        finally:
+            await mirror.shutdown()
+
+    with caplog.at_level("INFO"):
+        responses = asyncio.run(main())
+    assert [r.status_code for r in responses] == [502, 502, 200, 200]
+    records = [r for r in sink.records if isinstance(r, ExchangeRecord)]
+    assert {r.status for r in records} == {Status.CONNECTION_ERROR}
+    everything = (
+        b"".join(r.content for r in responses).decode()
+        + caplog.text
+        + repr([r.model_dump() for r in records])
+    )
+    assert "INC-PASSWORD" not in everything and "CAND-PASSWORD" not in everything
+    assert "user:***@127.0.0.1" in caplog.text  # the start-up line names the engines
+
+
+def test_options_star_shows_no_password(engines: tuple[RunningSim, RunningSim]) -> None:
+    """The reproduction of finding 9: ``OPTIONS *`` made the URL invalid, and aiohttp's error
+    (the whole URL, password included) went to the client in a 502 and to the log."""
+    inc, cand = engines
+    host_port = inc.base_url.split("://", 1)[1]
+    with running_mirror(
+        f"http://user:PASSWORD-9@{host_port}", cand.base_url, health_enabled=False
+    ) as mirror:
+        with socket.create_connection((mirror.host, mirror.port), timeout=10) as sock:
+            sock.sendall(b"OPTIONS * HTTP/1.1\r\nHost: m\r\nConnection: close\r\n\r\n")
+            answer = b""
+            while chunk := sock.recv(65536):
+                answer += chunk
+        healthz = httpx.get(mirror.base_url + "/healthz").text
+        metrics = mirror.metrics_text()
+        mirror.stop()
+        log = mirror.log_path.read_text()
+    assert answer.startswith(b"HTTP/1.1 ")
+    for text in (answer.decode("latin-1"), healthz, metrics, log):
+        assert "PASSWORD-9" not in text
+    assert "user:***@" in log  # the start-up line, redacted
+
+
+# -- finding 10: capture levels, the opt-out header, the redactor ----------------------------------
+
+
+def test_full_capture_redacts_nested_request_output_and_error() -> None:
+    inc, cand = Recorder(), Recorder(status=400)
+    body = chat(user="carol@example.net", metadata={"phone": "+1 415 555 2671"})
+    _, records = run_with_engines(inc, cand, [(body, {})])
+    recs = roles(records)
+    i, c = recs[Role.INCUMBENT], recs[Role.CANDIDATE]
+    assert i.request["messages"][0]["content"] == "Where is Paris? Mail me at [EMAIL]"
+    assert i.request["user"] == "[EMAIL]" and i.request["metadata"] == {"phone": "[PHONE]"}
+    assert i.output_text == "Hello from the engine, write to [EMAIL]"
+    assert c.status is Status.HTTP_ERROR and c.error is not None
+    assert "bob@example.org" not in c.error and "[EMAIL]" in c.error  # the engine echoed it
+    assert i.rewrites == [] and not any(r.startswith("capture:") for r in c.rewrites)
+
+
+def test_custom_redactor_and_a_failing_one() -> None:
+    _, records = run_with_engines(
+        Recorder(), Recorder(), [(chat(), {})], privacy={"redactor": "privacy_redactors:mark"}
+    )
+    assert all("[CITY]" in r.request["messages"][0]["content"] for r in records)
+    assert all("jane@example.com" in (r.output_text or "") for r in records)  # builtin replaced
+
+    before = m.RECORDS_DROPPED.labels(reason="redactor_error")._value.get()
+    responses, records = run_with_engines(
+        Recorder(), Recorder(), [(chat(), {})], privacy={"redactor": "privacy_redactors:broken"}
+    )
+    assert responses[0].status_code == 200  # the client is served all the same
+    assert records == []  # nothing unredacted leaves the mirror
+    after = m.RECORDS_DROPPED.labels(reason="redactor_error")._value.get()
+    assert after - before == 2
+
+
+def test_metadata_capture_keeps_no_text_and_pairs_still_compare(
+    engines: tuple[RunningSim, RunningSim],
+) -> None:
+    inc, cand = engines
+    s = load_settings(
+        None,
+        incumbent={"url": inc.base_url},
+        candidate={"url": cand.base_url},
+        health_enabled=False,
+        database_url="sqlite:///unused.db",
+        privacy={"capture": "metadata", "hash_key": "deployment-key"},
+    )
+    sink = ListSink()
+    body = chat(stream=True, logprobs=True, top_logprobs=2, user="dave@example.com")
+    asyncio.run(through(s, [(body, {})], sink))
+    recs = roles([r for r in sink.records if isinstance(r, ExchangeRecord)])
+    i, c = recs[Role.INCUMBENT], recs[Role.CANDIDATE]
+    for r in (i, c):
+        assert r.status is Status.OK and r.completion_tokens and r.ttft_s is not None
+        assert is_digest(r.output_text) and is_digest(r.request["messages"])
+        assert is_digest(r.request["user"])
+        assert r.request["temperature"] == 0 and r.request["max_tokens"] == 6
+        assert r.rewrites[-1] == "capture:metadata"
+        assert r.logprobs and all(lp.token.startswith("h:") for lp in r.logprobs)
+        dump = repr(r.model_dump())
+        assert "Paris" not in dump and "dave@" not in dump
+    assert i.request["messages"] == c.request["messages"]  # same prompt, same digest: pairing
+    d = compare_pair(PairSide.from_record(i), PairSide.from_record(c))
+    assert d.comparable and d.exact_match is True and d.first_divergence is None
+    assert d.token_basis == "logprobs" and d.edit_similarity == 1.0
+
+
+def test_divergence_from_digests_alone() -> None:
+    privacy = Privacy(PrivacyConfig(capture="metadata"))
+
+    def side(text: str, tokens: list[str] | None) -> PairSide:
+        rec = ExchangeRecord.model_validate(
+            {
+                "deployment": "d",
+                "pair_id": "00000000-0000-0000-0000-000000000001",
+                "role": "incumbent",
+                "engine": "e",
+                "endpoint": "chat",
+                "stream": False,
+                "sent_at": "2026-12-01T00:00:00Z",
+                "status": "ok",
+                "request": {"messages": [{"content": "q"}], "temperature": 0},
+                "output_text": text,
+                "completion_tokens": len(text.split()),
+                "logprobs": (
+                    [TokenLogprob(token=t, logprob=-0.1, top={t: -0.1}) for t in tokens]
+                    if tokens
+                    else None
+                ),
+            }
+        )
+        return PairSide.from_record(privacy.apply(rec, "metadata"))
+
+    same = compare_pair(side("a b c", None), side("a b c", None))
+    assert same.comparable and same.exact_match is True and same.token_basis == "digest"
+    differ = compare_pair(side("a b c", None), side("a b d", None))
+    assert differ.diverged and differ.exact_match is False and differ.edit_similarity is None
+    tokens = compare_pair(side("a b c", ["a", "b", "c"]), side("a x c", ["a", "x", "c"]))
+    assert tokens.diverged and tokens.first_divergence == 1
+    assert tokens.edit_similarity == pytest.approx(2 / 3)
+    # a digest against a text (two capture levels) is no comparison at all
+    plain = PairSide(text="a b c", request={"temperature": 0})
+    assert not compare_pair(side("a b c", None), plain).comparable
+
+
+def test_none_capture_and_the_opt_out_header() -> None:
+    inc, cand = Recorder(), Recorder(status=400)
+    _, records = run_with_engines(
+        inc, cand, [(chat(), {"x-shadow-capture": "none"}), (chat(), {"X-Shadow-Capture": "full"})]
+    )
+    first = [r for r in records if r.pair_id == records[0].pair_id]
+    assert len(first) == 2
+    for r in first:
+        assert r.output_text is None and r.logprobs is None
+        assert "messages" not in r.request and r.request["model"] == MODEL
+        assert r.rewrites[-1] == "capture:none"
+    cand_rec = next(r for r in first if r.role is Role.CANDIDATE)
+    assert cand_rec.error and "bob@" not in cand_rec.error and "Paris" not in cand_rec.error
+    assert "type=BadRequestError code=400" in cand_rec.error
+    # "full" on a full deployment stays full (redacted)
+    full = [r for r in records if r.pair_id != records[0].pair_id]
+    assert len(full) == 2
+    assert all(
+        r.output_text == "Hello from the engine, write to [EMAIL]"
+        for r in full
+        if r.status is Status.OK
+    )
+
+    # the header never raises the level: a metadata deployment stays metadata
+    _, records = run_with_engines(
+        Recorder(),
+        Recorder(),
+        [(chat(), {"x-shadow-capture": "full"}), (chat(), {"x-shadow-capture": "bogus"})],
+        privacy={"capture": "metadata"},
+    )
+    levels = {r.pair_id: r.rewrites[-1] for r in records}
+    assert sorted(levels.values()) == ["capture:metadata", "capture:none"]
+
+
+# -- files created 0600 ---------------------------------------------------------------------------
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def test_store_and_spool_files_are_private(tmp_path: Path) -> None:
+    db = tmp_path / "records.db"
+    engine = make_engine(f"sqlite:///{db}")
+    with engine.begin() as conn:
+        conn.exec_driver_sql("CREATE TABLE t (x)")
+        conn.exec_driver_sql("INSERT INTO t VALUES (1)")
+    assert _mode(db) == 0o600
+    extras = list(tmp_path.glob("records.db-*"))
+    engine.dispose()
+    for extra in extras:
+        if extra.exists():
+            assert _mode(extra) == 0o600, extra
+
+    spool_dir = tmp_path / "spool"
+    spool = Spool(spool_dir, max_bytes=1 << 20, segment_bytes=1 << 16)
+    try:
+        spool.append(b"a private prompt")
+    finally:
+        spool.close()
+    assert _mode(spool_dir) == 0o700
+    files = [p for p in spool_dir.iterdir() if p.is_file()]
+    assert files
+    for p in files:
+        if p.name != CURSOR_FILE:  # the cursor holds two offsets, no text
+            assert _mode(p) == 0o600, p
