@@ -4,7 +4,7 @@ parsing of time and format parameters."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
 from fastapi import Depends, Path, Request
@@ -17,6 +17,22 @@ from api.queries import AnyRow
 from shadow_ab.timestamps import as_utc
 
 MAX_PAGE = 500
+EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
+LATEST = datetime(9000, 1, 1, tzinfo=UTC)
+"""Time parameters (and cursors) must fall in [EARLIEST, LATEST): no record is outside it, and
+date arithmetic near year 1 or 9999 overflows."""
+
+
+def check_time_range(value: datetime, name: str) -> datetime:
+    """``value`` (aware) when within [EARLIEST, LATEST); else 422 saying the range."""
+    if not EARLIEST <= value < LATEST:
+        raise BadParameter(
+            f"{name}={value.isoformat()} is outside the times this API answers for"
+            f" ({EARLIEST.date()} to {LATEST.date()}): give a time in that range, or leave"
+            f" {name} out"
+        )
+    return value
+
 
 DeploymentName = Annotated[str, Path(description="the deployment's name")]
 Format = Literal["json", "html"]
@@ -82,10 +98,13 @@ def deployment_row(conn: Connection, name: str) -> AnyRow:
 
 def utc_param(value: datetime | None, name: str) -> datetime | None:
     """A time query parameter in UTC (no zone means UTC); 422 when it cannot be one."""
+    if value is None:
+        return None
     try:
-        return as_utc(value) if value is not None else None
+        utc = as_utc(value)
     except OverflowError:
         raise BadParameter(f"{name}={value} is outside the range of UTC times") from None
+    return check_time_range(utc, name)
 
 
 def check_window(since: datetime | None, until: datetime | None) -> None:

@@ -12,11 +12,12 @@ Store failures are translated at the one boundary in :func:`problem_handlers`:
 :class:`storage.errors.StoreUnavailable` and an unmigrated store are 503, any other storage
 error 500, each with a sentence and never the SQL or a stack trace (the log has the
 details). FastAPI's own request validation errors become 422 problems listing each bad
-parameter.
+parameter; any other exception a 500 problem (never a plain-text answer).
 """
 
 from __future__ import annotations
 
+import http
 import logging
 from typing import Any
 
@@ -93,11 +94,27 @@ def _validation_error(_request: Request, exc: Exception) -> JSONResponse:
     return problem(422, "Unprocessable Content", f"invalid request: {where}", errors=errors)
 
 
+def _title(status: int) -> str:
+    try:
+        return http.HTTPStatus(status).phrase
+    except ValueError:
+        return "Error"
+
+
 def _http_error(_request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
     headers = dict(exc.headers) if exc.headers else None
-    title = {404: "Not Found", 405: "Method Not Allowed"}.get(exc.status_code, "Error")
-    return problem(exc.status_code, title, str(exc.detail), headers)
+    return problem(exc.status_code, _title(exc.status_code), str(exc.detail), headers)
+
+
+def _internal_error(request: Request, exc: Exception) -> JSONResponse:
+    # Anything no other handler took: a problem, never a plain-text trace (the log has it).
+    log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
+    return problem(
+        500,
+        "Internal Server Error",
+        "the API failed to answer this request (see the API's log); retry, or report it",
+    )
 
 
 def _storage_error(_request: Request, exc: Exception) -> JSONResponse:
@@ -121,3 +138,4 @@ def problem_handlers(app: FastAPI) -> None:
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(StorageError, _storage_error)
     app.add_exception_handler(SQLAlchemyError, _storage_error)
+    app.add_exception_handler(Exception, _internal_error)

@@ -18,6 +18,10 @@ from api.models import Incident, IncidentComparison
 from evaluator.errors import BadQuery, EvaluatorError, UnknownDeployment
 from evaluator.incidents import query as q
 
+MAX_BUCKETS = 1000
+"""Most day or week buckets one comparison answers with (about 2.7 years by day, 19 by week);
+a wider window is a 422 saying so."""
+
 
 def finite(value: Any) -> Any:
     """``value`` with every non-finite float (nested in dicts and lists) replaced by None."""
@@ -66,7 +70,15 @@ def compare(
     until: datetime | None,
 ) -> IncidentComparison:
     try:
-        result = q.compare_incidents(engine, deployment, by=by, kind=kind, since=since, until=until)
+        result = q.compare_incidents(
+            engine,
+            deployment,
+            by=by,
+            kind=kind,
+            since=since,
+            until=until,
+            max_buckets=MAX_BUCKETS,
+        )
     except EvaluatorError as exc:
         raise _translate(exc) from exc
     return IncidentComparison.model_validate(finite(result))

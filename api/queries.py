@@ -35,6 +35,9 @@ MAX_WINDOW = timedelta(days=1)
 MAX_SCAN = timedelta(days=3)
 """Most time one request of divergent pairs reads before answering with a resume cursor."""
 _TICK = timedelta(microseconds=1)
+CURSOR_EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
+CURSOR_LATEST = datetime(9000, 1, 1, tzinfo=UTC)
+"""A cursor's time is within these (api.deps' bounds for time parameters)."""
 _LAST_UUID = uuid.UUID(int=2**128 - 1)
 PAIR_SKEW = timedelta(hours=1)
 """Most a pair's other role may have been sent after (or before) the incumbent's request to
@@ -68,8 +71,11 @@ def decode_cursor(cursor: str) -> Key:
         sent_at = datetime.fromisoformat(when)
         if sent_at.tzinfo is None:
             raise ValueError("naive time")
+        sent_at = sent_at.astimezone(UTC)
+        if not CURSOR_EARLIEST <= sent_at < CURSOR_LATEST:
+            raise ValueError("out of range")
         return sent_at, uuid.UUID(pair)
-    except (ValueError, binascii.Error, UnicodeDecodeError):
+    except (ValueError, OverflowError, binascii.Error, UnicodeDecodeError):
         raise BadParameter(
             f"cursor {cursor[:80]!r} is not a cursor this API issued: pass `next_cursor` from"
             " the previous page unchanged, or omit it for the first page"

@@ -4,7 +4,8 @@ variables, then defaults.
 Tokens have no default: a token map comes from ``SHADOW_AB_API_TOKENS`` (JSON, token -> list of
 scopes) or from the file named by ``SHADOW_AB_API_TOKENS_FILE`` (a JSON or YAML map, same shape),
 or both (merged). Starting with neither fails with a sentence saying how to fix it, unless
-``--no-auth`` asks for an open server explicitly (local development only).
+``--no-auth`` asks for an open server explicitly (local development only: refused with a
+``--host`` that is not a loopback address).
 
 The database URL is ``SHADOW_AB_API_DATABASE_URL`` (meant for a read-only role, see
 :mod:`api.roles`), falling back to the store's ``SHADOW_AB_DATABASE_URL``.
@@ -12,6 +13,7 @@ The database URL is ``SHADOW_AB_API_DATABASE_URL`` (meant for a read-only role, 
 
 from __future__ import annotations
 
+import ipaddress
 import json
 from enum import StrEnum
 from pathlib import Path
@@ -77,6 +79,16 @@ def read_token_file(path: Path) -> TokenMap:
     return parse_token_map(raw, f"tokens file {path}")
 
 
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is a loopback address (``localhost``, 127.0.0.0/8, ``::1``)."""
+    if host.strip().lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip().strip("[]")).is_loopback
+    except ValueError:
+        return False  # a host name other than localhost may resolve anywhere
+
+
 class APISettings(CommonSettings):
     """Settings of ``shadow-ab api``; environment names are ``SHADOW_AB_<FIELD>``."""
 
@@ -111,6 +123,13 @@ class APISettings(CommonSettings):
     @model_validator(mode="after")
     def _usable(self) -> APISettings:
         self._token_map = self._load_tokens()
+        if self.api_no_auth and not is_loopback(self.api_host):
+            raise ValueError(
+                f"--no-auth with --host {self.api_host}: anyone who reaches that address would"
+                " read every prompt and output. Listen on 127.0.0.1 (--host 127.0.0.1) for local"
+                " development, or configure tokens (SHADOW_AB_API_TOKENS or"
+                " SHADOW_AB_API_TOKENS_FILE) and drop --no-auth"
+            )
         if not self._token_map and not self.api_no_auth:
             raise ValueError(
                 "no API tokens configured: set SHADOW_AB_API_TOKENS to a JSON map such as"

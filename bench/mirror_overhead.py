@@ -211,7 +211,7 @@ def running_mirror(
     ) as mirror:
         models = mirror.base_url + "/v1/models"
         mirror.wait_until(lambda: answers(models), f"answering {models}", 60.0, interval=0.1)
-        yield Proxy(mirror.base_url, mirror.pid, mirror.base_url + "/metrics")
+        yield Proxy(mirror.base_url, mirror.pid, mirror.admin_url + "/metrics")
 
 
 def mirror_available() -> str | None:

@@ -10,6 +10,7 @@ from typing import Any, Protocol
 from ingester.errors import SettingsError
 from ingester.settings import IngestSettings
 from shadow_ab.kafka_security import kafka_security
+from shadow_ab.topics import DLQ_MAX_MESSAGE_BYTES
 
 
 class Consumer(Protocol):
@@ -107,6 +108,8 @@ def make_producer(
             acks="all",
             enable_idempotence=True,
             linger_ms=5,
+            # A dead letter is a whole message of the other topics plus headers.
+            max_request_size=DLQ_MAX_MESSAGE_BYTES,
             **_security(),
         )
     except KafkaError as exc:

@@ -1,8 +1,9 @@
 """The mirror's own endpoints: ``/metrics``, ``/healthz`` and ``/mirror/docs``.
 
-:func:`admin_app` is a small FastAPI application that :class:`mirror.app.Mirror` hands the paths
-in :data:`ADMIN_PATHS` (and the ASGI lifespan, which starts the mirror and drains it). It is off
-the client's path: the generate routes never go through FastAPI. :func:`create_health_app` is
+:func:`admin_app` is a small FastAPI application served on the mirror's admin port
+(``admin_port``, :mod:`mirror.cli`), never on the client port; :class:`mirror.app.Mirror` also
+hands it the ASGI lifespan, which starts the mirror and drains it. ``/healthz`` answers 503
+while the mirror is starting or draining. :func:`create_health_app` is
 the same for ``shadow-ab mirror --health-only`` (the health sampler alone).
 """
 
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 ADMIN_PATHS = frozenset({"/metrics", "/healthz", "/mirror/docs", "/mirror/openapi.json"})
-"""The paths :func:`admin_app` serves (everything else is the incumbent's)."""
+"""The paths :func:`admin_app` serves (on the admin port)."""
 
 
 def admin_app(mirror: Mirror) -> FastAPI:
@@ -46,10 +47,9 @@ def admin_app(mirror: Mirror) -> FastAPI:
     api = FastAPI(
         title="shadow-ab mirror",
         description=(
-            "Serves the incumbent engine and mirrors sampled requests to the candidate."
-            " POST /v1/chat/completions and /v1/completions are the incumbent's (plus an"
-            " x-shadow-pair-id header); every other path not listed here is passed through"
-            " to the incumbent."
+            "The mirror's admin port. On the client port, POST /v1/chat/completions and"
+            " /v1/completions are the incumbent's answers (plus an x-shadow-pair-id header),"
+            " the configured pass-through routes the incumbent's too; any other path is 404."
         ),
         lifespan=lifespan,
         docs_url="/mirror/docs",
@@ -64,7 +64,10 @@ def admin_app(mirror: Mirror) -> FastAPI:
     @api.get("/healthz", summary="The mirror's own health (not the engines')")
     def healthz() -> JSONResponse:
         body = mirror.health()
-        return JSONResponse(body, status_code=503 if mirror.draining else 200)
+        # Liveness: a dead sink thread never recovers by itself; a restart does (the spool
+        # and the queue's records are kept or counted). Not ready while starting or draining.
+        failing = not mirror.started or mirror.draining or body.get("sink") == "dead"
+        return JSONResponse(body, status_code=503 if failing else 200)
 
     return api
 
@@ -111,6 +114,13 @@ def create_health_app(settings: MirrorSettings, *, sink: RecordSink) -> FastAPI:
 
     @api.get("/healthz", summary="The sampler's own health")
     def healthz() -> JSONResponse:
-        return JSONResponse({"status": "ok", "deployment": settings.deployment})
+        from mirror.sinks import sink_alive
+
+        if not sink_alive(sink):
+            return JSONResponse(
+                {"status": "sink_dead", "sink": "dead", "deployment": settings.deployment},
+                status_code=503,
+            )
+        return JSONResponse({"status": "ok", "sink": "ok", "deployment": settings.deployment})
 
     return api

@@ -11,20 +11,27 @@ microsecond on the client's path counts (docs/architecture.md, "Promises"):
   plus ``x-shadow-pair-id``. The client's path never awaits a shadow request: this module only
   fires them (:meth:`mirror.shadow.Shadows.fire`) and awaits nothing else of
   :mod:`mirror.shadow` but the drain at shutdown.
-- ``/metrics`` (the mirror's own Prometheus metrics), ``/healthz`` (the mirror's own health) and
-  ``/mirror/docs``: a small FastAPI application (:mod:`mirror.admin`), which also runs the
-  lifespan (sessions, health sampler, draining).
-- everything else (``/v1/models``, ``/health``, ``/version``, ...): passed through to the
-  incumbent unchanged.
+- the pass-through allow-list (``routes``: ``/v1/models``, ``/health``, ``/version`` by
+  default): passed through to the incumbent, not shadowed, not recorded;
+- everything else: 404 (405 for a known path with another method, TRACE included), answered
+  by the mirror without reaching an engine (:mod:`mirror.routes`). Paths are made canonical
+  first (``//v1/chat/./completions`` is ``/v1/chat/completions``), and the engines get the
+  canonical path.
+
+The mirror's own endpoints (``/metrics``, ``/healthz``, ``/mirror/docs``) are a small FastAPI
+application (:mod:`mirror.admin`, :attr:`Mirror.admin`) served on the admin port, never on the
+client port; it also runs the lifespan (sessions, health sampler, draining).
 
 Each engine answer becomes one :class:`~shadow_ab.records.ExchangeRecord` (roles ``incumbent``,
 ``candidate``, ``replay``) handed to the sink after the client's answer is complete (shadow
 records when the shadow request ends). A client that disconnects cancels the incumbent request
 and the pair's shadow requests; they are recorded as ``cancelled``.
 
-Errors the client can get from the mirror itself (everything else is the incumbent's):
-413 (body over ``max_body_bytes``), 502 (the incumbent refused the connection), 504 (the
-incumbent's read timeout, when configured).
+Errors the client can get from the mirror itself (everything else is the incumbent's), each a
+problem+json body with an OpenAI-style ``error`` member (:mod:`mirror.problem`): 400 (a path
+with control characters), 404/405 (not an allowed route), 413 (body over ``max_body_bytes``),
+502 (the incumbent refused the connection), 504 (the incumbent's read timeout, when
+configured); and from the connection limits (:mod:`mirror.protocol`) 408, 431 and 503.
 """
 
 from __future__ import annotations
@@ -44,11 +51,12 @@ import orjson
 import yarl
 
 from mirror import metrics as m
-from mirror.admin import ADMIN_PATHS, admin_app
+from mirror.admin import admin_app
 from mirror.config import MirrorSettings
 from mirror.guard import InterferenceGuard
 from mirror.headers import (
     PAIR_HEADER,
+    RESPONSE_DROP,
     candidate_headers,
     client_headers,
     header_value,
@@ -56,10 +64,13 @@ from mirror.headers import (
     upstream_headers,
 )
 from mirror.privacy import Privacy, RedactionError
+from mirror.problem import PROBLEM_JSON, problem_body
 from mirror.recording import ERROR_BODY_KEEP, Dispatch, build_record, error_text, status_of
 from mirror.rewrite import INCLUDE_USAGE, candidate_request, stored_request, with_stream_usage
+from mirror.routes import Router, canonical_path, quoted
 from mirror.sampling import Sampler
 from mirror.shadow import Shadows
+from mirror.sinks import sink_alive
 from mirror.sse import UsageHider
 from mirror.trace import Outcome, StreamTrace, parse_body, stream_trace
 from shadow_ab.privacy import redact_url, redact_urls
@@ -133,9 +144,7 @@ def _str_headers(headers: list[tuple[bytes, bytes]]) -> list[tuple[str, str]]:
 
 
 def _error_json(status: int, message: str, err_type: str) -> bytes:
-    return orjson.dumps(
-        {"error": {"message": message, "type": err_type, "param": None, "code": status}}
-    )
+    return problem_body(status, message, err_type)
 
 
 GC_THRESHOLD = (10_000, 20, 20)
@@ -152,12 +161,10 @@ def _tune_gc() -> None:
     gc.set_threshold(*GC_THRESHOLD)
 
 
-def _path_qs(scope: Scope) -> str:
+def _path_qs(scope: Scope, path: str) -> str:
+    """The canonical ``path`` as sent to an engine, with the client's query string."""
     qs = scope.get("query_string") or b""
-    path = scope.get("raw_path") or scope["path"].encode()
-    if isinstance(path, bytes):
-        path = path.decode("latin-1")
-    return f"{path}?{qs.decode('latin-1')}" if qs else str(path)
+    return f"{path}?{qs.decode('latin-1')}" if qs else path
 
 
 class Mirror:
@@ -212,6 +219,10 @@ class Mirror:
         self._m_requests_cache: dict[tuple[str, int], Any] = {}
         self._urls: dict[str, yarl.URL] = {}
         self.admin = admin_app(self)
+        self.started = False
+        self.router = Router(settings.routes)
+        hidden = {h.encode("latin-1") for h in settings.hide_response_headers}
+        self._response_drop = RESPONSE_DROP | hidden
 
     def _m_requests(self, route: str, code: int) -> Any:
         """The ``shadow_ab_mirror_requests_total`` child of a hot route and status (looked up
@@ -241,14 +252,69 @@ class Mirror:
             path = scope["path"]
             endpoint = ROUTES.get(path)
             if endpoint is not None and scope["method"] == "POST":
-                await self._generate(scope, receive, send, endpoint)
+                await self._generate(scope, receive, send, endpoint, path)
                 return
-            if path in ADMIN_PATHS:
-                await self.admin(scope, receive, send)
-                return
-            await self._passthrough(scope, receive, send)
+            await self._route(scope, receive, send)
             return
-        await self.admin(scope, receive, send)
+        await self.admin(scope, receive, send)  # the lifespan
+
+    async def _route(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Every request but a canonical generate one: made canonical, then the generate
+        routes, the pass-through allow-list, or 400/404/405 (mirror/routes.py)."""
+        method = scope["method"]
+        path = canonical_path(scope["path"])
+        if path is None:
+            await self._refuse(send, 400, "the path holds control characters", "bad_path")
+            return
+        allowed = self.router.methods(path)
+        if method in allowed:
+            endpoint = ROUTES.get(path)
+            if endpoint is not None and method == "POST":
+                await self._generate(scope, receive, send, endpoint, path)
+            else:
+                await self._passthrough(scope, receive, send, path)
+            return
+        if allowed:
+            allow = ", ".join(sorted(allowed))
+            await self._refuse(
+                send,
+                405,
+                f"{method[:16]} is not allowed on {path[:200]} (allowed: {allow})",
+                "method_not_allowed",
+                ((b"allow", allow.encode()),),
+            )
+            return
+        await self._refuse(
+            send,
+            404,
+            f"{path[:200]} is not a route of this server: the mirror passes on"
+            " POST /v1/chat/completions, POST /v1/completions and the `routes` it is"
+            " configured with",
+            "route_not_allowed",
+        )
+
+    async def _refuse(
+        self,
+        send: Send,
+        status: int,
+        detail: str,
+        reason: str,
+        headers: tuple[tuple[bytes, bytes], ...] = (),
+    ) -> None:
+        body = problem_body(status, detail)
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [
+                    (b"content-type", PROBLEM_JSON),
+                    (b"content-length", str(len(body)).encode()),
+                    *headers,
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": body, "more_body": False})
+        m.EDGE_REJECTIONS.labels(reason=reason).inc()
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -260,6 +326,7 @@ class Mirror:
         if self.settings.health_enabled:
             self._start_health()
         _tune_gc()
+        self.started = True
         log.info(
             "mirroring %s (incumbent) to %s (candidate), shadow rate %.3g, deployment %s",
             redact_url(self.inc_url),
@@ -313,8 +380,16 @@ class Mirror:
             log.warning("the sink did not deliver every record within %.0fs", timeout)
 
     def health(self) -> dict[str, Any]:
+        sink_ok = sink_alive(self.sink)
         return {
-            "status": "draining" if self.draining else "ok",
+            "status": "draining"
+            if self.draining
+            else "sink_dead"
+            if not sink_ok
+            else "ok"
+            if self.started
+            else "starting",
+            "sink": "ok" if sink_ok else "dead",
             "deployment": self.deployment,
             "inflight": {r.value: n for r, n in self._inflight.items()},
             "shadow_inflight": self.shadows.inflight,
@@ -349,7 +424,7 @@ class Mirror:
     ) -> None:
         body = _error_json(status, message, err_type)
         headers = [
-            (b"content-type", b"application/json"),
+            (b"content-type", PROBLEM_JSON),
             (b"content-length", str(len(body)).encode()),
             (b"connection", b"close"),
         ]
@@ -367,9 +442,8 @@ class Mirror:
     # -- the hot path -------------------------------------------------------------------------
 
     async def _generate(
-        self, scope: Scope, receive: Receive, send: Send, endpoint: Endpoint
+        self, scope: Scope, receive: Receive, send: Send, endpoint: Endpoint, route: str
     ) -> None:
-        route = scope["path"]
         try:
             body = await self._read_body(scope, receive)
         except _TooLarge:
@@ -480,7 +554,7 @@ class Mirror:
             await self._incumbent(
                 send,
                 route=route,
-                url=self._url(self.inc_url, _path_qs(scope)),
+                url=self._url(self.inc_url, _path_qs(scope, route)),
                 d=d,
                 body=inc_body,
                 headers=_str_headers(up_headers),
@@ -575,7 +649,9 @@ class Mirror:
                     {
                         "type": "http.response.start",
                         "status": resp.status,
-                        "headers": client_headers(resp.raw_headers, pid, rechunked=rechunk),
+                        "headers": client_headers(
+                            resp.raw_headers, pid, rechunked=rechunk, drop=self._response_drop
+                        ),
                     }
                 )
                 # The client's path only forwards bytes: an SSE stream's chunks are kept with
@@ -707,8 +783,9 @@ class Mirror:
 
     # -- pass-through -------------------------------------------------------------------------
 
-    async def _passthrough(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Any other path: the incumbent's answer, streamed, not shadowed, not recorded."""
+    async def _passthrough(self, scope: Scope, receive: Receive, send: Send, path: str) -> None:
+        """An allowed route (canonical ``path``): the incumbent's answer, streamed, not
+        shadowed, not recorded."""
         session = self.incumbent_session
         assert session is not None, "the mirror's lifespan has not started"
         route = "passthrough"
@@ -723,7 +800,7 @@ class Mirror:
         try:
             resp = await session.request(
                 scope["method"],
-                self.inc_url + _path_qs(scope),
+                self.inc_url + _path_qs(scope, quoted(path)),
                 data=body or None,
                 headers=_str_headers(headers),
                 allow_redirects=False,
@@ -737,7 +814,9 @@ class Mirror:
         try:
             out_headers = [
                 (n, v)
-                for n, v in client_headers(resp.raw_headers, b"", rechunked=False)
+                for n, v in client_headers(
+                    resp.raw_headers, b"", rechunked=False, drop=self._response_drop
+                )
                 if n != PAIR_HEADER
             ]
             await send(

@@ -1,16 +1,24 @@
 """``shadow-ab mirror``: serve the incumbent, mirror sampled traffic to the candidate.
 
-Runs :func:`mirror.app.create_app` on uvicorn (uvloop, httptools). SIGTERM or SIGINT: stop
-accepting, let the requests in flight finish, let shadow requests finish (``drain_timeout_s``),
-flush and close the record sink, exit 0. ``--health-only`` runs just the health sampler (for a
-separate Kubernetes Deployment that keeps scraping while the mirror is rolled).
+Runs :func:`mirror.app.create_app` on uvicorn (uvloop, httptools with the limits of
+:mod:`mirror.protocol`) on the client port, and the admin endpoints (``/metrics``,
+``/healthz``, ``/mirror/docs``) on their own port (``admin_port``) in the same event loop, so a
+client flood cannot starve the probes and clients never see the admin endpoints. SIGTERM or
+SIGINT: stop accepting, let the requests in flight finish, let shadow requests finish
+(``drain_timeout_s``), flush and close the record sink, then close the admin port, exit 0.
+``--health-only`` runs just the health sampler (for a separate Kubernetes Deployment that keeps
+scraping while the mirror is rolled).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import signal
+import socket
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
@@ -30,6 +38,10 @@ log = logging.getLogger("mirror")
 @click.option("--candidate", help="The candidate engine's URL (gets the shadow copies).")
 @click.option("--host", help="Address to listen on (default 127.0.0.1).")
 @click.option("--port", type=int, help="Port to listen on (default 8080; 0 = any free port).")
+@click.option(
+    "--admin-host", help="Address of the admin port (/metrics, /healthz); default: --host."
+)
+@click.option("--admin-port", type=int, help="Port of /metrics, /healthz, /mirror/docs (8081).")
 @click.option(
     "--config", "config", type=click.Path(path_type=Path), help="YAML file of mirror settings."
 )
@@ -110,9 +122,49 @@ def _open_sink(settings: MirrorSettings) -> RecordSink:
     from mirror.sinks import open_sink
 
     try:
-        return open_sink(kafka=settings.kafka, database_url=settings.database_url)
+        return open_sink(
+            kafka=settings.kafka,
+            database_url=settings.database_url,
+            direct_queue_max_bytes=settings.direct_queue_max_bytes,
+        )
     except Exception as exc:
         raise click.ClickException(f"cannot open the record sink: {exc}") from exc
+
+
+def _uvicorn_common(settings: MirrorSettings) -> dict[str, Any]:
+    from mirror.protocol import uvicorn_limits
+
+    return {
+        "loop": "uvloop",
+        "access_log": settings.access_log,
+        "proxy_headers": False,  # the mirror reads no client address: no middleware per request
+        "log_level": settings.log_level,
+        "server_header": False,  # the client sees no Server header (mirror/README.md)
+        "date_header": False,  # the incumbent's own Date header is passed on
+        **uvicorn_limits(settings.limits),
+    }
+
+
+def bind(host: str, port: int, what: str) -> socket.socket:
+    """A listening TCP socket on ``host:port``; a usage error naming ``what`` when it cannot."""
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        sock = socket.socket(family, kind, proto)
+    except OSError as exc:
+        raise click.ClickException(f"cannot listen on {host}:{port} ({what}): {exc}") from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(addr)
+        sock.listen(2048)
+    except OSError as exc:
+        sock.close()
+        raise click.ClickException(
+            f"the mirror cannot listen on {host}:{port} ({what}): {exc.strerror}; free the port"
+            " or choose another"
+        ) from None
+    return sock
 
 
 def serve(settings: MirrorSettings, sink: RecordSink, *, health_only: bool = False) -> None:
@@ -123,24 +175,8 @@ def serve(settings: MirrorSettings, sink: RecordSink, *, health_only: bool = Fal
     from mirror.admin import create_health_app
     from mirror.app import create_app
 
-    app: Any = (
-        create_health_app(settings, sink=sink) if health_only else create_app(settings, sink=sink)
-    )
-    config = uvicorn.Config(
-        app,
-        host=settings.host,
-        port=settings.port,
-        loop="uvloop",
-        http="httptools",
-        lifespan="on",
-        access_log=settings.access_log,
-        proxy_headers=False,  # the mirror reads no client address: no middleware per request
-        log_level=settings.log_level,
-        server_header=False,  # the client sees the incumbent's own Server and Date headers
-        date_header=False,
-        timeout_graceful_shutdown=max(1, int(settings.drain_timeout_s)),
-    )
-    server = uvicorn.Server(config)
+    common = _uvicorn_common(settings)
+    timeout = max(1, int(settings.drain_timeout_s))
     # The sink's writer thread holds the GIL while it encodes a batch; a short switch interval
     # hands the event loop (the clients' path) the GIL back sooner (default 5 ms).
     sys.setswitchinterval(0.001)
@@ -148,11 +184,80 @@ def serve(settings: MirrorSettings, sink: RecordSink, *, health_only: bool = Fal
     # handler of our own keeps that from killing the process before the sink is closed.
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, _ignore_late_signal)
-    server.run()
-    if not server.started:
-        raise click.ClickException(
-            f"the mirror could not listen on {settings.host}:{settings.port} (see the log above)"
+    if health_only:
+        app: Any = create_health_app(settings, sink=sink)
+        server = uvicorn.Server(
+            uvicorn.Config(
+                app,
+                host=settings.host,
+                port=settings.port,
+                lifespan="on",
+                timeout_graceful_shutdown=timeout,
+                **common,
+            )
         )
+        server.run()
+        if not server.started:
+            raise click.ClickException(
+                f"the sampler could not listen on {settings.host}:{settings.port} (see the log)"
+            )
+        return
+    admin_host = settings.admin_host or settings.host
+    with (
+        _listening(settings.host, settings.port, "client port") as client_sock,
+        _listening(admin_host, settings.admin_port, "admin port") as admin_sock,
+    ):
+        mirror_app = create_app(settings, sink=sink)
+        config = uvicorn.Config(
+            mirror_app, lifespan="on", timeout_graceful_shutdown=timeout, **common
+        )
+        admin_config = uvicorn.Config(
+            mirror_app.admin, lifespan="off", timeout_graceful_shutdown=1, **common
+        )
+        main, admin = uvicorn.Server(config), _admin_server(admin_config)
+        log.info(
+            "clients on %s:%d, admin (/metrics, /healthz) on %s:%d",
+            settings.host,
+            client_sock.getsockname()[1],
+            admin_host,
+            admin_sock.getsockname()[1],
+        )
+        with asyncio.Runner(loop_factory=config.get_loop_factory()) as runner:
+            runner.run(_serve_both(main, client_sock, admin, admin_sock))
+
+
+@contextlib.contextmanager
+def _listening(host: str, port: int, what: str) -> Iterator[socket.socket]:
+    sock = bind(host, port, what)
+    try:
+        yield sock
+    finally:
+        sock.close()
+
+
+def _admin_server(config: Any) -> Any:
+    """A uvicorn server that leaves the signals to the client server (which stops first)."""
+    import uvicorn
+
+    class AdminServer(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            yield
+
+    return AdminServer(config)
+
+
+async def _serve_both(
+    main: Any, client_sock: socket.socket, admin: Any, admin_sock: socket.socket
+) -> None:
+    """The client server (which owns the signals and the lifespan) and the admin server; the
+    admin port closes after the client server has drained and flushed."""
+    admin_task = asyncio.create_task(admin.serve(sockets=[admin_sock]), name="admin-server")
+    try:
+        await main.serve(sockets=[client_sock])
+    finally:
+        admin.should_exit = True
+        await admin_task
 
 
 def _ignore_late_signal(signum: int, frame: FrameType | None) -> None:

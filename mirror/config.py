@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import yaml
 from pydantic import (
@@ -37,8 +37,10 @@ from mirror.guard import GuardConfig
 from mirror.headers import CANDIDATE_FORWARD_DEFAULT, CREDENTIAL_HEADERS
 from mirror.health import HealthConfig
 from mirror.kafka_sink import KafkaSinkConfig
+from mirror.limits import ServerLimits
 from mirror.privacy import PrivacyConfig
 from mirror.rewrite import CandidateRewrite
+from mirror.routes import DEFAULT_PASSTHROUGH, parse_route
 from mirror.sampling import ShadowConfig
 from shadow_ab.cli_support import explain as explain_lines
 from shadow_ab.privacy import redact_url
@@ -54,12 +56,15 @@ class EngineConfig(BaseModel):
 
     url: str = Field(description="the engine's server root, e.g. http://10.0.0.5:8000")
     flavor: Flavor = Field(
-        default="auto", description="vllm, trtllm or auto (the health sampler guesses)"
+        default="auto",
+        description="how the health sampler reads /metrics: vllm, trtllm, or auto (recognised"
+        " from each answer)",
     )
     engine: str | None = Field(
         default=None,
         max_length=200,
-        description="engine id in records and health samples; default <flavor>@<role>",
+        description="engine id in records and health samples; default <flavor>@<role> when"
+        " flavor is set, else vllm@incumbent and trtllm@candidate",
     )
     connect_timeout_s: float = Field(default=5.0, gt=0, description="TCP connect timeout")
     max_connections: int = Field(
@@ -77,14 +82,20 @@ class EngineConfig(BaseModel):
         # The OpenAI base URL (.../v1) is accepted: the mirror adds the paths itself.
         return v.removesuffix("/v1")
 
+    # The id's flavor when none is set: the default flavor used to be vllm for the incumbent
+    # and trtllm for the candidate, and engine ids stay what they were.
+    id_flavor: ClassVar[str] = "engine"
+
     def engine_id(self, role: str) -> str:
         if self.engine:
             return redact_url(self.engine)
+        if "flavor" not in self.model_fields_set:
+            return f"{self.id_flavor}@{role}"
         return f"{self.flavor if self.flavor != 'auto' else 'engine'}@{role}"
 
 
 class IncumbentConfig(EngineConfig):
-    flavor: Flavor = "vllm"
+    id_flavor: ClassVar[str] = "vllm"
     include_usage: bool = Field(
         default=True,
         description="ask the incumbent's streams for a usage chunk too (token counts, TPOT);"
@@ -98,7 +109,7 @@ class IncumbentConfig(EngineConfig):
 
 
 class CandidateConfig(EngineConfig):
-    flavor: Flavor = "trtllm"
+    id_flavor: ClassVar[str] = "trtllm"
     headers: dict[str, str] = Field(
         default_factory=dict,
         description="headers sent to the candidate instead of the client's of the same name"
@@ -220,6 +231,48 @@ class MirrorSettings(CommonSettings):
         default_factory=PrivacyConfig,
         description="what of the request and response text is recorded (mirror/README.md)",
     )
+    admin_host: str | None = Field(
+        default=None,
+        description="address of the admin port (/metrics, /healthz, /mirror/docs); default: host",
+    )
+    admin_port: int = Field(
+        default=8081, ge=0, le=65535, description="port of /metrics, /healthz and /mirror/docs"
+    )
+    limits: ServerLimits = Field(
+        default_factory=ServerLimits,
+        description="header size and time limits, idle timeout, connection cap (mirror/limits.py)",
+    )
+    routes: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_PASSTHROUGH),
+        description="'METHOD /path' passed through to the incumbent besides the two generate"
+        " routes ('/*' at the end: everything under it); others get 404 (mirror/routes.py)",
+    )
+    hide_response_headers: list[str] = Field(
+        default_factory=lambda: ["server", "set-cookie"],
+        description="incumbent response headers never passed to clients (as nginx's"
+        " proxy_hide_header); [] passes them all",
+    )
+
+    @field_validator("routes")
+    @classmethod
+    def _routes(cls, v: list[str]) -> list[str]:
+        for entry in v:
+            parse_route(entry)
+        return v
+
+    @field_validator("hide_response_headers")
+    @classmethod
+    def _hidden(cls, v: list[str]) -> list[str]:
+        names = [n.strip().lower() for n in v]
+        if any(not n or not n.isascii() or " " in n for n in names):
+            raise ValueError("give header names, e.g. [server, set-cookie]")
+        return names
+
+    direct_queue_max_bytes: int = Field(
+        default=256 * 1024**2,
+        ge=1024,
+        description="direct sink: bytes of records held in memory at most (kafka: its own)",
+    )
 
     @classmethod
     def settings_customise_sources(
@@ -245,6 +298,11 @@ class MirrorSettings(CommonSettings):
                 f"incumbent and candidate are the same server ({redact_url(self.incumbent.url)}):"
                 " give the"
                 " candidate's own URL with --candidate"
+            )
+        if self.admin_port == self.port and self.port != 0:
+            raise ValueError(
+                f"admin_port and port are both {self.port}: the admin endpoints (/metrics,"
+                " /healthz) need their own port; give another with --admin-port"
             )
         if self.incumbent.engine_id("incumbent") == self.candidate.engine_id("candidate"):
             raise ValueError(

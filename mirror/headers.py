@@ -33,6 +33,8 @@ HOP_BY_HOP = frozenset(
 _REQUEST_DROP = HOP_BY_HOP | {b"host", b"content-length", b"expect", PAIR_HEADER}
 _SHADOW_DROP = _REQUEST_DROP | {b"accept-encoding"}
 _RESPONSE_DROP = HOP_BY_HOP | {PAIR_HEADER}
+RESPONSE_DROP = _RESPONSE_DROP
+"""Response headers never passed to the client (callers may drop more: :func:`client_headers`)."""
 
 Headers = list[tuple[bytes, bytes]]
 
@@ -62,16 +64,22 @@ def shadow_headers(upstream: Iterable[tuple[bytes, bytes]]) -> Headers:
 
 
 def client_headers(
-    upstream: Iterable[tuple[bytes, bytes]], pair_id: bytes, *, rechunked: bool
+    upstream: Iterable[tuple[bytes, bytes]],
+    pair_id: bytes,
+    *,
+    rechunked: bool,
+    drop: frozenset[bytes] = _RESPONSE_DROP,
 ) -> Headers:
     """The incumbent's response headers for the client, plus ``x-shadow-pair-id``.
-    ``rechunked``: the mirror changes the body (a hidden usage chunk), so the length goes."""
+    ``rechunked``: the mirror changes the body (a hidden usage chunk), so the length goes.
+    ``drop``: lower-case names never passed on (hop-by-hop ones and the pair header by
+    default; the mirror adds its ``hide_response_headers``, e.g. ``server``, ``set-cookie``)."""
     upstream = list(upstream)
     extra = _connection_tokens(upstream)
     out = []
     for name, value in upstream:
         low = name.lower()
-        if low in _RESPONSE_DROP or low in extra or (rechunked and low == b"content-length"):
+        if low in drop or low in extra or (rechunked and low == b"content-length"):
             continue
         out.append((low, value))
     out.append((PAIR_HEADER, pair_id))

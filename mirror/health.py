@@ -5,24 +5,34 @@ Every ``interval_s`` the sampler scrapes every target concurrently and submits o
 
 - ``/health``: 200 = up; 503 (or anything else, or no answer) = down;
 - ``/version``: the engine's version (``{"version": ...}``);
-- ``/metrics``, parsed per flavor (auto-detected from the content type unless configured):
-  vLLM's Prometheus text (:func:`parse_vllm_metrics`; ``process_*`` may be missing in
-  multiprocess mode) or TensorRT-LLM's JSON list of iteration stats
-  (:func:`parse_trtllm_metrics`; drained by every read and often empty, so the last known values
-  are kept and reported again).
+- ``/metrics``, parsed per flavor: vLLM's Prometheus text (:func:`parse_vllm_metrics`) or
+  TensorRT-LLM's JSON list of iteration stats (:func:`parse_trtllm_metrics`; drained by every
+  read and often empty, so the last known values are kept and reported again). With flavor
+  ``auto`` (the default) every answer is recognised by :func:`detect_flavor` (its content type,
+  else its first byte), so an engine replaced by the other kind, or a scrape that failed, is
+  read right the next time; an empty answer keeps the flavor last seen.
+
+What vLLM's ``/metrics`` can say about memory: ``process_resident_memory_bytes`` and
+``process_start_time_seconds`` describe the API server process only, not the engine core or the
+workers, which hold most of the memory (real vLLM 0.32 on CPU: 0.9 GB of 3.9 GB); they are
+absent in multiprocess mode. So a vLLM sample's ``cpu_mem_bytes`` is the API server's resident
+memory, and its ``gpu_mem_bytes`` is empty (vLLM exports no device memory).
 
 It detects restarts -- a new ``process_start_time_seconds``, an engine seen down and then up
 again, or TensorRT-LLM's iteration counter going back -- and version changes; each is counted
 (``shadow_ab_engine_restarts_total``, ``shadow_ab_engine_version_changes_total``) and logged.
 
-Errors: none escape :meth:`HealthSampler.sample_once`; a failed scrape is a down sample whose
-``error`` says what failed. Parsers raise :class:`MetricsParseError` on malformed input.
+Errors: none escape :meth:`HealthSampler.sample_once`. A scrape that fails is stored as such
+(``error`` says what failed; a down sample when ``/health`` did not answer 200), counted in
+``shadow_ab_mirror_health_scrape_failures_total{engine,role,reason}`` (reasons:
+:data:`FAILURE_REASONS`) and logged once per engine when the failures begin, and once when the
+scrapes work again, not at every sample. Parsers raise :class:`MetricsParseError` on malformed
+input.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import time
@@ -36,7 +46,13 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
 from mirror.errors import MetricsParseError
-from mirror.metrics import ENGINE_RESTARTS, ENGINE_UP, ENGINE_VERSION_CHANGES, HEALTH_SCRAPE
+from mirror.metrics import (
+    ENGINE_RESTARTS,
+    ENGINE_UP,
+    ENGINE_VERSION_CHANGES,
+    HEALTH_SCRAPE,
+    HEALTH_SCRAPE_FAILURES,
+)
 from shadow_ab.privacy import redact_urls
 from shadow_ab.records import INT32_MAX, HealthSample, Role, utcnow
 
@@ -46,6 +62,23 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 Flavor = Literal["vllm", "trtllm", "auto"]
+Known = Literal["vllm", "trtllm"]
+
+FAILURE_REASONS = (
+    "health_unreachable",
+    "health_timeout",
+    "health_status",
+    "version",
+    "metrics_unreachable",
+    "metrics_timeout",
+    "metrics_status",
+    "metrics_parse",
+)
+"""Why a scrape failed (the ``reason`` label of the failures counter): ``/health`` refused or
+dropped the connection, timed out, or answered other than 200; ``/version`` did not give a
+version; ``/metrics`` refused, timed out, answered other than 200, or could not be parsed."""
+
+FLAVOR_NAMES = {"vllm": "vLLM's Prometheus text", "trtllm": "TensorRT-LLM's JSON list"}
 
 
 class HealthConfig(BaseModel):
@@ -68,6 +101,22 @@ class EngineTarget:
 
 
 # -- parsers (pure) ---------------------------------------------------------------------------
+
+
+def detect_flavor(content_type: str, payload: bytes) -> Known | None:
+    """Which engine a ``/metrics`` answer comes from: JSON (TensorRT-LLM's iteration stats) or
+    Prometheus text (vLLM); None when the answer says neither (empty, of another type)."""
+    kind = content_type.split(";", 1)[0].strip().lower()
+    if kind == "application/json":
+        return "trtllm"
+    if kind in ("text/plain", "application/openmetrics-text"):
+        return "vllm"
+    head = payload.lstrip()[:1]
+    if head in (b"[", b"{"):
+        return "trtllm"
+    if head and (head == b"#" or head.isalpha() or head in (b"_", b":")):
+        return "vllm"
+    return None
 
 
 def _parse_value(text: str) -> float:
@@ -187,9 +236,21 @@ class _Scrape:
     up: bool = False
     http_status: int | None = None
     error: str | None = None
+    reasons: list[str] = field(default_factory=list)
+    """What failed, as :data:`FAILURE_REASONS` entries, in order; empty when all worked."""
     version: str | None = None
     flavor: Literal["vllm", "trtllm", "unknown"] = "unknown"
     metrics: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def reason(self) -> str | None:
+        return self.reasons[0] if self.reasons else None
+
+    def fail(self, reason: str, error: str | None) -> None:
+        """Note a failure; the first one with an ``error`` text is the sample's error."""
+        self.reasons.append(reason)
+        if error is not None and self.error is None:
+            self.error = error
 
 
 @dataclass
@@ -205,6 +266,9 @@ class _EngineState:
     trt_last: dict[str, float] = field(default_factory=dict)
     restarts: int = 0
     version_changes: int = 0
+    failing: str | None = None
+    """The reason of the failure that began the current run of failed scrapes, if any."""
+    failed_samples: int = 0
 
 
 class HealthSampler:
@@ -263,6 +327,7 @@ class HealthSampler:
         ENGINE_UP.labels(engine=target.engine, role=target.role.value).set(
             1.0 if scrape.up else 0.0
         )
+        self._note_failures(target, scrape)
         return self._to_sample(target, scrape, ts, latency)
 
     async def _scrape(self, target: EngineTarget) -> _Scrape:
@@ -275,46 +340,93 @@ class HealthSampler:
                 await resp.read()
                 out.up = resp.status == 200
                 if not out.up:
-                    out.error = f"/health answered {resp.status}"
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            out.error = f"/health: {_describe(exc)}"
+                    out.fail("health_status", f"/health answered {resp.status}")
+        except TimeoutError as exc:  # before ClientError: aiohttp's timeouts are both
+            out.fail("health_timeout", f"/health: {_describe(exc)}")
+            return out
+        except (aiohttp.ClientError, OSError) as exc:
+            out.fail("health_unreachable", f"/health: {_describe(exc)}")
             return out
         # The server answers: /version and /metrics are best effort (a 503 engine may still
-        # report its memory).
-        with contextlib.suppress(aiohttp.ClientError, TimeoutError, OSError, ValueError):
+        # report its memory). A /version that fails is counted, not the sample's error.
+        try:
             async with self.session.get(base + "/version", timeout=timeout) as resp:
-                if resp.status == 200:
-                    body = orjson.loads(await resp.read())
-                    if isinstance(body, dict) and body.get("version") is not None:
-                        out.version = str(body["version"])
+                body = orjson.loads(await resp.read()) if resp.status == 200 else None
+            if isinstance(body, dict) and body.get("version") is not None:
+                out.version = str(body["version"])
+            else:
+                out.fail("version", None)
+        except (aiohttp.ClientError, TimeoutError, OSError, ValueError):
+            out.fail("version", None)
         try:
             async with self.session.get(base + "/metrics", timeout=timeout) as resp:
                 payload = await resp.read()
-                if resp.status != 200:
-                    raise MetricsParseError(f"/metrics answered {resp.status}")
-                flavor = self._flavor(target, resp.content_type, payload)
-                out.flavor = flavor
-                if flavor == "trtllm":
-                    out.metrics = parse_trtllm_metrics(orjson.loads(payload))
-                else:
-                    out.metrics = parse_vllm_metrics(payload.decode("utf-8", "replace"))
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            out.error = out.error or f"/metrics: {_describe(exc)}"
+                content_type = resp.content_type
+                status = resp.status
+        except TimeoutError as exc:
+            out.fail("metrics_timeout", f"/metrics: {_describe(exc)}")
+            return out
+        except (aiohttp.ClientError, OSError) as exc:
+            out.fail("metrics_unreachable", f"/metrics: {_describe(exc)}")
+            return out
+        if status != 200:
+            out.fail("metrics_status", f"/metrics answered {status}")
+            return out
+        flavor = self._flavor(target, content_type, payload)
+        out.flavor = flavor
+        try:
+            if flavor == "trtllm":
+                out.metrics = parse_trtllm_metrics(orjson.loads(payload))
+            else:
+                out.metrics = parse_vllm_metrics(payload.decode("utf-8", "replace"))
         except (MetricsParseError, orjson.JSONDecodeError) as exc:
-            out.error = out.error or f"/metrics: {exc}"
+            out.flavor = "unknown"
+            out.fail(
+                "metrics_parse",
+                f"/metrics: {exc}{_mismatch(target, flavor, content_type, payload)}",
+            )
         return out
 
-    def _flavor(
-        self, target: EngineTarget, content_type: str, payload: bytes
-    ) -> Literal["vllm", "trtllm"]:
+    def _flavor(self, target: EngineTarget, content_type: str, payload: bytes) -> Known:
+        """The configured flavor, else what this answer looks like, else the last one seen
+        (vLLM when none was)."""
         if target.flavor != "auto":
             return target.flavor
+        detected = detect_flavor(content_type, payload)
+        if detected is not None:
+            return detected
         known = self._state[target.engine].flavor
-        if known != "unknown":
-            return known
-        if content_type == "application/json" or payload.lstrip()[:1] == b"[":
-            return "trtllm"
-        return "vllm"
+        return known if known != "unknown" else "vllm"
+
+    def _note_failures(self, target: EngineTarget, scrape: _Scrape) -> None:
+        """Count every failed scrape; log when an engine's scrapes begin to fail, and when they
+        work again."""
+        st = self._state[target.engine]
+        if scrape.reason is not None:
+            for reason in scrape.reasons:
+                HEALTH_SCRAPE_FAILURES.labels(
+                    engine=target.engine, role=target.role.value, reason=reason
+                ).inc()
+            if st.failing is None:
+                log.warning(
+                    "health scrape of engine %s (%s) failed: %s [%s]; logged again when it "
+                    "works, counted in shadow_ab_mirror_health_scrape_failures_total",
+                    target.engine,
+                    redact_urls(target.base_url),
+                    scrape.error or "/version gave no version",
+                    ", ".join(scrape.reasons),
+                )
+            st.failing = st.failing or scrape.reason
+            st.failed_samples += 1
+        elif st.failing is not None:
+            log.warning(
+                "health scrape of engine %s works again after %d failed samples (first: %s)",
+                target.engine,
+                st.failed_samples,
+                st.failing,
+            )
+            st.failing = None
+            st.failed_samples = 0
 
     def _to_sample(
         self, target: EngineTarget, scrape: _Scrape, ts: datetime, latency: float
@@ -395,6 +507,17 @@ class HealthSampler:
                 )
             st.version = scrape.version
         st.up = scrape.up
+
+
+def _mismatch(target: EngineTarget, used: Known, content_type: str, payload: bytes) -> str:
+    """What to do when a configured flavor does not match the answer (empty when it does)."""
+    looks = detect_flavor(content_type, payload)
+    if target.flavor == "auto" or looks is None or looks == used:
+        return ""
+    return (
+        f" (the answer looks like {FLAVOR_NAMES[looks]}, but flavor is {used}:"
+        f" set flavor: {looks} or auto for engine {target.engine})"
+    )
 
 
 def _describe(exc: BaseException) -> str:

@@ -11,9 +11,10 @@ background thread does the rest:
   outcome for the thread; at most ``max_in_flight`` records are unacknowledged at once.
 - **spooling**: when a send fails (the broker is unreachable, a delivery timed out, the producer
   cannot even be built), Kafka is marked away and every record -- the failed ones and all new
-  ones -- goes to the on-disk spool (:mod:`mirror.spool`, bounded by bytes; a full spool drops
-  and counts). New records keep going to the spool while it holds anything, so spooled records
-  are sent before newer ones.
+  ones -- goes to the on-disk spool (:mod:`mirror.spool`, bounded by bytes; a full spool, or a
+  disk that will not take more, drops and counts ``spool_full``, and the spool takes records
+  again once space comes back). New records keep going to the spool while it holds anything,
+  so spooled records are sent before newer ones.
 - **draining**: after ``retry_backoff_s`` (doubling up to ``retry_backoff_max_s`` while Kafka
   stays away) one spooled record is sent as a probe; once Kafka acknowledges it, the spool is
   drained in order with up to ``max_in_flight`` records outstanding. A spooled record is deleted
@@ -36,8 +37,10 @@ background thread does the rest:
 
 The mirror in Kafka mode cannot reach the store's ``drops`` table, so drops are counted in
 ``shadow_ab_mirror_records_dropped_total`` (reasons: ``queue_full``, ``closed``, ``spool_full``,
-``encode_error``, ``spool_corrupt``, ``too_large``) and summarised in a warning log at most
-every 10 s.
+``encode_error``, ``spool_corrupt``, ``too_large``, ``sink_error``) and summarised in a warning
+log at most every 10 s. The thread survives a failing round (``sink_error`` for a record it
+could not route); after ``MAX_STEP_FAILURES`` rounds failing in a row it gives up, and
+:meth:`KafkaSink.alive` (the mirror's ``/healthz``) says so.
 
 Errors: :class:`~mirror.errors.KafkaSinkError` (a :class:`~mirror.errors.MirrorError`): the
 sink cannot start (its spool folder is unusable).
@@ -65,6 +68,7 @@ from mirror.spool import Spool
 from shadow_ab.records import ExchangeRecord, HealthSample, Record
 from shadow_ab.settings import state_dir
 from shadow_ab.topics import TOPIC_EXCHANGES, TOPIC_HEALTH
+from storage.bounds import KILLED, approx_bytes, open_ledger
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +80,10 @@ SPOOL_FULL = "spool_full"
 ENCODE_ERROR = "encode_error"
 SPOOL_CORRUPT = "spool_corrupt"
 TOO_LARGE = "too_large"
+LEDGER_FILE = "ledger"
+SINK_ERROR = "sink_error"
+MAX_STEP_FAILURES = 100
+"""Rounds in a row the sink's thread may fail before it gives up (and liveness fails)."""
 RECORD_OVERHEAD_BYTES = 128
 """What Kafka adds to a record's key and value (batch and record headers), rounded up: a record
 whose key and value exceed ``max_request_size`` minus this is dropped before it is sent."""
@@ -108,6 +116,9 @@ class KafkaSinkConfig(BaseModel):
     spool_segment_bytes: int = Field(default=16 * 1024**2, ge=1024, description="segment size")
     spool_fsync: bool = Field(default=False, description="fsync every spooled record")
     queue_max: int = Field(default=50_000, ge=1, description="records held in memory")
+    queue_max_bytes: int = Field(
+        default=256 * 1024**2, ge=1024, description="bytes of records held in memory, at most"
+    )
     max_request_size: int = Field(
         default=1024**2,
         ge=1024,
@@ -245,11 +256,14 @@ def fetch_topic_limit(config: KafkaSinkConfig) -> int | None:
     from kafka import KafkaAdminClient
     from kafka.admin import ConfigResource, ConfigResourceType
 
+    from shadow_ab.kafka_security import kafka_security
+
     try:
         admin = KafkaAdminClient(
             bootstrap_servers=config.bootstrap,
             client_id=config.client_id + "-limits",
             request_timeout_ms=config.bootstrap_timeout_ms,
+            **kafka_security(),
         )
     except Exception as exc:
         log.info("cannot read the topics' max.message.bytes: %s", exc)
@@ -331,11 +345,25 @@ class KafkaSink:
             k: RECORDS.labels(sink=SINK, kind=k) for k in ("exchange", "health")
         }
         self._cond = threading.Condition()
-        self._queue: deque[Record] = deque()
+        self._queue: deque[tuple[Record, int]] = deque()  # (record, approx_bytes)
+        self._queue_bytes = 0
         self._outcomes: deque[_Outcome] = deque()
         self._closing = False
         self._deadline = 0.0
         self._stats = KafkaSinkStats()
+        # Records accepted and not yet acknowledged, spooled or counted: what a SIGKILL loses,
+        # counted by the next process on this spool folder (storage/bounds.py).
+        self._ledger = open_ledger(config.spool_dir / LEDGER_FILE)
+        if self._ledger is not None:
+            killed = self._ledger.take_unsettled()
+            if killed:
+                log.warning(
+                    "the previous mirror process on %s ended with %d records accepted and not"
+                    " sent or spooled (killed?): counted as dropped (killed)",
+                    config.spool_dir,
+                    killed,
+                )
+                self._drop(KILLED, killed)
         self._dropped_logged: Counter[str] = Counter()
         self._drops_logged_at = clock()
         # Owned by the thread (read elsewhere only as hints):
@@ -351,6 +379,7 @@ class KafkaSink:
         self._spool_sent: dict[int, float] = {}
         self._direct_seq = 0
         self._closed_ok = False
+        self._crashed = False
         self._thread = threading.Thread(target=self._run, name="shadow-ab-kafka-sink", daemon=True)
         self._thread.start()
 
@@ -362,12 +391,19 @@ class KafkaSink:
             if self._closing:
                 self._drop(CLOSED)
                 return False
-            if len(self._queue) >= self.config.queue_max:
+            size = approx_bytes(record)
+            if (
+                len(self._queue) >= self.config.queue_max
+                or self._queue_bytes + size > self.config.queue_max_bytes
+            ):
                 self._drop(QUEUE_FULL)
                 return False
             if not self._queue:
                 self._cond.notify_all()  # the sink's thread (a flush() may be waiting too)
-            self._queue.append(record)
+            self._queue.append((record, size))
+            self._queue_bytes += size
+            if self._ledger is not None:
+                self._ledger.accept()
             self._stats.submitted += 1
         self._records_metric[record.kind].inc()
         return True
@@ -459,28 +495,55 @@ class KafkaSink:
     # -- the thread ---------------------------------------------------------------------------
 
     def _run(self) -> None:
+        failures = 0
         try:
             self._ensure_producer()
             while True:
                 with self._cond:
                     if not (self._queue or self._outcomes or self._closing):
                         self._cond.wait(self._poll_s)
-                    records = [self._queue.popleft() for _ in range(min(len(self._queue), 1000))]
+                    taken = [self._queue.popleft() for _ in range(min(len(self._queue), 1000))]
+                    self._queue_bytes -= sum(size for _rec, size in taken)
+                    records = [rec for rec, _size in taken]
                     outcomes = list(self._outcomes)
                     self._outcomes.clear()
                     closing = self._closing and not self._queue
-                self._handle(outcomes)
-                for rec in records:
-                    self._route(rec)
-                self._check_stuck()
-                self._drain()
-                self._log_drops()
+                try:
+                    self._step(outcomes, records)
+                    failures = 0
+                except Exception:
+                    # Survive what one round trips over (the spool's disk, a bug): the thread
+                    # is the only way out for records; it gives up only if it keeps failing.
+                    failures += 1
+                    self._error("thread_error")
+                    if failures >= MAX_STEP_FAILURES:
+                        raise
+                    log.exception("the Kafka sink's thread hit an error (%d in a row)", failures)
+                    time.sleep(min(1.0, self._poll_s * failures))
                 if closing:
                     self._finish()
                     return
         except Exception:
             log.exception("the Kafka sink's thread failed; records are no longer sent")
+            self._crashed = True
             self._finish_after_crash()
+
+    def _step(self, outcomes: list[_Outcome], records: list[Record]) -> None:
+        self._handle(outcomes)
+        for rec in records:
+            try:
+                self._route(rec)
+            except Exception:
+                log.exception("the Kafka sink could not route a record; dropping it")
+                self._count_drop(SINK_ERROR)
+                self._settle()
+        self._check_stuck()
+        self._drain()
+        self._log_drops()
+
+    def alive(self) -> bool:
+        """False when the sink's thread died (records would pile up unsent): liveness."""
+        return not self._crashed and (self._thread.is_alive() or self._closing)
 
     def _ensure_producer(self) -> bool:
         if self._producer is not None:
@@ -538,11 +601,15 @@ class KafkaSink:
         except Exception as exc:
             log.error("cannot encode a record, dropping it: %s", exc)
             self._count_drop(ENCODE_ERROR)
+            self._settle()
             return None
 
     def _route(self, rec: Record) -> None:
         frame = self._encode(rec)
-        if frame is None or self._oversized(frame):
+        if frame is None:
+            return
+        if self._oversized(frame):
+            self._settle()
             return
         direct = (
             self._kafka_ok
@@ -557,6 +624,7 @@ class KafkaSink:
                 self._direct_frames[self._direct_seq] = (frame, self._clock())
                 return
             if sent is DROPPED:
+                self._settle()
                 return
         self._to_spool(frame)
 
@@ -580,7 +648,14 @@ class KafkaSink:
         )
         self._count_drop(TOO_LARGE)
 
+    def _settle(self, n: int = 1) -> None:
+        """An accepted record is acknowledged, spooled or counted: no longer at risk."""
+        if self._ledger is not None:
+            self._ledger.settle(n)
+
     def _to_spool(self, frame: bytes) -> None:
+        """Spool a frame not yet settled (spooled, or dropped and counted: settled either way)."""
+        self._settle()
         if self.spool.append(frame):
             with self._cond:
                 self._stats.spooled += 1
@@ -622,7 +697,8 @@ class KafkaSink:
                     if what == "spool_ok":
                         self._stats.from_spool += 1
             if what == "direct_ok":
-                self._direct_frames.pop(entry_id, None)
+                if self._direct_frames.pop(entry_id, None) is not None:
+                    self._settle()
                 self._mark_up()
             elif what.endswith("_fail") and type(exc).__name__ in _TOO_LARGE_ERRORS:
                 self._error(type(exc).__name__)
@@ -661,6 +737,7 @@ class KafkaSink:
             if failed is not None:
                 topic, key, _value = decode_frame(failed[0])
                 self._drop_too_large(topic, key, f"the broker refused it: {exc}")
+                self._settle()
             elif gen == self._gen:
                 self.spool.ack(entry_id)
                 self._drop_too_large("(from the spool)", b"", f"the broker refused it: {exc}")
@@ -785,10 +862,13 @@ class KafkaSink:
             self._producer = None
         with self._cond:
             lost = sum(
-                self._stats.dropped[r] for r in (SPOOL_FULL, ENCODE_ERROR, SPOOL_CORRUPT, TOO_LARGE)
+                self._stats.dropped[r]
+                for r in (SPOOL_FULL, ENCODE_ERROR, SPOOL_CORRUPT, TOO_LARGE, SINK_ERROR)
             )
         self._log_drops_now()
         self.spool.close()
+        if self._ledger is not None:
+            self._ledger.close()
         left = len(self.spool)
         # Records left in the spool while Kafka answers are stuck, not merely waiting for it.
         self._closed_ok = lost == 0 and (left == 0 or not self._kafka_ok)
@@ -807,14 +887,17 @@ class KafkaSink:
     def _finish_after_crash(self) -> None:
         with self._cond:
             self._closing = True
-            left = list(self._queue)
+            left = [rec for rec, _size in self._queue]
             self._queue.clear()
+            self._queue_bytes = 0
         frames = [f for f, _t in self._direct_frames.values()]
         self._direct_frames.clear()
         frames += [f for f in map(self._encode, left) if f is not None]
         for frame in frames:
             self._to_spool(frame)
         self.spool.close()
+        if self._ledger is not None:
+            self._ledger.close()
 
 
 def _close_producer(producer: Producer, timeout: float) -> None:

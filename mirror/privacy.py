@@ -171,7 +171,8 @@ class Privacy:
         except RedactionError:
             raise
         except Exception as exc:
-            raise RedactionError(f"{type(exc).__name__}: {exc}") from exc
+            # The exception's type only: its message may quote the text being redacted.
+            raise RedactionError(f"{type(exc).__name__} in {self.config.redactor}") from None
 
     def _full(self, record: ExchangeRecord) -> ExchangeRecord:
         redact = self.redactor

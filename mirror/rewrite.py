@@ -24,17 +24,16 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from shadow_ab.privacy import strip_credentials
+from shadow_ab.privacy import CREDENTIAL_KEYS, strip_credentials
 
 INCLUDE_USAGE = "stream_options.include_usage"
 MAX_TOKENS = "max_tokens"
 MODEL = "model"
 CREDENTIAL = "credential"
 
-SECRET_FIELDS = frozenset(
-    {"api_key", "apikey", "api-key", "authorization", "password", "secret", "access_token"}
-)
-"""Top-level body fields never stored (compared case-insensitively)."""
+SECRET_FIELDS = CREDENTIAL_KEYS
+"""Top-level body fields never stored (compared case-insensitively); deeper ones are removed
+before a record leaves the mirror (:mod:`mirror.privacy`)."""
 
 
 class CandidateRewrite(BaseModel):

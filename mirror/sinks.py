@@ -24,11 +24,13 @@ from typing import Protocol, runtime_checkable
 
 from mirror.kafka_sink import KafkaSink, KafkaSinkConfig
 from shadow_ab.records import Record
-from shadow_ab.settings import default_sqlite_url, normalize_database_url
+from shadow_ab.settings import default_sqlite_url, normalize_database_url, state_dir
 from storage.db import make_engine, redact_url
 from storage.sink import DirectSink
 
 log = logging.getLogger(__name__)
+
+DIRECT_LEDGER = "mirror-direct-sink.ledger"
 
 
 @runtime_checkable
@@ -54,12 +56,25 @@ class RecordSink(Protocol):
         ...
 
 
-def open_sink(*, kafka: KafkaSinkConfig | None, database_url: str | None) -> RecordSink:
+def sink_alive(sink: RecordSink) -> bool:
+    """Whether the sink's background thread is running (a sink without ``alive()`` is)."""
+    alive = getattr(sink, "alive", None)
+    return bool(alive()) if callable(alive) else True
+
+
+def open_sink(
+    *,
+    kafka: KafkaSinkConfig | None,
+    database_url: str | None,
+    direct_queue_max_bytes: int = 256 * 1024**2,
+) -> RecordSink:
     """The Kafka sink when ``kafka`` is given, else a direct sink on ``database_url``.
 
     With neither, the embedded default: the SQLite file of :mod:`shadow_ab.settings`. A SQLite
     store is migrated to the newest schema first, so the demo works out of the box; a PostgreSQL
-    store must have been migrated with ``shadow-ab db upgrade``.
+    store must have been migrated with ``shadow-ab db upgrade``. The direct sink keeps its
+    ledger of accepted records (what a SIGKILL loses, counted at the next start) in the state
+    folder (``DIRECT_LEDGER``); the Kafka sink keeps its own in its spool folder.
     """
     if kafka is not None:
         return KafkaSink(kafka)
@@ -67,7 +82,12 @@ def open_sink(*, kafka: KafkaSinkConfig | None, database_url: str | None) -> Rec
     if url.startswith("sqlite"):
         _migrate_sqlite(url)
     log.info("records go straight to the store at %s", redact_url(url))
-    return DirectSink(make_engine(url), source="mirror")
+    return DirectSink(
+        make_engine(url),
+        source="mirror",
+        max_queue_bytes=direct_queue_max_bytes,
+        ledger_path=state_dir() / DIRECT_LEDGER,
+    )
 
 
 def _migrate_sqlite(url: str) -> None:

@@ -12,7 +12,11 @@ opaque bytes (the Kafka sink puts topic, key and value in them).
 
 - :meth:`Spool.append` adds an entry at the end of the newest segment (a new segment starts past
   ``segment_bytes``); when the spool's files would grow past ``max_bytes`` the entry is refused,
-  counted in :attr:`Spool.dropped`, and False is returned.
+  counted in :attr:`Spool.dropped`, and False is returned. So is an entry the disk will not take
+  (``OSError``: no space left, quota, I/O error; counted in :attr:`Spool.write_errors` too): the
+  segment is cut back to its last whole entry and the next append tries again, so the spool
+  takes entries again as soon as space comes back. A cursor that cannot be written is kept and
+  written later.
 - :meth:`Spool.read` hands out the next entries (in order) with an id each; :meth:`Spool.ack`
   marks one delivered. The cursor moves over the contiguous prefix of acked entries, so an entry
   is forgotten only after it and every entry before it were acked; fully acked segments are
@@ -35,6 +39,7 @@ cannot be used (not a directory, unreadable cursor, in use by another process).
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import logging
 import os
@@ -106,6 +111,9 @@ class Spool:
         """Entries refused because the spool was full."""
         self.corrupt_bytes = 0
         """Bytes cut from torn segment tails when the spool was opened."""
+        self.write_errors = 0
+        """Entries refused because the disk would not take them (also in :attr:`dropped`)."""
+        self._write_error_logged_at = -1e9
 
         try:
             self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -127,7 +135,7 @@ class Spool:
         if not self._sizes:
             self._sizes[self._ack_seg] = 0
         self._write_seq = max(self._sizes)
-        self._writer: BinaryIO = open(  # noqa: SIM115
+        self._writer: BinaryIO | None = open(  # noqa: SIM115
             self._path(self._write_seq), "ab", opener=private_opener
         )
         # Reading: the next entry to hand out, and the entries handed out, not yet acked.
@@ -171,24 +179,64 @@ class Spool:
             if sum(self._sizes.values()) + len(entry) > self.max_bytes:
                 self.dropped += 1
                 return False
-            if self._sizes[self._write_seq] > 0 and (
-                self._sizes[self._write_seq] + len(entry) > self.segment_bytes
-            ):
-                self._roll()
-            self._writer.write(entry)
-            self._writer.flush()
-            if self.fsync:
-                os.fsync(self._writer.fileno())
+            try:
+                self._write(entry)
+            except OSError as exc:
+                self._write_failed(exc)
+                return False
             self._sizes[self._write_seq] += len(entry)
             self._pending += 1
             self._update_metrics()
         return True
 
+    def _write(self, entry: bytes) -> None:
+        """Write one whole entry at the end (caller holds the lock); OSError leaves the sizes
+        as they were."""
+        if self._sizes[self._write_seq] > 0 and (
+            self._sizes[self._write_seq] + len(entry) > self.segment_bytes
+        ):
+            self._roll()
+        if self._writer is None:
+            self._writer = open(  # noqa: SIM115
+                self._path(self._write_seq), "ab", opener=private_opener
+            )
+        self._writer.write(entry)
+        self._writer.flush()
+        if self.fsync:
+            os.fsync(self._writer.fileno())
+
+    def _write_failed(self, exc: OSError) -> None:
+        """The disk refused an entry: drop the writer (and any bytes of the entry it holds),
+        cut the segment back to its last whole entry; the next append opens it again."""
+        self.dropped += 1
+        self.write_errors += 1
+        if self._writer is not None:
+            with contextlib.suppress(OSError):  # the unwritten bytes go with the buffer
+                self._writer.close()
+            self._writer = None
+        try:
+            os.truncate(self._path(self._write_seq), self._sizes[self._write_seq])
+        except OSError as cut_exc:  # a torn tail left is cut when the spool is opened again
+            log.warning(
+                "cannot cut spool segment %s back: %s", self._path(self._write_seq), cut_exc
+            )
+        now = self._clock()
+        if now - self._write_error_logged_at >= 10.0:
+            self._write_error_logged_at = now
+            log.error(
+                "cannot write to the spool %s (%s): records are dropped (spool_full) until"
+                " space comes back; free space or give kafka.spool_dir a larger volume",
+                self.directory,
+                exc,
+            )
+
     def _roll(self) -> None:
-        self._writer.close()
+        new = open(self._path(self._write_seq + 1), "ab", opener=private_opener)  # noqa: SIM115
+        if self._writer is not None:
+            self._writer.close()
+        self._writer = new
         self._write_seq += 1
         self._sizes[self._write_seq] = 0
-        self._writer = open(self._path(self._write_seq), "ab", opener=private_opener)  # noqa: SIM115
 
     # -- reading and acking -----------------------------------------------------------------------
 
@@ -271,7 +319,9 @@ class Spool:
             if self._closed:
                 return
             self._maybe_write_cursor(force=True)
-            self._writer.close()
+            if self._writer is not None:
+                with contextlib.suppress(OSError):
+                    self._writer.close()
             if self._reader is not None:
                 self._reader.close()
                 self._reader = None
@@ -317,7 +367,10 @@ class Spool:
         """Everything is acked: start over with one empty segment so disk space comes back."""
         if sum(self._sizes.values()) == 0:
             return
-        self._writer.close()
+        if self._writer is not None:
+            with contextlib.suppress(OSError):
+                self._writer.close()
+            self._writer = None
         if self._reader is not None:
             self._reader.close()
             self._reader = None
@@ -326,7 +379,10 @@ class Spool:
             self._path(seq).unlink(missing_ok=True)
         self._sizes = {new_seq: 0}
         self._write_seq = new_seq
-        self._writer = open(self._path(new_seq), "ab", opener=private_opener)  # noqa: SIM115
+        try:
+            self._writer = open(self._path(new_seq), "ab", opener=private_opener)  # noqa: SIM115
+        except OSError as exc:  # opened again by the next append
+            log.warning("cannot open a new spool segment: %s", exc)
         self._ack_seg, self._ack_off = new_seq, 0
         self._read_seg, self._read_off = new_seq, 0
         self._cursor_dirty = True
@@ -339,8 +395,13 @@ class Spool:
         if not force and now - self._cursor_written_at < self.cursor_interval_s:
             return
         tmp = self.directory / (CURSOR_FILE + ".tmp")
-        tmp.write_bytes(orjson.dumps({"segment": self._ack_seg, "offset": self._ack_off}))
-        os.replace(tmp, self.directory / CURSOR_FILE)
+        try:
+            tmp.write_bytes(orjson.dumps({"segment": self._ack_seg, "offset": self._ack_off}))
+            os.replace(tmp, self.directory / CURSOR_FILE)
+        except OSError as exc:  # disk full: keep it dirty, write it later (acks are replayed)
+            log.warning("cannot write the spool cursor %s: %s", tmp, exc)
+            self._cursor_written_at = now
+            return
         self._cursor_dirty = False
         self._cursor_written_at = now
 

@@ -30,6 +30,20 @@ from pathlib import Path
 from typing import Any
 
 PREFIX = "SHADOW_AB_KAFKA_"
+VARIABLES = frozenset(
+    PREFIX + name
+    for name in (
+        "SECURITY_PROTOCOL",
+        "SASL_MECHANISM",
+        "SASL_USERNAME",
+        "SASL_PASSWORD",
+        "SASL_PASSWORD_FILE",
+        "SSL_CAFILE",
+        "SSL_CERTFILE",
+        "SSL_KEYFILE",
+    )
+)
+"""Every variable :func:`kafka_security` reads."""
 PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 MECHANISMS = ("SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN")
 

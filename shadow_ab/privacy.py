@@ -24,6 +24,7 @@ Errors: :class:`ValueError` from :func:`load_redactor` (a sentence saying what t
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import importlib
@@ -120,34 +121,38 @@ def strip_credentials(value: Any, _path: str = "") -> tuple[Any, list[str]]:
 
 Redactor = Callable[[str], str]
 
-_EMAIL = r"(?P<email>[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,})"
-_BEARER = r"(?P<bearer>\b[Bb]earer\s+[A-Za-z0-9._~+/=-]{8,})"
-# Prefixed keys of well-known providers, and long opaque key-like runs after "key"/"token".
-_APIKEY = (
-    r"(?P<apikey>\b(?:sk|pk|rk|sess)-[A-Za-z0-9_-]{16,}"
+# Each kind has its own pattern, run only on texts holding a cheap sign of it ("@", "earer",
+# a key prefix, a run of digits), so a long prompt without any costs a few substring scans.
+_EMAIL = re.compile(
+    r"(?<![A-Za-z0-9._%+-])[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}"
+)
+_BEARER = re.compile(r"\b[Bb]earer\s+[A-Za-z0-9._~+/=-]{8,}")
+# Prefixed keys of well-known providers, and JSON web tokens.
+_KEY_PREFIXES = (
+    "sk-", "pk-", "rk-", "sess-", "sk_", "ghp_", "gho_", "ghu_", "ghs_", "ghr_", "xox", "AKIA",
+    "AIza", "eyJ",
+)  # fmt: skip
+_APIKEY = re.compile(
+    r"\b(?:sk|pk|rk|sess)-[A-Za-z0-9_-]{16,}"
     r"|\bsk_(?:live|test)_[A-Za-z0-9]{16,}"
     r"|\bgh[pousr]_[A-Za-z0-9]{30,}"
     r"|\bxox[abposr]-[A-Za-z0-9-]{10,}"
     r"|\bAKIA[0-9A-Z]{16}\b"
     r"|\bAIza[0-9A-Za-z_-]{35}"
-    r"|\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,})"
+    r"|\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"
 )
-# 13-19 digits, optionally grouped by spaces or dashes: a card number if it passes Luhn.
-_CARD = r"(?P<card>\b\d(?:[ -]?\d){12,18}\b)"
+# Runs of digits and separators long enough to be a phone or card number (the cheapest pattern
+# that finds them: it starts on a plain character class); each run is then judged on its own:
+# a card number if 13-19 digits pass Luhn, else the phone patterns.
+_DIGITS = re.compile(r"[0-9]{3}")
+_NUMBER_RUN = re.compile(r"[0-9][0-9 ().-]{7,}[0-9]")
+_CARD = re.compile(r"[0-9](?:[ -]?[0-9]){12,18}")
 # International (+CC ...) or grouped national numbers: 9-15 digits with separators.
-_PHONE = (
-    r"(?P<phone>(?<![\w+])\+\d{1,3}[ .-]?(?:\(\d{1,4}\)[ .-]?)?\d{1,4}(?:[ .-]?\d{2,4}){2,4}\b"
+_PHONE = re.compile(
+    r"(?<![\w+])\+\d{1,3}[ .-]?(?:\(\d{1,4}\)[ .-]?)?\d{1,4}(?:[ .-]?\d{2,4}){2,4}\b"
     r"|(?<![\w+])\(\d{2,4}\)[ .-]?\d{3,4}[ .-]?\d{3,4}\b"
-    r"|\b\d{3}[ .-]\d{3}[ .-]\d{4}\b)"
+    r"|\b\d{3}[ .-]\d{3}[ .-]\d{4}\b"
 )
-_PRIVATE = re.compile("|".join((_EMAIL, _BEARER, _APIKEY, _CARD, _PHONE)))
-_LABEL = {
-    "email": "[EMAIL]",
-    "bearer": "Bearer [TOKEN]",
-    "apikey": "[API_KEY]",
-    "card": "[CARD]",
-    "phone": "[PHONE]",
-}
 
 
 def luhn_ok(digits: str) -> bool:
@@ -163,21 +168,63 @@ def luhn_ok(digits: str) -> bool:
     return total % 10 == 0
 
 
-def _replace(m: re.Match[str]) -> str:
-    kind = m.lastgroup or ""
-    if kind == "card":
-        digits = re.sub(r"[ -]", "", m.group(0))
-        if not luhn_ok(digits):
-            return m.group(0)
-    return _LABEL.get(kind, m.group(0))
+def _numbers(text: str) -> str:
+    """``text`` with card numbers and phone numbers among its digit runs replaced."""
+    out: list[str] = []
+    last = 0
+    for m in _NUMBER_RUN.finditer(text):
+        start, end = m.span()
+        if start > 0 and text[start - 1] in "+(":
+            start -= 1  # an international prefix or an area code in brackets
+        if (start > 0 and (text[start - 1].isalnum() or text[start - 1] in "_+")) or (
+            end < len(text) and (text[end].isalnum() or text[end] == "_")
+        ):
+            continue  # part of a word or a longer token: not a number of its own
+        run = text[start:end]
+        if _CARD.fullmatch(run) is not None and luhn_ok(run.replace(" ", "").replace("-", "")):
+            new = "[CARD]"
+        else:
+            new = _PHONE.sub("[PHONE]", run)
+        if new != run:
+            out.append(text[last:start])
+            out.append(new)
+            last = end
+    if not out:
+        return text
+    out.append(text[last:])
+    return "".join(out)
 
 
 def redact_text(text: str) -> str:
     """The built-in redactor: e-mail addresses, phone numbers, card numbers (Luhn), API keys
-    and bearer tokens in ``text`` replaced by a label (``[EMAIL]``, ...)."""
-    if not text:
+    and bearer tokens in ``text`` replaced by a label (``[EMAIL]``, ``[PHONE]``, ``[CARD]``,
+    ``[API_KEY]``, ``Bearer [TOKEN]``).
+
+    A pair's records share their prompt (the same string objects), so results for texts up to
+    64 KiB are remembered for the next few calls: the prompt is scanned once per pair."""
+    if len(text) < 6:
         return text
-    return _PRIVATE.sub(_replace, text)
+    if len(text) <= _CACHE_MAX_CHARS:
+        return _redact_cached(text)
+    return _redact(text)
+
+
+_CACHE_MAX_CHARS = 64 * 1024
+
+
+def _redact(text: str) -> str:
+    if "@" in text:
+        text = _EMAIL.sub("[EMAIL]", text)
+    if "earer" in text:
+        text = _BEARER.sub("Bearer [TOKEN]", text)
+    if any(p in text for p in _KEY_PREFIXES):
+        text = _APIKEY.sub("[API_KEY]", text)
+    if _DIGITS.search(text) is not None:
+        text = _numbers(text)
+    return text
+
+
+_redact_cached = functools.lru_cache(maxsize=64)(_redact)
 
 
 def no_redaction(text: str) -> str:

@@ -46,14 +46,21 @@ def default_topics(
     - exchanges: keyed by pair_id, 6 partitions so a few ingesters can share the load; kept
       7 days so an ingester outage of days loses nothing.
     - health: keyed by engine id, small records, 3 partitions, 7 days.
-    - dlq: poison messages for a human to look at; 1 partition, kept 30 days.
+    - dlq: poison messages for a human to look at; 1 partition, kept 30 days; it takes
+      messages up to ``DLQ_MAX_MESSAGE_BYTES``, twice the others' limit, so the copy of any
+      message the others took fits with its headers.
     """
     common = {"cleanup.policy": "delete", "compression.type": "producer"}
+    dlq_size = {"max.message.bytes": str(DLQ_MAX_MESSAGE_BYTES)}
     return [
         TopicSpec(exchanges, 6, {**common, "retention.ms": str(7 * DAY_MS)}),
         TopicSpec(health, 3, {**common, "retention.ms": str(7 * DAY_MS)}),
-        TopicSpec(dlq, 1, {**common, "retention.ms": str(30 * DAY_MS)}),
+        TopicSpec(dlq, 1, {**common, "retention.ms": str(30 * DAY_MS), **dlq_size}),
     ]
+
+
+DLQ_MAX_MESSAGE_BYTES = 2 * 1024 * 1024
+"""The dead-letter topic's max.message.bytes (the ingester's producer may send this much)."""
 
 
 def ensure_topics(

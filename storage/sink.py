@@ -1,10 +1,11 @@
 """The direct sink: records from the mirror go straight into the store, in batches.
 
 The embedded default (no Kafka): the mirror calls :meth:`DirectSink.submit` on its request path,
-which never blocks -- the record goes into a bounded in-memory queue, or, when the queue is full,
-is dropped and counted (Prometheus ``shadow_ab_sink_dropped_total`` and, once the store answers
-again, a row in the ``drops`` table). A background thread takes batches off the queue and writes
-them with :func:`storage.write.write_exchanges` / :func:`storage.write.write_health`:
+which never blocks -- the record goes into an in-memory queue bounded by records (``max_queue``)
+and by bytes (``max_queue_bytes``, :func:`storage.bounds.approx_bytes`), or, when the queue is
+full, is dropped and counted (Prometheus ``shadow_ab_sink_dropped_total`` and, once the store
+answers again, a row in the ``drops`` table). A background thread takes batches off the queue
+and writes them with :func:`storage.write.write_exchanges` / :func:`storage.write.write_health`:
 
 - a batch is written as soon as ``batch_size`` records are queued, or when the oldest queued
   record has waited ``flush_interval_s`` (measured on the injectable ``clock``);
@@ -15,6 +16,10 @@ them with :func:`storage.write.write_exchanges` / :func:`storage.write.write_hea
   batch: run ``shadow-ab db upgrade`` before starting the mirror);
 - :meth:`DirectSink.close` flushes everything, retrying until its timeout; records it could not
   write are counted as dropped (reason ``store_unavailable``) and logged.
+- with ``ledger_path``, the records accepted and not yet written or counted are kept count of
+  in a :class:`storage.bounds.Ledger`: a process killed with SIGKILL loses its queue, and the
+  next sink on that ledger counts those records as dropped (reason ``killed``, a row in the
+  ``drops`` table).
 
 Lifecycle: ``submit`` / ``flush`` / ``close`` (also a context manager).
 """
@@ -28,11 +33,13 @@ from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from types import TracebackType
 
 from sqlalchemy import Engine
 
 from shadow_ab.records import ExchangeRecord, HealthSample, Record
+from storage.bounds import KILLED, approx_bytes, open_ledger
 from storage.errors import BadConfiguration, SchemaMissing, StoreError, StoreUnavailable
 from storage.metrics import SINK_DROPPED, SINK_QUEUE, SINK_RETRIES, SINK_SUBMITTED, SINK_WRITTEN
 from storage.write import write_drops, write_exchanges, write_health
@@ -74,6 +81,8 @@ class DirectSink:
         batch_size: int = 500,
         flush_interval_s: float = 1.0,
         max_queue: int = 50_000,
+        max_queue_bytes: int = 256 * 1024**2,
+        ledger_path: Path | None = None,
         source: str = "direct_sink",
         clock: Callable[[], float] = time.monotonic,
         backoff_initial_s: float = 0.1,
@@ -90,6 +99,7 @@ class DirectSink:
         self.batch_size = batch_size
         self.flush_interval_s = flush_interval_s
         self.max_queue = max_queue
+        self.max_queue_bytes = max_queue_bytes
         self.source = source
         self._clock = clock
         self._backoff_initial_s = backoff_initial_s
@@ -97,7 +107,8 @@ class DirectSink:
         self._poll_s = poll_s
 
         self._cond = threading.Condition()
-        self._queue: deque[Record] = deque()
+        self._queue: deque[tuple[Record, int]] = deque()  # (record, approx_bytes)
+        self._queue_bytes = 0
         self._oldest_at: float | None = None  # clock() when the oldest queued record arrived
         self._inflight = 0
         self._flush_requested = False
@@ -105,6 +116,17 @@ class DirectSink:
         self._deadline: float | None = None  # time.monotonic() by which close() gives up
         self._pending_drops: Counter[str] = Counter()  # not yet written to the drops table
         self._stats = SinkStats()
+        self._ledger = open_ledger(ledger_path) if ledger_path is not None else None
+        if self._ledger is not None:
+            killed = self._ledger.take_unsettled()
+            if killed:
+                log.warning(
+                    "the previous process on %s ended with %d records accepted and not written"
+                    " (killed?): counted as dropped (killed)",
+                    ledger_path,
+                    killed,
+                )
+                self._drop(KILLED, killed)
         self._thread = threading.Thread(target=self._run, name="shadow-ab-direct-sink", daemon=True)
         self._thread.start()
 
@@ -118,14 +140,21 @@ class DirectSink:
             if self._closing:
                 self._drop(CLOSED, 1)
                 return False
-            if len(self._queue) >= self.max_queue:
+            size = approx_bytes(record)
+            if (
+                len(self._queue) >= self.max_queue
+                or self._queue_bytes + size > self.max_queue_bytes
+            ):
                 self._drop(QUEUE_FULL, 1)
                 return False
             if not self._queue:
                 self._oldest_at = self._clock()
                 self._cond.notify_all()
-            self._queue.append(record)
+            self._queue.append((record, size))
+            self._queue_bytes += size
             self._stats.submitted += 1
+            if self._ledger is not None:
+                self._ledger.accept()
             if len(self._queue) == self.batch_size:
                 self._cond.notify_all()
         SINK_SUBMITTED.labels(kind=record.kind).inc()
@@ -159,6 +188,8 @@ class DirectSink:
                 self._deadline = time.monotonic() + timeout
             self._cond.notify_all()
         self._thread.join(timeout + 5.0)
+        if self._ledger is not None and not self._thread.is_alive():
+            self._ledger.close()
         with self._cond:
             unwritten = len(self._queue) + self._inflight
             # Records refused by submit() (queue full, closed) were never accepted.
@@ -166,6 +197,10 @@ class DirectSink:
                 n for reason, n in self._stats.dropped.items() if reason not in (QUEUE_FULL, CLOSED)
             )
         return not self._thread.is_alive() and unwritten == 0 and lost == 0
+
+    def alive(self) -> bool:
+        """False when the writer thread died (records would pile up unwritten): liveness."""
+        return self._thread.is_alive() or self._closing
 
     def pending(self) -> tuple[int, int]:
         """(records queued, records being written now)."""
@@ -219,13 +254,16 @@ class DirectSink:
                     return None
                 self._cond.wait(self._poll_s)
             n = min(self.batch_size, len(self._queue))
-            batch = [self._queue.popleft() for _ in range(n)]
+            taken = [self._queue.popleft() for _ in range(n)]
+            batch = [record for record, _size in taken]
+            self._queue_bytes -= sum(size for _record, size in taken)
             self._inflight = n
             self._oldest_at = self._clock() if self._queue else None
         SINK_QUEUE.dec(n)
         return batch
 
     def _run(self) -> None:
+        self._write_pending_drops()  # a killed predecessor's count, at once
         while True:
             batch = self._take_batch()
             if batch is None:
@@ -286,6 +324,8 @@ class DirectSink:
                 )
                 self._sleep(delay)
                 delay = min(delay * 2, self._backoff_max_s)
+        if self._ledger is not None:
+            self._ledger.settle(len(batch))
         with self._cond:
             self._stats.batches += 1
             self._stats.written += new_x + new_h
@@ -304,6 +344,9 @@ class DirectSink:
                 self._cond.wait(min(remaining, self._poll_s))
 
     def _count_drop(self, reason: str, count: int) -> None:
+        """Count accepted records the thread gives up on (settled: counted, not pending)."""
+        if self._ledger is not None:
+            self._ledger.settle(count)
         with self._cond:
             self._drop(reason, count)
 

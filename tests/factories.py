@@ -26,7 +26,7 @@ import orjson
 from shadow_ab.dev.synthetic import T0, engine_of, exchanges, health_series, text_of
 from shadow_ab.dev.synthetic import exchange as full_exchange
 from shadow_ab.dev.synthetic import health as full_health
-from shadow_ab.records import ExchangeRecord, HealthSample
+from shadow_ab.records import ExchangeRecord, HealthSample, Record
 
 __all__ = [
     "T0",
@@ -132,3 +132,22 @@ def exchange_document(**overrides: Any) -> dict[str, Any]:
     document: dict[str, Any] = orjson.loads(full_exchange().to_json())
     document.update(overrides)
     return document
+
+
+class ListSink:
+    """A record sink (the mirror's RecordSink seam) that keeps what it is given."""
+
+    label = "direct"
+
+    def __init__(self) -> None:
+        self.records: list[Record] = []
+
+    def submit(self, record: Record) -> bool:
+        self.records.append(record)
+        return True
+
+    def flush(self, timeout: float = 30.0) -> bool:
+        return True
+
+    def close(self, timeout: float = 30.0) -> bool:
+        return True

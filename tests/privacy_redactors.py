@@ -20,4 +20,4 @@ def mark(text: str) -> str:
 def broken(text: str) -> str:
     if text == "probe":
         return text
-    raise RuntimeError("the redactor's own bug")
+    raise RuntimeError(f"the redactor's own bug on {text!r}")

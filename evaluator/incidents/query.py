@@ -31,6 +31,7 @@ from evaluator.incidents.model import KINDS, ROLES, Finding, SentCounts
 from evaluator.rates import (
     BUCKETS,
     By,
+    bucket_length,
     compare_poisson_rates,
     observed_intervals,
     overlap_s,
@@ -205,9 +206,13 @@ def compare_incidents(
     since: datetime | None = None,
     until: datetime | None = None,
     level: float = 0.95,
+    max_buckets: int | None = None,
 ) -> dict[str, Any]:
     """Stored incidents counted per ``by`` bucket and role, with rates per observed day and
     the exact candidate/incumbent rate comparison per bucket and overall.
+
+    ``max_buckets``: a window with more buckets than this raises :class:`BadQuery` (the
+    answer, and the time and memory to build it, grow with the number of buckets).
 
     ``since``/``until`` default to the deployment's data (health samples, exchanges,
     incidents). Returned dict::
@@ -235,6 +240,14 @@ def compare_incidents(
             until_u = since_u + (span[1] - span[0]) if span[1] > span[0] else since_u
     if until_u <= since_u:
         return _empty(deployment, by, kind, since_u, until_u)
+    if max_buckets is not None:
+        n = (until_u - since_u) // bucket_length(by) + 1
+        if n > max_buckets:
+            raise BadQuery(
+                f"the window {since_u.date()} .. {until_u.date()} spans about {n} {by}"
+                f" buckets, more than the {max_buckets} one answer holds: narrow it with"
+                f" since/until{', or ask by=week' if by == 'day' else ''}"
+            )
     findings = [_finding(r) for r in rows]
     exposure = load_exposure(engine, deployment, since_u, until_u)
     lo, hi = since_u.timestamp(), until_u.timestamp()

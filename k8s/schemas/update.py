@@ -67,6 +67,7 @@ CORE_KINDS = (
     "serviceaccount-v1",
     "persistentvolumeclaim-v1",
     "deployment-apps-v1",
+    "statefulset-apps-v1",
     "job-batch-v1",
     "cronjob-batch-v1",
     "horizontalpodautoscaler-autoscaling-v2",

@@ -11,7 +11,9 @@
 
 One launcher underneath, :class:`ManagedProcess`: a subprocess whose stderr goes to a log
 file, a wait until it is ready (failing with the log's tail when it exits first or takes too
-long), and a stop that sends SIGTERM and, when that is ignored, SIGKILL. :func:`running_sim`
+long), and a stop that sends SIGTERM and, when that is ignored, SIGKILL; optionally in a process
+group of its own, stopped or killed as a whole (real engines with their workers,
+:mod:`shadow_ab.dev.engines.vllm_cpu`). :func:`running_sim`
 runs ``shadow-ab sim`` (supervisor + serving child) and :func:`running_mirror` runs
 ``shadow-ab mirror``, each on a free 127.0.0.1 port (:func:`free_port`), picking another when
 someone takes the port between the probe and the bind.
@@ -86,7 +88,11 @@ def http_get(url: str, timeout: float = 2.0) -> tuple[int, bytes]:
 class ManagedProcess:
     """One subprocess with its stderr (and, with ``merge_stdout``, its stdout) in ``log_path``.
 
-    ``name`` and ``error`` say what the failures are called and raised as.
+    ``name`` and ``error`` say what the failures are called and raised as. With
+    ``new_session`` the process leads a process group of its own (``start_new_session``): what
+    it starts (an engine's workers) is stopped with it (SIGKILL to the group once the leader
+    has exited or been killed), and :meth:`kill` kills the whole group, as a crash would.
+    :meth:`relaunch` starts the same command again (appending to the log).
     """
 
     name: ClassVar[str] = "process"
@@ -101,14 +107,27 @@ class ManagedProcess:
         *,
         env: Mapping[str, str] | None = None,
         merge_stdout: bool = False,
+        new_session: bool = False,
+        cwd: Path | None = None,
     ) -> None:
+        self.cmd = list(cmd)
         self.log_path = log_path
-        with open(log_path, "wb") as log:
-            self.process: subprocess.Popen[bytes] = subprocess.Popen(
-                list(cmd),
-                stdout=log if merge_stdout else subprocess.DEVNULL,
+        self.env = dict(env) if env is not None else None
+        self.merge_stdout = merge_stdout
+        self.new_session = new_session
+        self.cwd = cwd
+        self.process: subprocess.Popen[bytes] = self._spawn("wb")
+
+    def _spawn(self, mode: str) -> subprocess.Popen[bytes]:
+        with open(self.log_path, mode) as log:
+            return subprocess.Popen(
+                self.cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=log if self.merge_stdout else subprocess.DEVNULL,
                 stderr=log,
-                env=dict(env) if env is not None else None,
+                env=self.env,
+                cwd=self.cwd,
+                start_new_session=self.new_session,
             )
 
     @property
@@ -140,20 +159,44 @@ class ManagedProcess:
 
     def stop(self, timeout: float | None = None, sig: int = signal.SIGTERM) -> int:
         """Send ``sig`` (SIGTERM) and wait up to ``timeout`` seconds for the exit code; a
-        process that ignores it is killed (SIGKILL) and the error is raised."""
+        process that ignores it is killed (SIGKILL) and the error is raised. With
+        ``new_session``, what is left of its group is killed once it has exited."""
         if self.process.poll() is not None:
+            self._kill_group()
             return int(self.process.returncode)
         timeout = self.stop_timeout if timeout is None else timeout
         self.process.send_signal(sig)
         try:
             return int(self.process.wait(timeout))
         except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+            self.kill()
             raise self.error(
                 f"{self.name} ignored {signal.Signals(sig).name} for {timeout}s; killed:\n"
                 + self.stderr()
             ) from None
+        finally:
+            self._kill_group()
+
+    def kill(self) -> int:
+        """SIGKILL to the process (to its whole group with ``new_session``), as a crash; its
+        exit code."""
+        if self.new_session:
+            self._kill_group()
+        elif self.process.poll() is None:
+            self.process.kill()
+        return int(self.process.wait())
+
+    def relaunch(self) -> None:
+        """Start the command again (once this process has exited), appending to the log."""
+        if self.process.poll() is None:
+            raise self.error(f"{self.name} (pid {self.pid}) is still running: stop it first")
+        self._kill_group()
+        self.process = self._spawn("ab")
+
+    def _kill_group(self) -> None:
+        if self.new_session:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.process.pid, signal.SIGKILL)
 
 
 class ServingProcess(ManagedProcess):
@@ -167,8 +210,13 @@ class ServingProcess(ManagedProcess):
         port: int,
         *,
         env: Mapping[str, str] | None = None,
+        merge_stdout: bool = False,
+        new_session: bool = False,
+        cwd: Path | None = None,
     ) -> None:
-        super().__init__(cmd, log_path, env=env)
+        super().__init__(
+            cmd, log_path, env=env, merge_stdout=merge_stdout, new_session=new_session, cwd=cwd
+        )
         self.host = host
         self.port = port
 
@@ -379,13 +427,20 @@ class RunningMirror(ServingProcess):
         cmd: Sequence[str],
         log_path: Path,
         env: Mapping[str, str],
+        admin_port: int | None = None,
     ) -> None:
         super().__init__(cmd, log_path, host, port, env=env)
         self.database_url = database_url
         self.config_path = config_path
+        self.admin_port = admin_port if admin_port is not None else port
+
+    @property
+    def admin_url(self) -> str:
+        """The admin port's root (``/metrics``, ``/healthz``, ``/mirror/docs``)."""
+        return f"http://{self.host}:{self.admin_port}"
 
     def metrics_text(self) -> str:
-        status, body = http_get(self.base_url + "/metrics", timeout=5.0)
+        status, body = http_get(self.admin_url + "/metrics", timeout=5.0)
         if status != 200:
             raise MirrorStartError(f"GET /metrics answered {status}")
         return body.decode()
@@ -404,7 +459,7 @@ class RunningMirror(ServingProcess):
         return total
 
     def healthy(self) -> bool:
-        return http_get(self.base_url + "/healthz", timeout=1.0)[0] == 200
+        return http_get(self.admin_url + "/healthz", timeout=1.0)[0] == 200
 
 
 @contextlib.contextmanager
@@ -428,6 +483,8 @@ def running_mirror(
     ``shadow={"rate": 0.5, "replay_rate": 0.1}``, ``deployment="exp1"``,
     ``candidate={"rewrite": {"model": "m"}}`` (merged with the URLs), ``health_enabled=False``.
     ``health_only=True`` runs ``shadow-ab mirror --health-only`` (the sampler and its /metrics).
+    The admin endpoints are on another free port (``mirror.admin_url``; the sampler's on its
+    one port).
     """
     with tempfile.TemporaryDirectory(prefix="shadow-ab-mirror-test-") as tmp:
         workdir = Path(tmp)
@@ -450,15 +507,19 @@ def running_mirror(
         def start(chosen: int) -> RunningMirror:
             cmd = [sys.executable, "-m", "shadow_ab", "mirror", "--config", str(config_path)]
             cmd += ["--host", host, "--port", str(chosen)]
+            admin_port = None
             if health_only:
                 cmd.append("--health-only")
+            else:
+                admin_port = free_port(host)
+                cmd += ["--admin-port", str(admin_port)]
             if kafka is not None:
                 cmd += ["--kafka", kafka]
             if database_url is not None:
                 cmd += ["--database-url", database_url]
             log_path = workdir / f"stderr-{chosen}.log"
             mirror = RunningMirror(
-                host, chosen, database_url, config_path, cmd, log_path, child_env
+                host, chosen, database_url, config_path, cmd, log_path, child_env, admin_port
             )
             return _launch(
                 mirror,

@@ -59,6 +59,14 @@ def client(sqlite_url: str) -> Iterator[TestClient]:
             exchange(
                 deployment=DEP,
                 pair_id=PAIR,
+                role="replay",
+                sent_at=T,
+                request=REQUEST,
+                output_text="another answer",
+            ),
+            exchange(
+                deployment=DEP,
+                pair_id=PAIR,
                 role="candidate",
                 sent_at=T,
                 request=REQUEST,
@@ -119,6 +127,23 @@ def test_every_read_of_content_is_audited(
         assert len(line["token"]) == 12 and line["token"] not in CONTENT_TOKEN
         assert datetime.fromisoformat(line["time"]).tzinfo is not None
     assert CONTENT_TOKEN not in caplog.text
+
+
+def test_a_page_of_divergent_pairs_is_audited_with_its_range(
+    client: TestClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    url = f"/v1/deployments/{DEP}/pairs/divergent"
+    params = {"against": "replay", "since": "2026-11-20T00:00:00Z"}
+    with caplog.at_level(logging.INFO, logger="shadow_ab.audit"):
+        seen = client.get(url, params=params, headers=bearer(READ_TOKEN)).json()
+        page = client.get(url, params=params, headers=bearer(CONTENT_TOKEN)).json()
+    assert [p["pair_id"] for p in seen["items"]] == [str(PAIR)]
+    assert seen["items"][0]["other"]["output_text"] is None
+    assert page["items"][0]["other"]["output_text"] == "another answer"
+    lines = [orjson.loads(r.getMessage()) for r in caplog.records if r.name == "shadow_ab.audit"]
+    assert len(lines) == 1
+    assert lines[0]["route"] == url and lines[0]["pair_ids"] == [str(PAIR)]
+    assert lines[0]["since"] == "2026-11-20T00:00:00+00:00" and lines[0]["until"] is None
 
 
 def test_audit_lines_go_to_their_own_stream() -> None:

@@ -60,3 +60,34 @@ def same_answer(mirrored: bytes, direct: bytes, stream: bool) -> None:
         assert per_choice(mirrored) == per_choice(direct)
     else:
         assert stream_shape(mirrored) == stream_shape(direct)
+
+
+def vllm_metric(base_url: str, name: str, **labels: str) -> float:
+    """The sum of real vLLM's ``/metrics`` samples named ``name`` whose labels include
+    ``labels`` (0 when there are none)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from shadow_ab.dev.processes import http_get
+
+    status, body = http_get(base_url + "/metrics", timeout=10.0)
+    assert status == 200, f"GET /metrics answered {status}"
+    return sum(
+        s.value
+        for family in text_string_to_metric_families(body.decode())
+        for s in family.samples
+        if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())
+    )
+
+
+def wait_idle(base_url: str, timeout: float = 900.0) -> None:
+    """Wait until real vLLM runs and queues no request (a request it did not abort ends by
+    itself well within ``timeout``: 1000 tokens of the tiny model take a minute or two)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while (
+        vllm_metric(base_url, "vllm:num_requests_running")
+        + vllm_metric(base_url, "vllm:num_requests_waiting")
+    ) > 0:
+        assert time.monotonic() < deadline, f"vLLM still busy after {timeout:.0f}s"
+        time.sleep(0.2)

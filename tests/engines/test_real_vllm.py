@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 import pytest
-from engine_helpers import same_answer
+from engine_helpers import same_answer, vllm_metric, wait_idle
 from sqlalchemy import text
 
 from shadow_ab.dev.engines.vllm_cpu import RunningVllm
@@ -186,3 +186,43 @@ def test_real_vllms_errors_arrive_as_they_were(
     assert (s1, s2) == (status, status), b2[:300]
     assert b1 == b2
     assert h1["content-type"] == h2["content-type"]
+
+
+def test_a_client_that_drops_a_stream_stops_real_vllms_generation(
+    mirror: RunningMirror, vllm_bf16: RunningVllm
+) -> None:
+    """A client leaves a long stream after its first chunks: the mirror records the incumbent's
+    answer as cancelled and closes its request, and real vLLM stops generating: the request
+    leaves its running count having generated far fewer tokens than ``max_tokens`` asks, and
+    does not finish by length. (vLLM 0.32 does not count a request its client left in
+    ``vllm:request_success_total{finished_reason="abort"}``: that is for aborts by the engine.)"""
+    base = vllm_bf16.base_url
+    wait_idle(base)
+    max_tokens = 1000  # a minute or more of the tiny model on CPU: leaving early is visible
+
+    def counts() -> tuple[float, float]:
+        return (
+            vllm_metric(base, "vllm:request_success_total"),
+            vllm_metric(base, "vllm:generation_tokens_total"),
+        )
+
+    finished, generated = counts()
+    body = completion(stream=True, max_tokens=max_tokens, prompt="The river")
+    with (
+        httpx.Client(timeout=120.0) as client,
+        client.stream("POST", mirror.v1 + "/completions", json=body) as resp,
+    ):
+        assert resp.status_code == 200
+        pair_id = resp.headers["x-shadow-pair-id"]
+        events = 0
+        for line in resp.iter_lines():
+            events += line.startswith("data: {")
+            if events == 3:
+                break  # leaving the block closes the connection
+    wait_idle(base)
+    finished2, generated2 = counts()
+    assert finished2 == finished, "the request the client left was finished, not aborted"
+    assert 3 <= generated2 - generated < max_tokens, generated2 - generated
+    assert mirror.database_url is not None
+    inc = incumbent_row(mirror.database_url, pair_id)
+    assert inc["status"] == "cancelled" and inc["error"] == "the client disconnected"

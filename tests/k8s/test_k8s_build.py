@@ -41,7 +41,8 @@ def test_overlay_has_every_part(overlay: str, rendered: dict[str, str]) -> None:
     kinds = {(d["kind"], d["metadata"]["name"]) for d in objects(rendered[overlay])}
     for expected in [
         ("Deployment", "shadow-ab-engines"),
-        ("Deployment", "shadow-ab-mirror"),
+        ("StatefulSet", "shadow-ab-mirror"),
+        ("Service", "shadow-ab-mirror-pods"),
         ("Deployment", "shadow-ab-health"),
         ("Deployment", "shadow-ab-ingester"),
         ("Deployment", "shadow-ab-api"),

@@ -27,7 +27,7 @@ def _containers(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [
         c
         for d in docs
-        if d["kind"] in ("Deployment", "Job", "CronJob")
+        if d["kind"] in ("Deployment", "StatefulSet", "Job", "CronJob")
         for c in _pod(d)["containers"]
     ]
 
@@ -90,7 +90,7 @@ def test_engine_probes(overlay: str, docs: Docs) -> None:
 def test_secrets_are_referenced_never_inlined(overlay: str, docs: Docs) -> None:
     assert not [d for d in docs[overlay] if d["kind"] == "Secret"]
     for doc in docs[overlay]:
-        if doc["kind"] not in ("Deployment", "Job", "CronJob"):
+        if doc["kind"] not in ("Deployment", "StatefulSet", "Job", "CronJob"):
             continue
         pod = _pod(doc)
         secret_volumes = {v["name"] for v in pod.get("volumes", []) if "secret" in v}
@@ -172,7 +172,7 @@ def test_database_roles(overlay: str, docs: Docs) -> None:
         "shadow-ab-retention",
     }
     for doc in d:
-        if doc["kind"] not in ("Deployment", "Job", "CronJob"):
+        if doc["kind"] not in ("Deployment", "StatefulSet", "Job", "CronJob"):
             continue
         env = {e["name"]: e for c in _pod(doc)["containers"] for e in c.get("env", [])}
         url = env.get("SHADOW_AB_DATABASE_URL")
@@ -204,7 +204,7 @@ def test_kafka_topics(overlay: str, docs: Docs) -> None:
 
 def test_dev_is_small_and_prod_is_redundant(docs: Docs) -> None:
     dev, prod = docs["dev"], docs["prod"]
-    assert find(dev, "Deployment", "shadow-ab-mirror")["spec"]["replicas"] == 1
+    assert find(dev, "StatefulSet", "shadow-ab-mirror")["spec"]["replicas"] == 1
     assert not [d for d in dev if d["kind"] in ("HorizontalPodAutoscaler", "PodDisruptionBudget")]
     assert find(dev, "Cluster", "shadow-ab-pg")["spec"]["instances"] == 1
     assert "0.5B" in _config_data(dev, "shadow-ab-engine-model")["MODEL"]
@@ -233,7 +233,7 @@ def test_processes_run_the_cli(overlay: str, docs: Docs) -> None:
     def args(kind: str, name: str) -> list[str]:
         return list(_pod(find(d, kind, name))["containers"][0]["args"])
 
-    mirror = args("Deployment", "shadow-ab-mirror")
+    mirror = args("StatefulSet", "shadow-ab-mirror")
     assert mirror[0] == "mirror" and "--health-only" not in mirror
     for flag in (
         "--incumbent=",
@@ -262,7 +262,7 @@ def test_variable_references_resolve(overlay: str, docs: Docs) -> None:
     (or envFrom), and in args/command from any of them; an unresolved one stays literal."""
     checked = 0
     for doc in docs[overlay]:
-        if doc["kind"] not in ("Deployment", "Job", "CronJob"):
+        if doc["kind"] not in ("Deployment", "StatefulSet", "Job", "CronJob"):
             continue
         for c in _pod(doc)["containers"]:
             defined: set[str] = set()
@@ -337,3 +337,34 @@ def test_prod_egress_is_allow_listed(docs: Docs) -> None:
         for d in docs["dev"]
         if d["kind"] == "NetworkPolicy" and "Egress" in d["spec"]["policyTypes"]
     ]
+
+
+@pytest.mark.parametrize("overlay", ["dev", "prod"])
+def test_the_mirror_spool_survives_rollouts_evictions_and_scale_downs(
+    overlay: str, docs: Docs
+) -> None:
+    """Issue 14, finding 5: the spool was an emptyDir, deleted (with its unsent records) by a
+    rollout, an eviction or a scale-down, which the runbook's own advice caused."""
+    mirror = find(docs[overlay], "StatefulSet", "shadow-ab-mirror")
+    spec = mirror["spec"]
+    claims = {t["metadata"]["name"]: t["spec"] for t in spec["volumeClaimTemplates"]}
+    assert claims["spool"]["accessModes"] == ["ReadWriteOnce"]
+    pod = _pod(mirror)
+    assert "spool" not in {v["name"] for v in pod.get("volumes", [])}  # no emptyDir left
+    mounts = {m["name"]: m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
+    spool_dir = yaml.safe_load(
+        _config_data(docs[overlay], "shadow-ab-mirror-config")["mirror.yaml"]
+    )["kafka"]["spool_dir"]
+    assert mounts["spool"] == spool_dir
+    retention = spec["persistentVolumeClaimRetentionPolicy"]
+    assert retention == {"whenScaled": "Retain", "whenDeleted": "Retain"}
+    assert find(docs[overlay], "Service", spec["serviceName"])["spec"]["clusterIP"] == "None"
+    # The volume holds the spool's bound with room to spare.
+    limit = yaml.safe_load(_config_data(docs[overlay], "shadow-ab-mirror-config")["mirror.yaml"])[
+        "kafka"
+    ]["spool_max_bytes"]
+    size = claims["spool"]["resources"]["requests"]["storage"]
+    assert size.endswith("Gi") and int(size[:-2]) * 1024**3 > limit
+    if overlay == "prod":
+        hpa = find(docs[overlay], "HorizontalPodAutoscaler", "shadow-ab-mirror")
+        assert hpa["spec"]["scaleTargetRef"]["kind"] == "StatefulSet"

@@ -18,6 +18,7 @@ import mirror.cli
 from api.settings import APISettings
 from ingester.settings import IngestSettings
 from mirror.config import MirrorSettings
+from shadow_ab.kafka_security import VARIABLES as KAFKA_SECURITY_VARIABLES
 from shadow_ab.settings import CommonSettings
 
 pytestmark = pytest.mark.timeout(900)
@@ -39,9 +40,10 @@ def _pod(doc: dict[str, Any]) -> dict[str, Any]:
 def _mirror_settings(
     docs: list[dict[str, Any]], name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> tuple[MirrorSettings, dict[str, Any]]:
-    """Run the real `shadow-ab mirror` CLI on the Deployment's args (the ConfigMap written to a
+    """Run the real `shadow-ab mirror` CLI on the workload's args (the ConfigMap written to a
     local file) up to the point where it would open its sink; return the settings it built."""
-    pod = _pod(find(docs, "Deployment", name))
+    kind = "StatefulSet" if name == "shadow-ab-mirror" else "Deployment"
+    pod = _pod(find(docs, kind, name))
     container = pod["containers"][0]
     env = {e["name"]: e for e in container.get("env", [])}
     cm_name = next(v["configMap"]["name"] for v in pod["volumes"] if v["name"] == "config")
@@ -76,6 +78,12 @@ def test_mirror_accepts_its_manifest(
     settings, container = _mirror_settings(docs[overlay], "shadow-ab-mirror", tmp_path, monkeypatch)
     assert settings.host == "0.0.0.0"
     assert settings.port == container["ports"][0]["containerPort"]
+    # The probes and Prometheus use the admin port; the client port serves clients only.
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert settings.admin_port == ports["admin"] != settings.port
+    assert (settings.admin_host or settings.host) == "0.0.0.0"
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "admin"}
     assert settings.deployment == "dep-under-test"
     assert settings.incumbent.url == "http://shadow-ab-incumbent:8000"
     assert settings.candidate.url == "http://shadow-ab-candidate:8001"
@@ -89,7 +97,7 @@ def test_mirror_accepts_its_manifest(
     spool = next(m for m in container["volumeMounts"] if m["name"] == "spool")
     assert str(settings.kafka.spool_dir) == spool["mountPath"]
     assert settings.kafka.spool_max_bytes < 2 * 1024**3  # emptyDir sizeLimit 2Gi
-    grace = _pod(find(docs[overlay], "Deployment", "shadow-ab-mirror"))[
+    grace = _pod(find(docs[overlay], "StatefulSet", "shadow-ab-mirror"))[
         "terminationGracePeriodSeconds"
     ]
     assert settings.drain_timeout_s + settings.sink_close_timeout_s < grace
@@ -118,7 +126,7 @@ SETTINGS: dict[str, tuple[type[BaseSettings], str]] = {
 def test_every_shadow_ab_variable_is_a_setting(overlay: str, docs: Docs) -> None:
     seen = 0
     for doc in docs[overlay]:
-        if doc["kind"] not in ("Deployment", "Job", "CronJob"):
+        if doc["kind"] not in ("Deployment", "StatefulSet", "Job", "CronJob"):
             continue
         for c in _pod(doc)["containers"]:
             if not c["image"].startswith("registry.example.com/shadow-ab/"):
@@ -129,6 +137,9 @@ def test_every_shadow_ab_variable_is_a_setting(overlay: str, docs: Docs) -> None
                 if not name.startswith("SHADOW_AB_"):
                     continue
                 if name == "SHADOW_AB_DATABASE_URL":  # shared by every CommonSettings
+                    seen += 1
+                    continue
+                if name in KAFKA_SECURITY_VARIABLES:  # every Kafka client's TLS/SASL settings
                     seen += 1
                     continue
                 assert name.startswith(prefix), name

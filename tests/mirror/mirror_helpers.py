@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import re
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
+from aiohttp import web
+from factories import ListSink as ListSink  # used by the mirror tests from here
 from sqlalchemy import text
 
-from shadow_ab.records import Record
+from shadow_ab.dev.processes import free_port
 from storage.db import make_engine
 
 MODEL = "sim-llama-3-8b-instruct"
@@ -22,25 +26,6 @@ FAST: dict[str, Any] = {
     "answers": {"min_tokens": 8, "max_tokens": 24},
 }
 """Simulator overrides: short, quick answers (the tests are about bytes and records)."""
-
-
-class ListSink:
-    """A record sink (the mirror's RecordSink seam) that keeps what it is given."""
-
-    label = "direct"
-
-    def __init__(self) -> None:
-        self.records: list[Record] = []
-
-    def submit(self, record: Record) -> bool:
-        self.records.append(record)
-        return True
-
-    def flush(self, timeout: float = 30.0) -> bool:
-        return True
-
-    def close(self, timeout: float = 30.0) -> bool:
-        return True
 
 
 _ID = re.compile(rb'"id":\s*"[^"]*"')
@@ -118,3 +103,42 @@ def entered_together(*managers: contextlib.AbstractContextManager[Any]) -> Itera
     finally:
         for manager, _ in reversed(entered):
             manager.__exit__(None, None, None)
+
+
+class StandInEngine:
+    """An aiohttp server on a free port, in a thread of its own, for what the simulator cannot
+    do; subclasses add routes in :meth:`routes`. A context manager: started and stopped."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self._ready = threading.Event()
+        self._loop: Any = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def routes(self, app: web.Application) -> None:
+        raise NotImplementedError
+
+    def _run(self) -> None:
+        self._loop = asyncio.new_event_loop()
+        app = web.Application()
+        self.routes(app)
+        runner = web.AppRunner(app)
+        self._loop.run_until_complete(runner.setup())
+        self._loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", self.port).start())
+        self._ready.set()
+        self._loop.run_forever()
+        self._loop.run_until_complete(runner.cleanup())
+        self._loop.close()
+
+    def __enter__(self) -> Any:
+        self._thread.start()
+        self._ready.wait(10)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)

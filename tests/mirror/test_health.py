@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -18,6 +20,7 @@ from mirror.health import (
     HealthConfig,
     HealthSampler,
     MetricsParseError,
+    detect_flavor,
     parse_trtllm_metrics,
     parse_vllm_metrics,
 )
@@ -285,3 +288,163 @@ def test_run_samples_every_interval_until_cancelled() -> None:
     assert run(go)
     assert len(sink.records) >= 3
     assert all(isinstance(r, HealthSample) and not r.up for r in sink.records)
+
+
+# -- flavor detection and failed scrapes ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("content_type", "payload", "flavor"),
+    [
+        ("text/plain; version=1.0.0; charset=utf-8", b"# HELP x\n", "vllm"),  # real vLLM 0.32
+        ("text/plain", b"", "vllm"),
+        ("application/openmetrics-text", b"x 1\n", "vllm"),
+        ("application/json", b"[]", "trtllm"),
+        ("application/json", b"", "trtllm"),
+        ("application/octet-stream", b' [{"iter": 3}]', "trtllm"),
+        ("", b"vllm:num_requests_running 0.0\n", "vllm"),
+        ("", b"process_start_time_seconds 1.7e9\n", "vllm"),
+        ("", b"", None),
+        ("text/html", b"<html>", None),
+    ],
+)
+def test_detect_flavor(content_type: str, payload: bytes, flavor: str | None) -> None:
+    assert detect_flavor(content_type, payload) == flavor
+
+
+def failures(engine: str, reason: str, role: str = "candidate") -> float:
+    labels = {"engine": engine, "role": role, "reason": reason}
+    return REGISTRY.get_sample_value("shadow_ab_mirror_health_scrape_failures_total", labels) or 0
+
+
+def scrape_logs(caplog: pytest.LogCaptureFixture, engine: str) -> list[str]:
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "mirror.health" and f"engine {engine} " in r.getMessage()
+    ]
+
+
+def test_auto_flavor_reads_whichever_engine_serves_the_url() -> None:
+    """The engine behind a URL changes kind (vLLM, then TensorRT-LLM on the same port): with
+    flavor auto, the default, each is read as what it is, without an error (and no connection
+    of the first engine is reused for the second)."""
+    from shadow_ab.dev.processes import free_port
+
+    port = free_port()
+    target = EngineTarget("swap@cand", Role.CANDIDATE, f"http://127.0.0.1:{port}")
+    assert target.flavor == "auto"
+
+    async def once(session: aiohttp.ClientSession, hs: HealthSampler) -> HealthSample:
+        (s,) = await hs.sample_once()
+        return s
+
+    async def go(session: aiohttp.ClientSession) -> list[HealthSample]:
+        hs = HealthSampler([target], ListSink(), session, "health-test", HealthConfig())
+        with running_sim("vllm", "clean", overrides=FAST, ledger=False, port=port) as sim:
+            async with aiohttp.ClientSession() as client:
+                await complete(client, sim)
+            first = await once(session, hs)
+        with running_sim("trtllm", "clean", overrides=FAST, ledger=False, port=port) as sim:
+            async with aiohttp.ClientSession() as client:
+                await complete(client, sim)
+            second = await once(session, hs)
+        return [first, second]
+
+    first, second = run(go)
+    assert (first.flavor, second.flavor) == ("vllm", "trtllm")
+    assert first.error is None and second.error is None
+    assert first.process_start_time is not None and first.num_running == 0
+    assert second.gpu_mem_bytes is not None and second.metrics["iter"] > 0
+    assert failures("swap@cand", "metrics_parse") == 0
+
+
+def test_a_wrong_flavor_is_counted_logged_once_and_says_what_to_set(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The first real run's failure: a vLLM candidate read as TensorRT-LLM. Every sample stores
+    the error and is counted; the log says it once, with the setting that fixes it."""
+    caplog.set_level(logging.INFO, logger="mirror.health")
+    before = failures("wrong@cand", "metrics_parse")
+    with running_sim("vllm", "clean", overrides=FAST, ledger=False) as sim:
+        seen: list[HealthSample] = run(
+            lambda session: _n_samples(
+                sampler(session, [("wrong@cand", Role.CANDIDATE, sim)], ListSink(), "trtllm"), 3
+            )
+        )
+    assert all(s.up and s.error is not None for s in seen)
+    assert "set flavor: vllm or auto for engine wrong@cand" in (seen[0].error or "")
+    assert all(s.flavor == "unknown" and s.num_running is None for s in seen)
+    assert failures("wrong@cand", "metrics_parse") == before + 3
+    (logged,) = scrape_logs(caplog, "wrong@cand")
+    assert "failed" in logged and "metrics_parse" in logged and "set flavor: vllm" in logged
+
+
+def test_an_unreachable_engine_is_logged_once_and_again_when_it_answers(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from shadow_ab.dev.processes import free_port
+
+    caplog.set_level(logging.INFO, logger="mirror.health")
+    port = free_port()
+    target = EngineTarget("late@cand", Role.CANDIDATE, f"http://127.0.0.1:{port}")
+    before = failures("late@cand", "health_unreachable")
+
+    async def go(session: aiohttp.ClientSession) -> list[HealthSample]:
+        hs = HealthSampler([target], ListSink(), session, "health-test", HealthConfig())
+        seen = await _n_samples(hs, 3)
+        with running_sim("vllm", "clean", overrides=FAST, ledger=False, port=port):
+            seen += await _n_samples(hs, 2)
+        return seen
+
+    seen = run(go)
+    assert [s.up for s in seen] == [False, False, False, True, True]
+    assert seen[-1].error is None
+    assert failures("late@cand", "health_unreachable") == before + 3
+    assert failures("late@cand", "metrics_parse") == 0
+    began, recovered = scrape_logs(caplog, "late@cand")
+    assert "failed: /health:" in began and "health_unreachable" in began
+    assert "works again after 3 failed samples" in recovered
+
+
+async def _n_samples(hs: HealthSampler, n: int) -> list[HealthSample]:
+    seen: list[HealthSample] = []
+    for _ in range(n):
+        seen += await hs.sample_once()
+    return seen
+
+
+def test_a_kept_alive_connection_the_engine_closes_is_not_a_down_sample() -> None:
+    """An engine that closes an idle connection just as it is reused (uvicorn's 5 s keep-alive,
+    under vLLM, against the default 5 s interval) must not read as an engine refusing
+    connections, which detection takes for a crash: aiohttp asks again on a new connection
+    (an idempotent GET on a reused one, RFC 9112 9.3.1). The stand-in answers one request per
+    connection and drops the connection when a second request comes on it."""
+    metrics = b"vllm:num_requests_running 0.0\nprocess_start_time_seconds 1.7e9\n"
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        path = head.split(b" ", 2)[1]
+        body = {b"/version": b'{"version":"0.32.0"}', b"/metrics": metrics}.get(path, b"")
+        kind = b"text/plain" if path == b"/metrics" else b"application/json"
+        writer.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: " + kind + b"\r\ncontent-length: "
+            + str(len(body)).encode() + b"\r\n\r\n" + body
+        )  # fmt: skip
+        await writer.drain()
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            await reader.readuntil(b"\r\n\r\n")  # a second request on this connection: drop it
+        writer.close()
+
+    async def go(session: aiohttp.ClientSession) -> list[HealthSample]:
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        target = EngineTarget("keep@inc", Role.INCUMBENT, f"http://127.0.0.1:{port}")
+        async with server:
+            hs = HealthSampler([target], ListSink(), session, "health-test", HealthConfig())
+            return await _n_samples(hs, 3)
+
+    seen = run(go)
+    assert all(s.up and s.error is None for s in seen), [s.error for s in seen]
+    assert [s.version for s in seen] == ["0.32.0"] * 3
+    assert all(s.flavor == "vllm" and s.process_start_time == 1.7e9 for s in seen)

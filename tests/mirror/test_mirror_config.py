@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from mirror.cli import mirror
-from mirror.config import MirrorConfigError, load_settings
+from mirror.config import MirrorConfigError, MirrorSettings, load_settings
 
 
 @pytest.fixture(autouse=True)
@@ -43,6 +43,8 @@ port: 9000
     assert (s.shadow.rate, s.shadow.header, s.shadow.replay_rate) == (0.25, "x-session-id", 0.05)
     assert s.guard.bound == 0.5 and s.port == 9000
     assert s.incumbent_engine() == "vllm@incumbent" and s.candidate_engine() == "trtllm@candidate"
+    # the health sampler recognises both engines' /metrics; the ids stay what they were
+    assert (s.incumbent.flavor, s.candidate.flavor) == ("auto", "auto")
     assert s.kafka is None and s.database_url.startswith("sqlite:///")
 
     monkeypatch.setenv("SHADOW_AB_MIRROR_SHADOW__RATE", "0.5")
@@ -100,3 +102,21 @@ def test_cli_reports_bad_settings_as_a_usage_error(tmp_path: Path) -> None:
     assert "shadow.rate" in result.output and "candidate" in result.output
     missing = CliRunner().invoke(mirror, ["--config", str(tmp_path / "nope.yaml")])
     assert missing.exit_code == 2 and "cannot read the config file" in missing.output
+
+
+@pytest.mark.parametrize(
+    ("inc", "cand", "ids"),
+    [
+        ({}, {}, ("vllm@incumbent", "trtllm@candidate")),
+        ({"flavor": "trtllm"}, {"flavor": "vllm"}, ("trtllm@incumbent", "vllm@candidate")),
+        ({"flavor": "auto"}, {"flavor": "auto"}, ("engine@incumbent", "engine@candidate")),
+        ({"engine": "a"}, {"flavor": "vllm", "engine": "b"}, ("a", "b")),
+    ],
+)
+def test_engine_ids_follow_a_set_flavor_and_stay_when_none_is_set(
+    inc: dict[str, str], cand: dict[str, str], ids: tuple[str, str]
+) -> None:
+    s = MirrorSettings(
+        incumbent={"url": "http://inc:8000", **inc}, candidate={"url": "http://cand:8000", **cand}
+    )
+    assert (s.incumbent_engine(), s.candidate_engine()) == ids

@@ -253,9 +253,12 @@ def test_url_password_reaches_no_client_record_log_or_metric(
             async with httpx.AsyncClient(transport=transport, base_url="http://m") as client:
                 out = [await client.post("/v1/chat/completions", json=chat())]
                 out.append(await client.get("/v1/models"))
+            # The admin endpoints are the admin port's (mirror.admin).
+            admin = httpx.ASGITransport(app=mirror.admin)
+            async with httpx.AsyncClient(transport=admin, base_url="http://m") as client:
                 out.append(await client.get("/healthz"))
                 out.append(await client.get("/metrics"))
-                return out
+            return out
         finally:
             await mirror.shutdown()
 
@@ -286,7 +289,7 @@ def test_options_star_shows_no_password(engines: tuple[RunningSim, RunningSim]) 
             answer = b""
             while chunk := sock.recv(65536):
                 answer += chunk
-        healthz = httpx.get(mirror.base_url + "/healthz").text
+        healthz = httpx.get(mirror.admin_url + "/healthz").text
         metrics = mirror.metrics_text()
         mirror.stop()
         log = mirror.log_path.read_text()
@@ -313,7 +316,7 @@ def test_full_capture_redacts_nested_request_output_and_error() -> None:
     assert i.rewrites == [] and not any(r.startswith("capture:") for r in c.rewrites)
 
 
-def test_custom_redactor_and_a_failing_one() -> None:
+def test_custom_redactor_and_a_failing_one(caplog: pytest.LogCaptureFixture) -> None:
     _, records = run_with_engines(
         Recorder(), Recorder(), [(chat(), {})], privacy={"redactor": "privacy_redactors:mark"}
     )
@@ -326,6 +329,7 @@ def test_custom_redactor_and_a_failing_one() -> None:
     )
     assert responses[0].status_code == 200  # the client is served all the same
     assert records == []  # nothing unredacted leaves the mirror
+    assert "the redactor failed" in caplog.text and "Paris" not in caplog.text
     after = m.RECORDS_DROPPED.labels(reason="redactor_error")._value.get()
     assert after - before == 2
 

@@ -5,7 +5,6 @@ pass-through, records in the store (SQLite) without credentials, and client disc
 from __future__ import annotations
 
 import re
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +14,7 @@ import httpx
 import openai
 import pytest
 from aiohttp import web
-from mirror_helpers import MODEL, normalize, pair_key, post, rows, wait_rows
+from mirror_helpers import MODEL, StandInEngine, normalize, pair_key, post, rows, wait_rows
 
 from shadow_ab.dev.processes import RunningMirror, RunningSim, free_port, http_get, running_mirror
 
@@ -151,7 +150,10 @@ def test_answers_are_the_incumbents_bytes(
     assert s1 == s2
     assert normalize(b1) == normalize(b2)
     assert h1["content-type"] == h2["content-type"]
-    assert h1["server"] == h2["server"]  # the incumbent's, not the mirror's
+    # Neither the mirror's Server header nor the engine's (its name and version stay behind
+    # the mirror: hide_response_headers, mirror/README.md); the Date is the incumbent's.
+    assert "server" in h2 and "server" not in h1
+    assert "date" in h1
     assert "x-shadow-pair-id" in h1
     if body.get("stream") and not body.get("stream_options"):
         assert b'"usage":{' not in b1
@@ -229,12 +231,15 @@ def test_body_size_limit(served: RunningMirror, http: httpx.Client) -> None:
     assert served.healthy()
 
 
-def test_other_paths_pass_through(
+def test_allowed_paths_pass_through(
     served: RunningMirror, engines: tuple[RunningSim, RunningSim]
 ) -> None:
-    for path in ("/v1/models", "/version", "/health", "/no-such-path"):
+    for path in ("/v1/models", "/version", "/health"):
         assert http_get(served.base_url + path) == http_get(engines[0].base_url + path), path
-    status, body = http_get(served.base_url + "/healthz")
+    # Anything else is the mirror's 404, the admin endpoints included (tests/mirror/test_edge.py).
+    for path in ("/no-such-path", "/healthz", "/metrics"):
+        assert http_get(served.base_url + path)[0] == 404, path
+    status, body = http_get(served.admin_url + "/healthz")
     assert status == 200 and b'"status":"ok"' in body
 
 
@@ -317,17 +322,13 @@ def _vllm_running(sim: RunningSim) -> float:
 # -- errors only a stand-in engine can give ---------------------------------------------------
 
 
-class ErrorEngine:
+class ErrorEngine(StandInEngine):
     """An HTTP server answering every POST with the status in ``x-want-status`` (the simulator
     has no 429); bodies and headers as vLLM's error responses."""
 
     def __init__(self) -> None:
-        self.port = free_port()
+        super().__init__()
         self.seen: list[dict[str, str]] = []
-        self._ready = threading.Event()
-        self._loop: Any = None
-        self._runner: web.AppRunner | None = None
-        self._thread = threading.Thread(target=self._run, daemon=True)
 
     async def _answer(self, request: web.Request) -> web.Response:
         self.seen.append(dict(request.headers))
@@ -338,29 +339,8 @@ class ErrorEngine:
         headers = {"retry-after": "7"} if status == 429 else {}
         return web.json_response(body, status=status, headers=headers)
 
-    def _run(self) -> None:
-        import asyncio
-
-        self._loop = asyncio.new_event_loop()
-        app = web.Application()
+    def routes(self, app: web.Application) -> None:
         app.router.add_post("/v1/chat/completions", self._answer)
-        self._runner = web.AppRunner(app)
-        self._loop.run_until_complete(self._runner.setup())
-        site = web.TCPSite(self._runner, "127.0.0.1", self.port)
-        self._loop.run_until_complete(site.start())
-        self._ready.set()
-        self._loop.run_forever()
-        self._loop.run_until_complete(self._runner.cleanup())
-        self._loop.close()
-
-    def __enter__(self) -> ErrorEngine:
-        self._thread.start()
-        self._ready.wait(10)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
 
 
 def test_incumbent_429_and_500_arrive_as_they_were(tmp_path: Path) -> None:

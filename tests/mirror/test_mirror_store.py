@@ -45,7 +45,7 @@ def test_postgresql_records_and_sigterm_drain(
         thread = threading.Thread(target=ask)
         thread.start()
         deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and b'"incumbent":1' not in _healthz(mirror.base_url):
+        while time.monotonic() < deadline and b'"incumbent":1' not in _healthz(mirror.admin_url):
             time.sleep(0.01)
         code = mirror.stop()  # SIGTERM while the answer streams
         thread.join(30)

