@@ -559,6 +559,7 @@ def _measurement(
     with_interval: bool = True,
     level: float = DEFAULT_BOOTSTRAP.level,
 ) -> Measurement:
+    """``est`` as a measurement; ``level``: the level its interval was computed at."""
     value = est.value if est.ok else None
     interval = None
     if with_interval and est.ok and not (math.isnan(est.low) or math.isnan(est.high)):

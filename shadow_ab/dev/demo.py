@@ -70,7 +70,8 @@ REPLAY_RATE = 0.2
 MIRROR_STARTUP_S = 90.0
 SIMULATED_HARDWARE = "simulated: shadow-ab sim on CPU, no GPU (not a measurement of real engines)"
 MIN_DAYS_NOTE = (
-    "Demo: the policy's minimum days was waived (a demo lasts minutes; the simulators compress"
+    "Demo: the policy's minimum days was waived and its plan is one look (a demo lasts minutes;"
+    " the simulators compress"
     " their fault schedule by the time scale, while every timestamp in the store is wall-clock)."
 )
 
@@ -512,7 +513,9 @@ def run_demo(
     workdir = state_dir() / "demo" / name
     workdir.mkdir(parents=True, exist_ok=True)
     report_path = output or workdir / "report.html"
-    policy = load_policy(policy_path).with_minimums(min_days=0.0, note=MIN_DAYS_NOTE)
+    policy = load_policy(policy_path).with_minimums(
+        min_days=0.0, horizon_days=1.0, note=MIN_DAYS_NOTE
+    )
     upgrade(url)
     engine = make_engine(url)
     started_at = datetime.now(UTC)

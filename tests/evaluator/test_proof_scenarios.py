@@ -74,7 +74,8 @@ class Run:
 
     def review(self, **analyses: Any) -> Review:
         window = resolve_window(self.engine, DEP)
-        policy = default_policy().with_minimums(min_pairs=50, min_days=0.0)
+        # A run of minutes is one look: the whole plan (horizon) is the run.
+        policy = default_policy().with_minimums(min_pairs=50, min_days=0.0, horizon_days=1.0)
         return build_review(
             self.engine,
             DEP,
