@@ -19,6 +19,7 @@ Pure numpy; used by :mod:`evaluator.stats` (``blocks=`` of its comparisons).
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -132,8 +133,6 @@ def percentile_interval(stats: FloatArray, level: float) -> tuple[FloatArray, Fl
         if not np.isfinite(finite).any():
             nan = np.full(stats.shape[1], np.nan)
             return nan, nan.copy()
-        import warnings
-
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             low = np.nanquantile(finite, alpha / 2, axis=0)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -35,6 +35,7 @@ from sqlalchemy import Engine
 from evaluator.blocks import METHOD as BLOCK_METHOD
 from evaluator.blocks import MIN_HOURS, Blocks, blocks_from_hours
 from evaluator.errors import LatencyError
+from evaluator.parity import ParityConfig, load_parity, parity_reason
 from evaluator.rates import wilson_interval
 from evaluator.results import Interval, Measurement, Progress, Window
 from evaluator.rollups import (
@@ -73,6 +74,17 @@ class WarmupWindow:
     role: str
     start: datetime
     end: datetime
+
+
+@dataclass(frozen=True)
+class VersionChange:
+    """An engine's version change at ``at`` (from the incidents): latency is compared in the
+    spans just before and just after it."""
+
+    role: str
+    at: datetime
+    from_version: str | None = None
+    to_version: str | None = None
 
 
 @dataclass(frozen=True)
@@ -141,6 +153,7 @@ class LatencySection:
 # --- assembling the section ------------------------------------------------------------------
 
 DEFAULT_BOOTSTRAP = BootstrapConfig()
+DEFAULT_PARITY = ParityConfig()
 COLD_LOOKAHEAD = timedelta(minutes=10)
 """How far after a restart the cold-start look goes (at least the warm-up window itself)."""
 COLD_FIRST = 5
@@ -343,6 +356,152 @@ def _cold_start(
     return out
 
 
+UPGRADE_METRICS = ("ttft", "tpot", "e2e")
+
+
+def _upgrade_latency(
+    engine: Engine,
+    deployment: str,
+    window: tuple[datetime, datetime],
+    changes: Sequence[VersionChange],
+    exclude: dict[str, list[tuple[datetime, datetime]]],
+) -> list[dict[str, Any]]:
+    """Per version change, both roles' p50/p95/p99 (from the sketches, warm-ups left out) in the
+    span just before it (from the role's previous change or the window's start) and just after
+    it (to its next change or the window's end), and the candidate/incumbent ratios in each."""
+    lo, hi = window
+    out = []
+    for c in sorted(changes, key=lambda c: c.at):
+        at = c.at.astimezone(UTC)
+        if not lo < at < hi:
+            continue
+        same = sorted(x.at.astimezone(UTC) for x in changes if x.role == c.role)
+        prev = max([t for t in same if t < at], default=lo)
+        nxt = min([t for t in same if t > at], default=hi)
+        row: dict[str, Any] = {
+            "role": c.role,
+            "at": at.isoformat(),
+            "from_version": c.from_version,
+            "to_version": c.to_version,
+        }
+        for side, span in (("before", (max(prev, lo), at)), ("after", (at, min(nxt, hi)))):
+            sketches = group_sketches(load_sketches(engine, deployment, span, exclude=exclude))
+            cells = []
+            for metric in UPGRADE_METRICS:
+                inc = _qs(sketches.get(("all", "", "incumbent", metric, "all")))
+                cand = _qs(sketches.get(("all", "", "candidate", metric, "all")))
+                cells.append(
+                    {
+                        "metric": metric,
+                        "incumbent": inc,
+                        "candidate": cand,
+                        "ratio": _ratio_cells(inc, cand),
+                    }
+                )
+            row[side] = {"from": span[0].isoformat(), "to": span[1].isoformat(), "metrics": cells}
+        out.append(row)
+    return out
+
+
+CURVE_METRICS = ("ttft", "tpot", "e2e")
+CURVE_MIN_PAIRS = 20
+
+
+def _concurrency_curve(
+    cols: dict[str, list[Any]], keep: npt.NDArray[np.bool_], config: BootstrapConfig
+) -> list[dict[str, Any]]:
+    """Latency against concurrency: per load bucket (``inflight_incumbent`` at dispatch) of the
+    sampled pairs (both ok, outside warm-up), each role's p50/p95 and the p50/p95 ratios with
+    pair-bootstrap intervals (buckets of at least ``CURVE_MIN_PAIRS`` pairs)."""
+    labels = bucket_labels(SLICES["load"][1])
+    edges = np.array(SLICES["load"][1])
+    inflight = _floats(cols["inflight_incumbent"])
+    bucket = np.where(np.isfinite(inflight), np.searchsorted(edges, inflight, side="right"), -1)
+    small = replace(config, n_resamples=min(config.n_resamples, 199))
+    out = []
+    for i, label in enumerate(labels):
+        mask = keep & (bucket == i)
+        n = int(mask.sum())
+        if n < CURVE_MIN_PAIRS:
+            continue
+        for metric in CURVE_METRICS:
+            column = _SAMPLE_COLUMN[metric]
+            a = _floats(cols[f"incumbent_{column}"])[mask]
+            b = _floats(cols[f"candidate_{column}"])[mask]
+            comp = paired_comparison(a, b, small)
+            qa = np.nanquantile(a, [0.5, 0.95]) if np.isfinite(a).any() else [math.nan] * 2
+            qb = np.nanquantile(b, [0.5, 0.95]) if np.isfinite(b).any() else [math.nan] * 2
+            out.append(
+                {
+                    "bucket": label,
+                    "metric": metric,
+                    "n": comp.n,
+                    "incumbent": {"p50": float(qa[0]), "p95": float(qa[1])},
+                    "candidate": {"p50": float(qb[0]), "p95": float(qb[1])},
+                    "ratio": {q: comp.ratios[q].to_dict() for q in ("p50", "p95")},
+                }
+            )
+    return out
+
+
+CENSORED_METRICS = ("ttft", "e2e")
+"""Metrics whose quantiles are also given with failures counted as slowest."""
+
+
+def _with_failures(
+    cols: dict[str, list[Any]],
+    keep: npt.NDArray[np.bool_],
+    hours: Sequence[datetime],
+    config: BootstrapConfig,
+    timeout_s: float,
+) -> tuple[list[Measurement], list[dict[str, Any]]]:
+    """``latency.<metric>.<q>.ratio_with_failures``: the quantile ratios over every sampled pair
+    (outside warm-up, neither side cancelled), a failed answer counted as the slowest (at the
+    shadow timeout) and both roles censored there (the mirror cuts the candidate at the
+    timeout, never the incumbent): a candidate that times out does not look faster by losing
+    its slowest requests."""
+    status = {r: np.array(cols[f"{r}_status"], dtype=object) for r in ROLES}
+    use = keep & (status["incumbent"] != "cancelled") & (status["candidate"] != "cancelled")
+    blocks = _blocks(hours, use, config)
+    out: list[Measurement] = []
+    table: list[dict[str, Any]] = []
+    for metric in CENSORED_METRICS:
+        column = _SAMPLE_COLUMN[metric]
+        values = {}
+        for r in ROLES:
+            v = _floats(cols[f"{r}_{column}"])
+            v = np.where((status[r] == "ok") & np.isfinite(v), v, timeout_s)
+            values[r] = np.minimum(v, timeout_s)[use]
+        comp = paired_comparison(values["incumbent"], values["candidate"], config, blocks=blocks)
+        failed = {r: int(np.sum(status[r][use] != "ok")) for r in ROLES}
+        detail = (
+            f"{comp.n} sampled pairs, failures counted as the slowest (candidate"
+            f" {failed['candidate']}, incumbent {failed['incumbent']}) and both roles censored"
+            f" at the {timeout_s:g} s shadow timeout; "
+            + ("block" if blocks is not None else "pair")
+            + " bootstrap"
+        )
+        for q in QUANTILES:
+            out.append(
+                _measurement(
+                    f"latency.{metric}.{q}.ratio_with_failures",
+                    comp.ratios[q],
+                    "ratio",
+                    detail,
+                    level=config.level,
+                )
+            )
+        table.append(
+            {
+                "metric": metric,
+                "failed": failed,
+                "timeout_s": timeout_s,
+                "ratio": {q: comp.ratios[q].to_dict() for q in QUANTILES},
+            }
+        )
+    return out, table
+
+
 def _blocks(
     hours: Sequence[datetime], mask: npt.NDArray[np.bool_], config: BootstrapConfig
 ) -> Blocks | None:
@@ -356,6 +515,41 @@ def _blocks(
     return blocks if blocks.n_hours >= MIN_HOURS else None
 
 
+def _steady_from_sample(cols: dict[str, list[Any]]) -> dict[str, float]:
+    """Each role's median TTFT over the sampled ok pairs (the "normal" a warm-up ends at)."""
+    out = {}
+    for role in ROLES:
+        ok = np.array([st == "ok" for st in cols[f"{role}_status"]], dtype=bool)
+        v = _floats(cols[f"{role}_ttft_s"])[ok]
+        v = v[np.isfinite(v)]
+        if v.size:
+            out[role] = float(np.median(v))
+    return out
+
+
+def _until_normal(
+    engine: Engine,
+    deployment: str,
+    warmup: Sequence[WarmupWindow],
+    window: tuple[datetime, datetime],
+    steady: dict[str, float],
+) -> list[WarmupWindow]:
+    """Each warm-up window stretched to when latency was measured back to normal: the rolling
+    median of ``COLD_FIRST`` TTFTs within ``NORMAL_FACTOR`` of the role's steady median (looked
+    for up to ``COLD_LOOKAHEAD`` after the start). A window is never shortened (the caller's is
+    the least left out; a first start's may be empty, then only the measured warm-up counts),
+    nor stretched when the data cannot say (too few requests, never back to normal)."""
+    out = []
+    for w in warmup:
+        entry = _cold_start(engine, deployment, [w], window, steady)
+        end = w.end
+        if entry and entry[0]["time_to_normal_s"] is not None:
+            measured = w.start.astimezone(UTC) + timedelta(seconds=entry[0]["time_to_normal_s"])
+            end = max(end, measured)
+        out.append(WarmupWindow(w.role, w.start, end))
+    return out
+
+
 def _measurement(
     key: str,
     est: Estimate,
@@ -365,6 +559,7 @@ def _measurement(
     with_interval: bool = True,
     level: float = DEFAULT_BOOTSTRAP.level,
 ) -> Measurement:
+    """``est`` as a measurement; ``level``: the level its interval was computed at."""
     value = est.value if est.ok else None
     interval = None
     if with_interval and est.ok and not (math.isnan(est.low) or math.isnan(est.high)):
@@ -383,6 +578,9 @@ def analyze_latency(
     config: BootstrapConfig = DEFAULT_BOOTSTRAP,
     now: datetime | None = None,
     refresh: bool = True,
+    shadow_timeout_s: float = 120.0,
+    parity: ParityConfig = DEFAULT_PARITY,
+    version_changes: Sequence[VersionChange] = (),
 ) -> LatencySection:
     """The latency section of ``deployment`` over ``window`` (see the module docstring).
 
@@ -404,6 +602,9 @@ def analyze_latency(
             progress=(lambda _s, f: report("latency: rollups", 0.5 * f)),
             now=now,
         )
+    sample = load_sample(engine, deployment, (lo, hi), target=config.max_pairs)
+    cols = sample.columns
+    warmup = _until_normal(engine, deployment, warmup, (lo, hi), _steady_from_sample(cols))
     exclude: dict[str, list[tuple[datetime, datetime]]] = {}
     for w in warmup:
         exclude.setdefault(w.role, []).append((w.start.astimezone(UTC), w.end.astimezone(UTC)))
@@ -411,8 +612,6 @@ def analyze_latency(
     sketches = group_sketches(rows)
     report("latency: sketches", 0.6)
 
-    sample = load_sample(engine, deployment, (lo, hi), target=config.max_pairs)
-    cols = sample.columns
     all_spans = merge_intervals(s for spans in exclude.values() for s in spans)
     in_warmup = _in_any(cols["sent_at"], all_spans)
     status_ok = np.array(
@@ -526,6 +725,10 @@ def analyze_latency(
             }
         )
 
+    # failures counted as slowest, both roles censored at the shadow timeout
+    censored, censored_table = _with_failures(cols, keep_pairs, hours, config, shadow_timeout_s)
+    measurements += censored
+
     # goodput: every sampled pair outside warm-up, failed requests are not good
     report("latency: goodput", 0.95)
     good = {}
@@ -631,6 +834,7 @@ def analyze_latency(
         "by_output_length": _bucket_table(sketches, "output"),
         "goodput": goodput,
         "cold_start": cold,
+        "with_failures": censored_table,
     }
     notes = [
         "Only status = ok exchanges count for latency; quantiles per role come from hourly"
@@ -645,6 +849,19 @@ def analyze_latency(
             f" ({excluded['incumbent']} incumbent and {excluded['candidate']} candidate"
             " exchanges); see cold_start."
         )
+    if version_changes:
+        tables["upgrades"] = _upgrade_latency(
+            engine, deployment, (lo, hi), version_changes, exclude
+        )
+    load = load_parity(engine, deployment, (lo, hi))
+    reason = parity_reason(load, parity)
+    load["inconclusive"] = reason or None
+    tables["load_parity_by_bucket"] = load.pop("by_load")
+    tables["load_parity"] = load
+    tables["by_concurrency"] = _concurrency_curve(cols, keep_pairs & status_ok, config)
+    if reason:
+        measurements = [replace(m, inconclusive=reason) for m in measurements]
+        notes.append("Latency criteria are INCONCLUSIVE: " + reason + ".")
     report("latency: done", 1.0)
     return LatencySection(
         deployment=deployment,

@@ -52,11 +52,13 @@ _METRIC = r"(ttft|tpot|itl|e2e|tokens_per_s)"
 _KIND = r"(crash|leak|error_burst|hang|version_change)"
 KEY_PATTERNS: tuple[str, ...] = (
     rf"latency\.{_METRIC}\.(p50|p95|p99)\.ratio",
+    r"latency\.(ttft|e2e)\.(p50|p95|p99)\.ratio_with_failures",
     rf"latency\.{_METRIC}\.(median_delta|spread_ratio|rank_test_p)",
     r"latency\.goodput\.delta",
     r"errors\.rate_ratio",
     rf"incidents\.{_KIND}\.(rate_ratio|candidate_count)",
     r"incidents\.leak\.candidate_mb_per_hour",
+    r"incidents\.leak\.excess_mb_per_hour",
     rf"incidents\.{_KIND}\.candidate_rate",
     r"errors\.candidate_rate",
     r"divergence\.(candidate_rate|noise_rate|excess_rate)",

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
 from typing import Any, Literal
@@ -49,6 +49,9 @@ class RateComparison:
     """Exact conditional interval of the ratio; (0, inf) when both counts are 0."""
     p_value: float
     """Two-sided exact p-value of equal rates (1.0 when both counts are 0)."""
+    dispersion: float = 1.0
+    """Overdispersion factor the counts were divided by (1: Poisson counts; see
+    :func:`compare_dispersed_rates`)."""
 
     @property
     def rate1(self) -> float:
@@ -75,7 +78,14 @@ class RateComparison:
             },
             "unbounded": self.ratio is not None and math.isinf(self.ratio),
             "p_value": self.p_value,
-            "method": "exact conditional binomial (Clopper-Pearson)",
+            "dispersion": self.dispersion,
+            "method": "exact conditional binomial (Clopper-Pearson)"
+            + (
+                ""
+                if self.dispersion == 1.0
+                else f" on counts divided by the overdispersion factor {self.dispersion:.3g}"
+                " estimated from per-day counts"
+            ),
         }
 
 
@@ -102,14 +112,24 @@ def compare_poisson_rates(
         return RateComparison(x1, t1, x2, t2, None, Interval(0.0, math.inf, level), 1.0)
     p0 = t1 / (t1 + t2)
     test = stats.binomtest(x1, n, p0)
-    ci = test.proportion_ci(confidence_level=level, method="exact")
+    pl, pu = clopper_pearson(x1, n, level)
     scale = t2 / t1
-    low = _odds(float(ci.low)) * scale
-    high = _odds(float(ci.high)) * scale
+    low = _odds(pl) * scale
+    high = _odds(pu) * scale
     ratio = math.inf if x2 == 0 else (x1 / t1) / (x2 / t2)
     return RateComparison(
         x1, t1, x2, t2, ratio, Interval(low, high, level), min(1.0, float(test.pvalue))
     )
+
+
+def clopper_pearson(k: int, n: int, level: float) -> tuple[float, float]:
+    """The exact (Clopper-Pearson) interval of a binomial proportion ``k / n`` from beta
+    quantiles: the same bounds as ``binomtest(...).proportion_ci(method="exact")``, without
+    its root finding (a month of daily looks calls this thousands of times)."""
+    a = 1.0 - level
+    low = 0.0 if k == 0 else float(stats.beta.ppf(a / 2.0, k, n - k + 1))
+    high = 1.0 if k == n else float(stats.beta.isf(a / 2.0, k + 1, n - k))
+    return low, high
 
 
 def _odds(p: float) -> float:
@@ -128,6 +148,66 @@ def compare_failure_shares(
             f"failures must be within 0..total: {failed1}/{total1}, {failed2}/{total2}"
         )
     return compare_poisson_rates(failed1, float(total1), failed2, float(total2), level)
+
+
+def dispersion_factor(
+    counts: Sequence[Sequence[float]], exposures: Sequence[Sequence[float]]
+) -> float:
+    """Overdispersion of event counts per bucket (day) against Poisson, pooled over the sides:
+    Pearson's chi-square of each side's counts about its own constant rate, over its degrees of
+    freedom (quasi-Poisson's estimate), at least 1. ``counts[s][d]`` events of side ``s`` in
+    bucket ``d`` with exposure ``exposures[s][d]`` (buckets with no exposure are skipped).
+    Bursty failures and crash loops put many events on a few days: the factor is then the
+    number of events a burst is worth as one independent event."""
+    chi2, df = 0.0, 0
+    for xs, ts in zip(counts, exposures, strict=True):
+        pairs = [(float(x), float(t)) for x, t in zip(xs, ts, strict=True) if t > 0]
+        total_x, total_t = sum(x for x, _ in pairs), sum(t for _, t in pairs)
+        if total_x <= 0 or len(pairs) < 2:
+            continue
+        rate = total_x / total_t
+        chi2 += sum((x - rate * t) ** 2 / (rate * t) for x, t in pairs)
+        df += len(pairs) - 1
+    return max(1.0, chi2 / df) if df > 0 else 1.0
+
+
+def compare_dispersed_rates(
+    x1_by: Sequence[float],
+    t1_by: Sequence[float],
+    x2_by: Sequence[float],
+    t2_by: Sequence[float],
+    level: float = 0.95,
+) -> RateComparison:
+    """:func:`compare_poisson_rates` for counts that are not Poisson (bursts, crash loops):
+    per-bucket counts ``x*_by`` and exposures ``t*_by`` (side 1 = candidate); the overdispersion
+    factor phi (:func:`dispersion_factor`) divides both totals (a design effect: phi clustered
+    events carry the information of one), and the conditional test runs on those effective
+    counts (Clopper-Pearson bounds from the beta quantiles, which take non-whole counts). With
+    phi = 1 it is exactly :func:`compare_poisson_rates`."""
+    phi = dispersion_factor([x1_by, x2_by], [t1_by, t2_by])
+    x1, x2 = round(sum(x1_by)), round(sum(x2_by))
+    t1, t2 = float(sum(t1_by)), float(sum(t2_by))
+    plain = compare_poisson_rates(x1, t1, x2, t2, level)
+    if phi == 1.0 or x1 + x2 == 0:
+        return plain
+    e1, e2 = x1 / phi, x2 / phi
+    alpha = 1.0 - level
+    pl = float(stats.beta.ppf(alpha / 2, e1, e2 + 1)) if e1 > 0 else 0.0
+    pu = float(stats.beta.ppf(1 - alpha / 2, e1 + 1, e2)) if e2 > 0 else 1.0
+    scale = t2 / t1
+    p0 = t1 / (t1 + t2)
+    n_eff = max(1, round(e1 + e2))
+    p_value = float(stats.binomtest(min(n_eff, round(e1)), n_eff, p0).pvalue)
+    return RateComparison(
+        x1,
+        t1,
+        x2,
+        t2,
+        plain.ratio,
+        Interval(_odds(pl) * scale, _odds(pu) * scale, level),
+        min(1.0, p_value),
+        phi,
+    )
 
 
 # -- buckets ------------------------------------------------------------------------------

@@ -10,6 +10,10 @@ Measurement keys (``<metric>`` in ttft, tpot, itl, e2e, tokens_per_s; ``<q>`` in
 ``<kind>`` an incident kind in crash, leak, error_burst, hang, version_change)::
 
     latency.<metric>.<q>.ratio            candidate / incumbent quantile, bootstrap interval
+    latency.<ttft|e2e>.<q>.ratio_with_failures
+                                          the same ratio over every pair, a failed answer
+                                          counted as the slowest, both roles censored at the
+                                          shadow timeout
     latency.<metric>.median_delta         paired candidate - incumbent median delta (seconds)
     latency.<metric>.spread_ratio         candidate / incumbent (p99 - p50): a variance increase
                                           with the same median (a blind spot of Kayenta's judge)
@@ -21,6 +25,9 @@ Measurement keys (``<metric>`` in ttft, tpot, itl, e2e, tokens_per_s; ``<q>`` in
                                           conditional-binomial interval
     incidents.<kind>.candidate_count      candidate incidents in the window (interval None)
     incidents.leak.candidate_mb_per_hour  the candidate's steepest sustained memory slope
+    incidents.leak.excess_mb_per_hour     candidate minus incumbent memory growth (MB/hour),
+                                          every process life after its warm-up, interval
+                                          widened for autocorrelated noise
     divergence.candidate_rate             share of candidate pairs that diverge
     divergence.noise_rate                 share of replay pairs that diverge (the noise floor)
     divergence.excess_rate                candidate_rate - noise_rate, with its interval
@@ -78,9 +85,12 @@ class Measurement:
     """Unit of ``value``: "ratio", "seconds", "share", "count", "MB/hour", "p-value", ..."""
     detail: str = ""
     """One sentence for people: how it was computed, what was left out."""
+    inconclusive: str = ""
+    """When set, why this measurement cannot decide anything (the verdict makes its criterion
+    INCONCLUSIVE with this reason), e.g. the engines ran at different concurrencies."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "key": self.key,
             "value": self.value,
             "interval": self.interval.to_dict() if self.interval else None,
@@ -88,6 +98,9 @@ class Measurement:
             "unit": self.unit,
             "detail": self.detail,
         }
+        if self.inconclusive:
+            out["inconclusive"] = self.inconclusive
+        return out
 
 
 class Section(Protocol):

@@ -128,15 +128,43 @@ def default_analyses(
         step("incidents done", 1.0)
         return section
 
+    changes: list[Any] = []
+
     def warmup(section: Section) -> Sequence[Any]:
+        """The ``warmup_s`` after every restart and after each engine's first start (the
+        latency analysis stretches each until latency is measured back to normal)."""
+        from evaluator.incidents.model import utc_at
+        from evaluator.latency import VersionChange, WarmupWindow
+
         findings: Sequence[Any] = getattr(section, "findings", None) or ()
-        return warmup_windows(list(findings), warmup_s)
+        windows = warmup_windows(list(findings), warmup_s)
+        # the version changes, for latency before and after each (the review asks for the
+        # warm-up windows, then runs latency, on the same incidents)
+        changes[:] = [
+            VersionChange(
+                f.role, f.end_or_start, f.evidence.get("from_version"), f.evidence.get("to_version")
+            )
+            for f in findings
+            if f.kind == "version_change"
+        ]
+        # Each engine's first start too: its window starts empty and is stretched by the latency
+        # analysis to the warm-up it measures (restarts keep at least warmup_s).
+        starts: dict[str, list[float]] = getattr(section, "process_starts", None) or {}
+        covered = {(w.role, w.start) for w in windows}
+        for role, times in starts.items():
+            for t in times[:1]:
+                at = utc_at(t)
+                if not any(r == role and abs((s - at).total_seconds()) < 1 for r, s in covered):
+                    windows.append(WarmupWindow(role, at, at))
+        return windows
 
     def latency(engine: Engine, deployment: str, window: Window, **kw: Any) -> Section:
         if slo is not None:
             kw["slo"] = slo
         if bootstrap_config is not None:
             kw["config"] = bootstrap_config
+        if changes:
+            kw.setdefault("version_changes", list(changes))
         return analyze_latency(engine, deployment, window, **kw)
 
     def divergence(engine: Engine, deployment: str, window: Window, **kw: Any) -> Section:
@@ -299,11 +327,24 @@ def data_extent(engine: Engine, deployment: str, window: Window | None = None) -
     }
 
 
+def last_shadow_send(engine: Engine, deployment: str) -> datetime:
+    """When the deployment's last shadow request (candidate or replay) was sent. A pair's replay
+    leaves the mirror just after its candidate, so a window ending just after the last
+    candidate would leave the last pair's replay out (seen on real vLLM: 49 of 50 replays)."""
+    stmt = select(func.max(Exchange.sent_at)).where(
+        Exchange.deployment == deployment, Exchange.role.in_(("candidate", "replay"))
+    )
+    with engine.connect() as conn:
+        last = conn.execute(stmt).scalar_one()
+    return as_utc(last)
+
+
 def resolve_window(
     engine: Engine, deployment: str, start: datetime | None = None, end: datetime | None = None
 ) -> Window:
-    """The window to evaluate: given bounds, else the deployment's first exchange .. just after
-    its last one. Naive datetimes are taken as UTC."""
+    """The window to evaluate: given bounds, else the deployment's first mirrored pair .. just
+    after its last shadow request (:func:`last_shadow_send`). Naive datetimes are taken as
+    UTC."""
     lo = as_utc(start) if start else None
     hi = as_utc(end) if end else None
     if lo is None or hi is None:
@@ -313,7 +354,7 @@ def resolve_window(
                 f"deployment {deployment!r} has no mirrored exchanges yet: nothing to review"
             )
         lo = lo or datetime.fromisoformat(extent["first"])
-        hi = hi or datetime.fromisoformat(extent["last"]) + timedelta(microseconds=1)
+        hi = hi or last_shadow_send(engine, deployment) + timedelta(microseconds=1)
     if lo >= hi:
         raise EmptyWindow(f"the window is empty: --from {lo} is not before --to {hi}")
     return lo, hi

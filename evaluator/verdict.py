@@ -209,6 +209,8 @@ def judge(
         return result(
             Outcome.INCONCLUSIVE, f"no analysis produced {c.key}: nothing to judge {c.text} on"
         )
+    if m.inconclusive:
+        return result(Outcome.INCONCLUSIVE, m.inconclusive)
     m, widened = _widened(m, look)
     assert m is not None
     zero_note = ""

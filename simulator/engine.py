@@ -272,6 +272,10 @@ class Engine:
             s.max_tokens_param.observe(job.max_tokens)
         e2e = now - job.arrival
         s.e2e.observe(e2e)
+        s.preemptions.observe(0)  # the simulator does not preempt
+        s.prefill_kv_computed.observe(job.prompt_tokens)  # and caches no prefix
+        decode = now - job.first_token_at if job.first_token_at is not None else 0.0
+        s.request_tpot.observe(decode / (longest - 1) if longest > 1 else 0.0)
         if job.scheduled_at is not None:
             s.queue.observe(job.scheduled_at - job.arrival)
             s.inference.observe(now - job.scheduled_at)

@@ -264,7 +264,7 @@ class Scenario(_Strict):
         return self.version or DEFAULT_VERSION[self.flavor]
 
 
-DEFAULT_VERSION: dict[str, str] = {"vllm": "0.11.0", "trtllm": "1.1.0"}
+DEFAULT_VERSION: dict[str, str] = {"vllm": "0.32.0", "trtllm": "1.1.0"}
 
 _TOP_KEYS = (set(Scenario.model_fields) - {"flavor"}) | {"flavors"}
 """The flavor comes from the command line, never from the file."""

@@ -44,10 +44,15 @@ from simulator.wire import (
     models_body,
     parse_request,
     vllm_fingerprint,
+    vllm_length_error,
+    vllm_logprobs_error,
 )
 
 FAULT_TICK_S = 0.01
 PROM_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+"""TensorRT-LLM's (prometheus_client as it pins it)."""
+VLLM_PROM_CONTENT_TYPE = "text/plain; version=1.0.0; charset=utf-8"
+"""vLLM 0.32's (a newer prometheus_client)."""
 
 
 def _json(body: Any, status: int = 200) -> web.Response:
@@ -158,7 +163,7 @@ class SimServer:
             time_scale=self.scenario.time_scale,
             sim_elapsed=self.clock.elapsed(),
         )
-        return web.Response(body=text.encode(), headers={"Content-Type": PROM_CONTENT_TYPE})
+        return web.Response(body=text.encode(), headers={"Content-Type": VLLM_PROM_CONTENT_TYPE})
 
     async def prometheus_metrics(self, request: web.Request) -> web.Response:
         text = render_trt_prometheus(self.stats, pid=os.getpid())
@@ -199,7 +204,12 @@ class SimServer:
             prompts = completion_prompts(req.prompt)
         max_len = self.scenario.latency.max_model_len
         budget = req.output_budget
-        for _, n_prompt in prompts:
+        if self.flavor == "vllm":
+            refused = vllm_length_error(req, [n for _, n in prompts], max_len)
+            refused = refused or vllm_logprobs_error(req)
+            if refused is not None:
+                return _json(refused.body, refused.status)
+        for _, n_prompt in prompts if self.flavor == "trtllm" else ():
             if n_prompt + (budget or 0) > max_len:
                 msg = (
                     f"This model's maximum context length is {max_len} tokens. However, you"
@@ -344,12 +354,10 @@ class SimServer:
         choice_prompts: list[int],
         logprobs: int | None,
     ) -> web.StreamResponse:
-        resp = web.StreamResponse(
-            headers={
-                "Content-Type": "text/event-stream; charset=utf-8",
-                "Cache-Control": "no-cache",
-            }
-        )
+        headers = {"Content-Type": "text/event-stream; charset=utf-8"}
+        if framer.flavor == "trtllm":
+            headers["Cache-Control"] = "no-cache"
+        resp = web.StreamResponse(headers=headers)
         so = req.stream_options
         include_usage = bool(so is not None and so.include_usage)
         continuous = include_usage and bool(so is not None and so.continuous_usage_stats)

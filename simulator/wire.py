@@ -1,8 +1,12 @@
 """Each flavor's wire format: request validation, response bodies, stream chunks, errors.
 
-Checked against the engines' sources (vllm ``entrypoints/openai/protocol.py`` and
-``serving_chat.py``; TensorRT-LLM ``serve/openai_protocol.py``, ``postprocess_handlers.py``,
-``openai_server.py``):
+vLLM: what vLLM 0.32.0 answers, recorded from the real server in ``tests/fixtures/vllm-0.32.0/``
+(``shadow-ab engine vllm record-fixtures``) and held by ``tests/simulator/test_sim_fixtures.py``
+(same keys in the same order per chunk kind, same status, error shape and headers); the
+details below were first checked against vLLM 0.11's sources (``entrypoints/openai/``
+``protocol.py``, ``serving_chat.py``, ``serving_completion.py``, ``v1/engine/logprobs.py``)
+and moved where 0.32 answers otherwise. TensorRT-LLM: its sources only
+(``serve/openai_protocol.py``, ``postprocess_handlers.py``, ``openai_server.py``).
 
 =====================  ===========================================  ============================
                        vLLM                                         TensorRT-LLM
@@ -13,28 +17,32 @@ wrong ``model``        404 ``NotFoundError``                        accepted
 validation error body  ``{"error": {message, type, param, code}}``  ``{"error": "<pydantic>"}``
 first chat delta       ``{"role": "assistant", "content": ""}``     ``{"role": "assistant"}``,
                                                                     framed ``data: {..} \\n\\n``
-stream chunks          ``logprobs``/``finish_reason`` null keys,     ``None`` fields left out
-                       ``stop_reason``                              (chat), all kept (completion)
+stream chunks          ``logprobs``/``finish_reason``/``token_ids``  ``None`` fields left out
+                       null keys, ``stop_reason``                   (chat), all kept (completion)
+``include_usage``      false unless asked                           true unless refused
 =====================  ===========================================  ============================
 
 Both: ``data: [DONE]`` last, usage chunk (empty ``choices``) with
 ``stream_options.include_usage``, ``continuous_usage_stats`` on every chunk, ``stream_options``
 without ``stream`` is a 400.
 
-vLLM details checked against vLLM 0.11's ``entrypoints/openai/serving_chat.py``,
-``serving_completion.py``, ``protocol.py`` and ``v1/engine/logprobs.py``:
+vLLM details:
 
 - chat chunks are dumped with ``exclude_unset=True`` (so ``stop_reason`` only on the last
-  chunk of a choice, usage objects without ``prompt_tokens_details``); completion chunks with
-  ``exclude_unset=False`` (every field, ``null`` included); the final usage chunk of either with
-  ``exclude_none=True``.
+  chunk of a choice; 0.32 adds ``token_ids: null`` to every choice and ``prompt_token_ids``/
+  ``prompt_text: null`` to each choice's first chunk); completion chunks carry every choice
+  field, ``null`` included, and (0.32) no ``usage`` key unless continuous usage; the final
+  usage chunk of either leaves out nulls.
 - ``continuous_usage_stats`` counts per choice (``previous_num_tokens[i]``) and, for a batch of
   completion prompts, that choice's prompt; the final usage chunk sums all choices.
 - the engine's logprobs dict for a position holds the sampled token first, then the top-N; chat
   ``top_logprobs`` takes the first ``top_logprobs`` entries of it, completions take up to N+1
   (so ``logprobs: 0`` still gives ``{sampled: lp}``).
-- ``logprobs``/``top_logprobs`` above ``max_logprobs`` (20) is refused by the engine's
-  processor: 400 ``Requested sample logprobs of N, which is greater than max allowed: 20``.
+- errors: FastAPI's validation errors are ``type: "Bad Request"`` with ``param`` their
+  location; vLLM's own (``VLLMValidationError``: ``stream_options`` without ``stream``,
+  ``top_logprobs`` without ``logprobs``, more than ``max_logprobs`` (20), ``max_tokens`` or a
+  prompt above ``max_model_len``) are ``BadRequestError`` with ``param`` and the message
+  ending ``(parameter=..., value=...)``.
 
 ``system_fingerprint`` is placed as real vLLM 0.32.0 places it (seen on the server that
 ``shadow-ab engine vllm serve`` runs, ``--fingerprint-mode full``): ``vllm-<version>-<hash8>``
@@ -47,6 +55,7 @@ hides that usage chunk from clients that did not ask for it and must put the fin
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import time
 import uuid
@@ -94,6 +103,14 @@ class StreamOptions(BaseModel):
     continuous_usage_stats: bool | None = False
 
 
+class VllmStreamOptions(BaseModel):
+    """vLLM 0.32's: ``include_usage`` defaults to false (0.11: true), unknown keys allowed."""
+
+    model_config = ConfigDict(extra="allow")
+    include_usage: bool | None = False
+    continuous_usage_stats: bool | None = False
+
+
 class _Sampling(BaseModel):
     model_config = ConfigDict(extra="allow")
 
@@ -131,8 +148,14 @@ class _Sampling(BaseModel):
     @classmethod
     def _stream_options_need_stream(cls, data: Any) -> Any:
         if isinstance(data, dict) and data.get("stream_options") and not data.get("stream"):
-            raise ValueError("Stream options can only be defined when `stream=True`.")
+            cls._refuse("Stream options can only be defined when `stream=True`.", "stream_options")
         return data
+
+    @classmethod
+    def _refuse(cls, message: str, parameter: str, value: Any = None) -> None:
+        """A model validator's refusal: a pydantic error here, :class:`VllmValidationError`
+        on vLLM (which pydantic lets through, so vLLM answers ``BadRequestError``)."""
+        raise ValueError(message)
 
     @property
     def stops(self) -> list[str]:
@@ -183,18 +206,49 @@ class _Completion(_Sampling):
         return self.max_tokens
 
 
-class VllmChatRequest(_Chat):
+class VllmValidationError(Exception):
+    """vLLM's ``VLLMValidationError``: not a ValueError, so a model validator raising it is
+    not turned into a pydantic validation error; vLLM answers it 400 ``BadRequestError`` with
+    ``param`` and the message ending ``(parameter=..., value=...)``."""
+
+    def __init__(self, message: str, *, parameter: str | None = None, value: Any = None) -> None:
+        super().__init__(message)
+        self.parameter = parameter
+        self.value = value
+
+    def __str__(self) -> str:
+        extras = [f"{k}={v}" for k, v in (("parameter", self.parameter), ("value", self.value))
+                  if v is not None]  # fmt: skip
+        base = super().__str__()
+        return f"{base} ({', '.join(extras)})" if extras else base
+
+
+class _VllmRefusals:
+    @classmethod
+    def _refuse(cls, message: str, parameter: str, value: Any = None) -> None:
+        raise VllmValidationError(message, parameter=parameter, value=value)
+
+
+class VllmChatRequest(_VllmRefusals, _Chat):
     model_config = ConfigDict(extra="allow", title="ChatCompletionRequest")
+    stream_options: VllmStreamOptions | None = None  # type: ignore[assignment]
     # vLLM's default is 0; the bound is the engine's max_logprobs (checked in parse_request)
     top_logprobs: int | None = 0
 
     @model_validator(mode="before")
     @classmethod
     def _vllm_logprobs(cls, data: Any) -> Any:
+        """protocol.py ``check_logprobs`` (a before validator, so it runs first)."""
         if isinstance(data, dict):
             top = data.get("top_logprobs")
-            if isinstance(top, int) and top < 0 and top != -1:
-                raise ValueError("`top_logprobs` must be a positive value or -1.")
+            if top is not None and not isinstance(top, int | float):
+                cls._refuse("`top_logprobs` must be an integer.", "top_logprobs", top)
+            if isinstance(top, int | float) and top < 0 and top != -1:
+                cls._refuse("`top_logprobs` must be a positive value or -1.", "top_logprobs", top)
+            if isinstance(top, int | float) and (top == -1 or top > 0) and not data.get("logprobs"):
+                cls._refuse(
+                    "when using `top_logprobs`, `logprobs` must be set to true.", "top_logprobs"
+                )
         return data
 
     @property
@@ -203,8 +257,9 @@ class VllmChatRequest(_Chat):
         return self.top_logprobs if self.logprobs and self.top_logprobs is not None else None
 
 
-class VllmCompletionRequest(_Completion):
+class VllmCompletionRequest(_VllmRefusals, _Completion):
     model_config = ConfigDict(extra="allow", title="CompletionRequest")
+    stream_options: VllmStreamOptions | None = None  # type: ignore[assignment]
     logprobs: int | None = None
 
     @model_validator(mode="before")
@@ -213,7 +268,7 @@ class VllmCompletionRequest(_Completion):
         if isinstance(data, dict):
             lp = data.get("logprobs")
             if isinstance(lp, int) and lp < 0 and lp != -1:
-                raise ValueError("`logprobs` must be a positive value.")
+                cls._refuse("`logprobs` must be a positive value or -1.", "logprobs", lp)
         return data
 
     @property
@@ -268,43 +323,144 @@ def parse_request(
 ) -> _Chat | _Completion:
     """Validate one request body the way the flavor does; raise :class:`WireError` if refused.
 
-    vLLM answers request validation errors (FastAPI's RequestValidationError, pydantic model
-    validators included) from api_server.py's ``validation_exception_handler``: 400 with
-    ``type: "Bad Request"`` (``HTTPStatus.BAD_REQUEST.phrase``) and the message
-    ``f"{exc} {exc.errors()}"``; what the serving layer refuses later (context length,
-    ``max_logprobs``) is ``create_error_response``'s ``BadRequestError``."""
+    vLLM 0.32 answers what FastAPI refuses (a body that is not JSON, a field of the wrong type
+    or out of bounds) from ``validation_exception_handler``: 400 ``type: "Bad Request"``, the
+    message ``"N validation error(s):\n  {...}"`` built from ``exc.errors()`` and ``param`` the
+    first error's location (``body.37``, ``body.n``). What its model validators and the serving
+    layer refuse (``stream_options`` without ``stream``, ``top_logprobs`` without
+    ``logprobs``, more than ``max_logprobs``, the context length) is a ``VLLMValidationError``:
+    400 ``BadRequestError`` with ``param`` and the message ending ``(parameter=..., value=...)``.
+    """
+    vllm = flavor == "vllm"
     try:
         data = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
-        msg = f"request body is not valid JSON: {exc}"
-        if flavor == "vllm":
-            raise WireError(400, error_body(flavor, 400, msg, VLLM_VALIDATION_TYPE)) from exc
-        raise WireError(400, {"error": msg}) from exc
+        if vllm:
+            raise _vllm_invalid_json(raw) from exc
+        raise WireError(400, {"error": f"request body is not valid JSON: {exc}"}) from exc
     if not isinstance(data, dict):
+        if vllm:
+            error = {"type": "model_attributes_type", "loc": ("body",),
+                     "msg": "Input should be a valid dictionary or object to extract fields from",
+                     "input": data}  # fmt: skip
+            raise _vllm_validation_error([error])
         msg = "request body must be a JSON object"
-        err_type = VLLM_VALIDATION_TYPE if flavor == "vllm" else "BadRequestError"
-        raise WireError(400, error_body(flavor, 400, msg, err_type))
+        raise WireError(400, error_body(flavor, 400, msg, "BadRequestError"))
     model_cls = _MODELS[(flavor, endpoint)]
     try:
         req = model_cls.model_validate(data)
+    except VllmValidationError as exc:
+        raise WireError(
+            400, error_body(flavor, 400, str(exc), "BadRequestError", exc.parameter)
+        ) from exc
     except ValidationError as exc:
-        if flavor == "vllm":
-            msg = f"{exc} {exc.errors(include_url=False)}"
-            raise WireError(400, error_body(flavor, 400, msg, VLLM_VALIDATION_TYPE)) from exc
+        if vllm:
+            errors = [{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_url=False)]
+            raise _vllm_validation_error(errors) from exc
         raise WireError(400, {"error": str(exc)}) from exc
-    if flavor == "vllm" and req.model is not None and req.model != served_model:
-        msg = f"The model `{req.model}` does not exist."
+    if vllm and req.model is not None and req.model != served_model:
+        msg = f"The model `{req.model}` does not exist. Valid aliases: {served_model}."
         raise WireError(404, error_body(flavor, 404, msg, "NotFoundError", "model"))
-    if isinstance(req, VllmChatRequest | VllmCompletionRequest):
-        asked = req.logprobs_asked
-        if asked is not None and (asked == -1 or asked > VLLM_MAX_LOGPROBS):
-            n = VOCAB_SIZE if asked == -1 else asked
-            msg = (
-                f"Requested sample logprobs of {n}, which is greater than max allowed:"
-                f" {VLLM_MAX_LOGPROBS}"
-            )
-            raise WireError(400, error_body(flavor, 400, msg, "BadRequestError"))
     return req
+
+
+def vllm_logprobs_error(req: _Chat | _Completion) -> WireError | None:
+    """sampling_params.py ``_validate_logprobs``: more than ``max_logprobs`` (20) alternatives
+    (``-1``: the whole vocabulary) is refused, after the request is rendered."""
+    if not isinstance(req, VllmChatRequest | VllmCompletionRequest):
+        return None
+    asked = req.logprobs_asked
+    if asked is None or not (asked == -1 or asked > VLLM_MAX_LOGPROBS):
+        return None
+    n = VOCAB_SIZE if asked == -1 else asked
+    exc = VllmValidationError(
+        f"Requested sample logprobs of {n}, which is greater than max allowed: {VLLM_MAX_LOGPROBS}",
+        parameter="logprobs",
+        value=n,
+    )
+    return WireError(400, error_body("vllm", 400, str(exc), "BadRequestError", exc.parameter))
+
+
+def vllm_length_error(
+    req: _Chat | _Completion, prompt_tokens: list[int], max_model_len: int
+) -> WireError | None:
+    """vLLM 0.32's context checks (``renderers/params.py``): ``max_tokens`` above
+    ``max_model_len``, then a prompt longer than ``max_model_len`` (the tokenizer stops one
+    token past it, hence "at least"). A prompt that fits with a budget that does not is not
+    refused: the budget is cut to what is left (``get_max_tokens``)."""
+    budget = req.output_budget
+    if budget is not None and budget > max_model_len:
+        name = (
+            "max_completion_tokens"
+            if isinstance(req, _Chat) and req.max_completion_tokens is not None
+            else "max_tokens"
+        )
+        exc = VllmValidationError(
+            f"{name}={budget} cannot be greater than max_model_len={max_model_len}. "
+            "Please request fewer output tokens.",
+            parameter=name,
+            value=budget,
+        )
+        return WireError(400, error_body("vllm", 400, str(exc), "BadRequestError", name))
+    for n in prompt_tokens:
+        if n > max_model_len:
+            count = min(n, max_model_len + 1)
+            qualifier = "at least " if count == max_model_len + 1 else ""
+            exc = VllmValidationError(
+                f"This model's maximum context length is {max_model_len} tokens. However, your "
+                f"prompt contains {qualifier}{count} input tokens, which exceeds this limit even "
+                "without any output tokens. Please reduce the length of the input prompt.",
+                parameter="input_tokens",
+                value=count,
+            )
+            return WireError(
+                400, error_body("vllm", 400, str(exc), "BadRequestError", exc.parameter)
+            )
+    return None
+
+
+def _vllm_invalid_json(raw: bytes) -> WireError:
+    """FastAPI's ``json_invalid`` error (from the standard library's decoder, as FastAPI
+    uses it: its position and reason), as vLLM's validation handler words it."""
+    try:
+        json.loads(raw)
+    except json.JSONDecodeError as exc:
+        pos, reason = exc.pos, exc.msg
+    except ValueError as exc:  # not UTF-8
+        pos, reason = 0, str(exc)
+    else:  # orjson is stricter (e.g. NaN): say so the way FastAPI would not need to
+        pos, reason = 0, "Invalid JSON"
+    error = {"type": "json_invalid", "loc": ("body", pos), "msg": "JSON decode error",
+             "input": {}, "ctx": {"error": reason}}  # fmt: skip
+    return _vllm_validation_error([error])
+
+
+def _vllm_validation_error(errors: list[dict[str, Any]]) -> WireError:
+    """vLLM's ``validation_exception_handler``: at most 10 errors, each with its ``input``
+    summarised and its ``loc`` joined with dots; ``param`` the first one's location."""
+    shown = []
+    for e in errors[:10]:
+        e = dict(e)
+        e["loc"] = ".".join(str(p) for p in e["loc"])
+        if "input" in e:
+            e["input"] = _summarise_input(e["input"])
+        shown.append(f"  {e}\n")
+    label = "error" if len(errors) == 1 else "errors"
+    message = f"{len(errors)} validation {label}:\n" + "".join(shown)
+    if len(errors) > 10:
+        message += f"  ...and {len(errors) - 10} more {label}\n"
+    param = ".".join(str(p) for p in errors[0]["loc"]) if errors else None
+    body = error_body("vllm", 400, message.rstrip(), VLLM_VALIDATION_TYPE, param)
+    return WireError(400, body)
+
+
+def _summarise_input(value: Any) -> Any:
+    if isinstance(value, str):
+        return value if len(value) <= 200 else value[:200] + "...[truncated]"
+    if isinstance(value, list | tuple | dict | set):
+        return f"<{type(value).__name__} of {len(value)} items>"
+    text = str(value)
+    return text if len(text) <= 200 else text[:200] + "...[truncated]"
 
 
 def logprobs_asked(req: _Chat | _Completion) -> int | None:
@@ -457,6 +613,8 @@ class Framer:
             chunk = {**self.base, "choices": [choice]}
             if usage is not None:
                 chunk["usage"] = usage
+            chunk["prompt_token_ids"] = None  # 0.32: the first chunk of each choice
+            chunk["prompt_text"] = None
             return self.event(chunk)
         chunk = {**self.base, "choices": [{"index": index, "delta": {"role": "assistant"}}]}
         if usage is not None:
@@ -490,6 +648,7 @@ class Framer:
                 choice["finish_reason"] = finish_reason
                 if finish_reason is not None:
                     choice["stop_reason"] = stop_reason
+                choice["token_ids"] = None
             else:
                 if lp is not None:
                     choice["logprobs"] = lp
@@ -519,7 +678,7 @@ class Framer:
         chunk: dict[str, Any] = {**self.base, "choices": [choice]}
         if usage is not None:
             chunk["usage"] = usage
-        elif self.endpoint == "completions":  # both dump completion chunks with usage: null
+        elif self.endpoint == "completions" and not vllm:  # vLLM 0.11 had usage: null too
             chunk["usage"] = None
         if finish_reason is not None and self.fingerprint is not None and not usage_follows:
             chunk["system_fingerprint"] = self.fingerprint
@@ -539,14 +698,21 @@ class Framer:
             "total_tokens": prompt_tokens + completion_tokens,
             "completion_tokens": completion_tokens,
         }
-        u["prompt_tokens_details"] = {"cached_tokens": 0} if self.flavor == "trtllm" else None
+        if self.flavor == "trtllm":
+            u["prompt_tokens_details"] = {"cached_tokens": 0}
+        else:
+            u["prompt_tokens_details"] = None
+            u["completion_tokens_details"] = None
         return u
 
     def stream_usage(self, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
-        """A ``continuous_usage_stats`` usage object inside a stream chunk."""
+        """A ``continuous_usage_stats`` usage object inside a stream chunk (vLLM 0.32: chat's
+        has ``completion_tokens_details: null``, completions' neither details key)."""
         u = self.usage(prompt_tokens, completion_tokens)
-        if self.flavor == "vllm" and self.endpoint == "chat":  # exclude_unset=True
+        if self.flavor == "vllm":
             del u["prompt_tokens_details"]
+            if self.endpoint != "chat":
+                del u["completion_tokens_details"]
         return u
 
     # whole responses -----------------------------------------------------------------
@@ -559,11 +725,13 @@ class Framer:
         logprobs: int | None,
         echo_prefix: list[str] | None = None,
     ) -> dict[str, Any]:
+        if self.flavor == "vllm":
+            return self._vllm_response(completions, prompt_tokens, logprobs, echo_prefix)
         choices = []
         for i, c in enumerate(completions):
             if self.endpoint == "chat":
                 message: dict[str, Any] = {"role": "assistant", "content": c.text, "tool_calls": []}
-                message["reasoning_content"] = None if self.flavor == "vllm" else ""
+                message["reasoning_content"] = ""
                 choice: dict[str, Any] = {
                     "index": i,
                     "message": message,
@@ -583,30 +751,70 @@ class Framer:
                     else None,
                     "finish_reason": c.finish_reason,
                     "stop_reason": c.stop_reason,
+                    "token_ids": None,
                 }
-                if self.flavor == "trtllm":
-                    choice["token_ids"] = None
-                else:  # CompletionResponseChoice
-                    choice.update(token_ids=None, prompt_logprobs=None, prompt_token_ids=None)
             choices.append(choice)
         body: dict[str, Any] = {**self.base, "choices": choices}
-        if self.fingerprint is not None and self.endpoint == "chat":
-            body["system_fingerprint"] = self.fingerprint
         body["usage"] = self.usage(prompt_tokens, sum(len(c.tokens) for c in completions))
-        if self.flavor == "vllm":
-            if self.endpoint == "chat":
-                body["prompt_logprobs"] = None
-            else:  # CompletionResponse
-                body.update(
-                    service_tier=None, system_fingerprint=self.fingerprint, kv_transfer_params=None
+        return body
+
+    def _vllm_response(
+        self,
+        completions: list[Completion],
+        prompt_tokens: int,
+        logprobs: int | None,
+        echo_prefix: list[str] | None,
+    ) -> dict[str, Any]:
+        """vLLM 0.32's ChatCompletionResponse / CompletionResponse, every field dumped (nulls
+        included), in its order."""
+        chat = self.endpoint == "chat"
+        choices = []
+        for i, c in enumerate(completions):
+            if chat:
+                message = {"role": "assistant", "content": c.text, "refusal": None,
+                           "annotations": None, "audio": None, "function_call": None,
+                           "reasoning": None}  # fmt: skip
+                lp = self.chat_logprobs(c.tokens, logprobs or 0) if logprobs is not None else None
+                choice: dict[str, Any] = {"index": i, "message": message, "logprobs": lp}
+            else:
+                prefix = echo_prefix[i] if echo_prefix else ""
+                lp = (
+                    self.completion_logprobs(c.tokens, logprobs or 0, len(prefix))
+                    if logprobs is not None
+                    else None
                 )
+                choice = {"index": i, "text": prefix + c.text, "logprobs": lp}
+            choice.update(finish_reason=c.finish_reason, stop_reason=c.stop_reason, token_ids=None)
+            if not chat:
+                choice.update(prompt_logprobs=None, prompt_token_ids=None)
+            choice["routed_experts"] = None
+            choices.append(choice)
+        body: dict[str, Any] = {
+            **self.base,
+            "choices": choices,
+            "service_tier": None,
+            "system_fingerprint": self.fingerprint,
+            "usage": self.usage(prompt_tokens, sum(len(c.tokens) for c in completions)),
+        }
+        if chat:
+            body.update(prompt_logprobs=None, prompt_token_ids=None, prompt_text=None)
+        body.update(kv_transfer_params=None, ec_transfer_params=None, metrics=None)
         return body
 
 
 def models_body(flavor: Flavor, model: str, max_model_len: int, created: int) -> dict[str, Any]:
     card: dict[str, Any] = {"id": model, "object": "model", "created": created}
-    if flavor == "vllm":
+    if flavor == "vllm":  # root: real vLLM gives the model's path; the permission's id is
+        # random per answer there, stable per process here (so two reads are the same bytes)
         card.update(owned_by="vllm", root=model, parent=None, max_model_len=max_model_len)
+        card["permission"] = [
+            {"id": f"modelperm-{hashlib.md5(f'{model}:{created}'.encode()).hexdigest()}",
+             "object": "model_permission",
+             "created": created, "allow_create_engine": False, "allow_sampling": True,
+             "allow_logprobs": True, "allow_search_indices": False, "allow_view": True,
+             "allow_fine_tuning": False, "organization": "*", "group": None,
+             "is_blocking": False}
+        ]  # fmt: skip
     else:
         card["owned_by"] = "tensorrt_llm"
     return {"object": "list", "data": [card]}

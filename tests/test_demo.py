@@ -110,3 +110,23 @@ def test_demo_through_kafka_into_postgresql(
     assert roles == {"incumbent", "candidate", "replay"}
     assert health is not None
     assert len(reports) == 1 and f"verdict: {reports[0]} " in result.stdout
+
+
+def test_demo_on_real_vllm_says_to_prepare_it_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--engines vllm-cpu`` before ``shadow-ab engine vllm prepare``: a clear error naming
+    the command, nothing started."""
+    from shadow_ab.dev.engines import vllm_cpu
+
+    try:
+        vllm_cpu.check_machine()
+    except vllm_cpu.EngineUnavailable as exc:
+        pytest.skip(f"real vLLM cannot run here: {exc}")
+    monkeypatch.setenv("SHADOW_AB_HOME", str(tmp_path / "home"))  # no venv there
+    monkeypatch.delenv("SHADOW_AB_DATABASE_URL", raising=False)
+    result = CliRunner().invoke(demo, ["--engines", "vllm-cpu", "--duration", "5"])
+    assert result.exit_code == 1
+    assert "run `shadow-ab engine vllm prepare` first" in result.stderr
+    assert "vllm-venv" in result.stderr
+    assert "SIMULATORS" not in result.stderr

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from evaluator.incidents.exchanges import (
@@ -24,6 +24,7 @@ from evaluator.incidents.exchanges import (
     merge_findings,
 )
 from evaluator.incidents.leak import Slope, trend
+from evaluator.incidents.memory import MemoryComparison, compare_memory
 from evaluator.incidents.model import (
     KINDS,
     MEMORY_SERIES,
@@ -38,12 +39,14 @@ from evaluator.incidents.model import (
     utc_window,
 )
 from evaluator.incidents.restarts import detect_restarts, process_starts, restart_times
+from evaluator.incidents.upgrades import upgrade_table
 from evaluator.rates import (
     By,
     RateComparison,
     bucket_label,
     bucket_length,
     buckets_between,
+    compare_dispersed_rates,
     compare_failure_shares,
     compare_poisson_rates,
     overlap_s,
@@ -194,6 +197,66 @@ def bucket_table(
     return rows
 
 
+def episodes(findings: Sequence[Finding], gap_s: float) -> list[Finding]:
+    """The findings as episodes: per role and kind, an incident starting within ``gap_s`` of
+    the end of the previous one joins its episode (a crash loop of ten restarts, or a run of
+    hangs over one bad hour, is one event). Each episode is its first finding, its evidence
+    saying how many incidents it holds."""
+    out: list[Finding] = []
+    last: dict[tuple[str, str], tuple[int, float]] = {}
+    for f in sorted(findings, key=lambda f: (f.started_at, f.engine, f.kind)):
+        key = (f.role, f.kind)
+        start, end = unix_s(f.started_at), unix_s(f.end_or_start)
+        prev = last.get(key)
+        if prev is not None and start - prev[1] <= gap_s:
+            i = prev[0]
+            n = int(out[i].evidence.get("episode_incidents", 1)) + 1
+            out[i] = replace(out[i], evidence={**out[i].evidence, "episode_incidents": n})
+            last[key] = (i, max(prev[1], end))
+        else:
+            out.append(replace(f, evidence={**f.evidence, "episode_incidents": 1}))
+            last[key] = (len(out) - 1, end)
+    return out
+
+
+def daily_counts(
+    starts: Sequence[float], exposure: Sequence[tuple[float, float]], window: Window
+) -> tuple[list[float], list[float]]:
+    """Events and observed days per UTC day of ``window`` (for the overdispersion)."""
+    lo, hi = utc_window(window)
+    xs, ts = [], []
+    for b in buckets_between(lo, hi, "day"):
+        s = max(unix_s(b), unix_s(lo))
+        e = min(unix_s(b + bucket_length("day")), unix_s(hi))
+        xs.append(float(sum(1 for t in starts if s <= t < e)))
+        ts.append(overlap_s(exposure, s, e) / 86400.0)
+    return xs, ts
+
+
+def failure_comparison(data: DetectionInput, level: float) -> RateComparison | None:
+    """``errors.rate_ratio``: failed shares compared with the overdispersion of the per-day
+    failure counts (bursts) when the loader gave them, else as rare Poisson events."""
+    errors = data.outcomes or {}
+    by_day = data.outcomes_by_day
+    cand, inc = errors.get("candidate", {}), errors.get("incumbent", {})
+    plain = compare_failure_shares(
+        cand.get("failed", 0), cand.get("sent", 0), inc.get("failed", 0), inc.get("sent", 0), level
+    )
+    if plain is None or not by_day:
+        return plain
+    days = sorted(set(by_day.get("candidate", {})) | set(by_day.get("incumbent", {})))
+    sides = []
+    for role in ("candidate", "incumbent"):
+        per = by_day.get(role, {})
+        sides.append(
+            (
+                [float(per.get(d, (0, 0))[1]) for d in days],
+                [float(per.get(d, (0, 0))[0]) for d in days],
+            )
+        )
+    return compare_dispersed_rates(sides[0][0], sides[0][1], sides[1][0], sides[1][1], level)
+
+
 @dataclass
 class IncidentSection:
     """Incidents of one deployment over one window: what :func:`incident_section` returns."""
@@ -211,6 +274,13 @@ class IncidentSection:
     memory: dict[str, dict[str, Slope]]
     stored_new: int = 0
     truncated: bool = False
+    memory_comparison: MemoryComparison | None = None
+    """Growth compared between the engines, levels and peaks per version."""
+    upgrades: list[dict[str, Any]] = field(default_factory=list)
+    """Per version change: the role's incident episodes and failures before and after it."""
+    process_starts: dict[str, list[float]] = field(default_factory=dict)
+    """Per role, every process start seen (Unix seconds): the first start and each restart,
+    for the latency's warm-up exclusion."""
 
     def count(self, role: str, kind: str) -> int:
         return sum(1 for f in self.findings if f.role == role and f.kind == kind)
@@ -221,17 +291,28 @@ class IncidentSection:
         for kind in KINDS:
             c = self.comparisons.get(kind)
             n_c, n_i = self.count("candidate", kind), self.count("incumbent", kind)
+            e_c = c.x1 if c is not None else n_c
+            e_i = c.x2 if c is not None else n_i
+            dispersion = (
+                ""
+                if c is None or c.dispersion == 1.0
+                else f" on counts divided by the overdispersion {c.dispersion:.3g} of the"
+                " per-day counts"
+            )
             out.append(
                 Measurement(
                     key=f"incidents.{kind}.rate_ratio",
                     value=None if c is None else c.ratio,
                     interval=None if c is None else c.interval,
-                    n=n_c + n_i,
+                    n=e_c + e_i,
                     unit="ratio",
                     detail=(
-                        f"candidate {n_c} in {days.get('candidate', 0.0):.2f} observed days vs"
-                        f" incumbent {n_i} in {days.get('incumbent', 0.0):.2f}; exact"
-                        " conditional binomial test"
+                        f"candidate {e_c} episode(s) ({n_c} incidents) in"
+                        f" {days.get('candidate', 0.0):.2f} observed days vs incumbent {e_i}"
+                        f" ({n_i}) in {days.get('incumbent', 0.0):.2f}; incidents of a kind"
+                        f" within {self.config.episode_gap_s / 60:g} min of the previous are one"
+                        " episode; exact conditional binomial test"
+                        + dispersion
                         + ("" if c is None else f", p = {c.p_value:.3g}")
                     ),
                 )
@@ -247,6 +328,8 @@ class IncidentSection:
                 )
             )
         out.append(self._leak_measurement())
+        if self.memory_comparison is not None:
+            out.append(self.memory_comparison.measurement())
         e = self.error_comparison
         cand, inc = self.errors.get("candidate", {}), self.errors.get("incumbent", {})
         out.append(
@@ -261,6 +344,12 @@ class IncidentSection:
                     f" incumbent {inc.get('failed', 0)}/{inc.get('sent', 0)} (http errors,"
                     " timeouts, connection errors; a cancelled exchange is sent, not failed);"
                     " exact conditional binomial interval on rare events"
+                    + (
+                        ""
+                        if e is None or e.dispersion == 1.0
+                        else f", counts divided by the overdispersion {e.dispersion:.3g} of the"
+                        " per-day failure counts (bursts)"
+                    )
                     + ("" if e is None else f", p = {e.p_value:.3g}")
                 ),
             )
@@ -370,6 +459,10 @@ class IncidentSection:
             },
             "stored_new": self.stored_new,
             "truncated": self.truncated,
+            "upgrades": self.upgrades,
+            "memory_comparison": None
+            if self.memory_comparison is None
+            else self.memory_comparison.to_dict(),
             "measurements": [m.to_dict() for m in self.measurements()],
         }
 
@@ -399,23 +492,19 @@ def incident_section(
     lo, hi = unix_s(window[0]), unix_s(window[1])
     days = {role: overlap_s(exposure[role], lo, hi) / 86400.0 for role in ROLES}
     comparisons: dict[str, RateComparison | None] = {}
+    eps = episodes(findings, config.episode_gap_s)
     for kind in KINDS:
         if days["candidate"] > 0 and days["incumbent"] > 0:
-            x1 = sum(1 for f in findings if f.role == "candidate" and f.kind == kind)
-            x2 = sum(1 for f in findings if f.role == "incumbent" and f.kind == kind)
-            comparisons[kind] = compare_poisson_rates(
-                x1, days["candidate"], x2, days["incumbent"], config.level
-            )
+            per_role = []
+            for side in ("candidate", "incumbent"):
+                starts = [unix_s(f.started_at) for f in eps if f.role == side and f.kind == kind]
+                per_role.append(daily_counts(starts, exposure[side], window))
+            (x1, t1), (x2, t2) = per_role
+            comparisons[kind] = compare_dispersed_rates(x1, t1, x2, t2, config.level)
         else:
             comparisons[kind] = None
     errors = data.outcomes
-    error_comparison = compare_failure_shares(
-        errors["candidate"]["failed"],
-        errors["candidate"]["sent"],
-        errors["incumbent"]["failed"],
-        errors["incumbent"]["sent"],
-        config.level,
-    )
+    error_comparison = failure_comparison(data, config.level)
     memory_points = data.memory_by_engine()
     health = data.health_by_engine()
     restarts: dict[str, list[float]] = defaultdict(list)
@@ -431,6 +520,7 @@ def incident_section(
                 best = memory.setdefault(role, {}).get(series)
                 if best is None or s.mb_per_hour > best.mb_per_hour:
                     memory[role][series] = s
+    memory_comparison = compare_memory(memory_points, health, roles, restarts, config.leak_params)
     return IncidentSection(
         deployment=deployment,
         window=window,
@@ -445,4 +535,10 @@ def incident_section(
         memory=memory,
         stored_new=stored_new,
         truncated=data.truncated,
+        memory_comparison=memory_comparison,
+        upgrades=upgrade_table(findings, eps, exposure, window, data.outcomes_by_day, config.level),
+        process_starts={
+            role: sorted(t for eng, ts in restarts.items() if roles.get(eng) == role for t in ts)
+            for role in ROLES
+        },
     )

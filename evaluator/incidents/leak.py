@@ -699,3 +699,104 @@ def trend(
         if best is None or s.end - s.start > best.end - best.start:
             best = s
     return best
+
+
+@dataclass(frozen=True)
+class Growth:
+    """A series' memory growth over every process life: the epochs' least-squares slopes (each
+    after its warm-up, standard error widened for AR(1) noise) pooled by inverse variance."""
+
+    mb_per_hour: float
+    se: float
+    """Standard error of the pooled slope (MB/hour), widened for autocorrelation."""
+    n_eff: float
+    """Effective number of independent bins behind it (sum over epochs of n (1 - rho) /
+    (1 + rho))."""
+    epochs: int
+    hours: float
+    """Hours of memory data the slope was fitted on (warm-ups left out)."""
+    rho: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "mb_per_hour": self.mb_per_hour,
+            "se": self.se,
+            "n_eff": self.n_eff,
+            "epochs": self.epochs,
+            "hours": self.hours,
+            "rho": self.rho,
+        }
+
+
+def growth(
+    t_s: Floats,
+    values: Floats,
+    restarts: Floats = (),
+    params: LeakParams = LeakParams(),
+) -> Growth | None:
+    """The series' growth over all its epochs (None without an epoch of ``min_points`` bins
+    after its warm-up). Each epoch is cut and its warm-up skipped as :func:`find_leaks` does
+    (``warmup_s``, then the data-driven refill test); its least-squares slope has the standard
+    error sqrt(var / Sxx) x sqrt((1 + rho) / (1 - rho)) with the series' noise (variance and
+    rho as in :func:`noise`, the epoch's own variance when larger); the epochs are pooled by
+    inverse variance. A leak that grows through each process life raises it; saturating
+    refills are left out; flat memory gives ~0 with a standard error that shrinks with the
+    hours seen."""
+    order = np.argsort(np.asarray(t_s, dtype=float), kind="stable")
+    t_all = np.asarray(t_s, dtype=float)[order]
+    y_all = np.asarray(values, dtype=float)[order]
+    if not len(t_all):
+        return None
+    data_end = float(t_all[-1]) + params.bin_s / 2.0
+    epochs: list[tuple[_Epoch, float]] = []
+    for lo, hi, i, j in split_at(t_all, restarts):
+        tb, yb = binned(t_all[i:j], y_all[i:j], params.bin_s)
+        if len(tb) < params.min_points:
+            continue
+        epoch = _Epoch(tb, yb, lo, hi, min(hi, data_end))
+        start = max(lo + params.warmup_s, float(tb[0])) if math.isfinite(lo) else float(tb[0])
+        if start < epoch.end:
+            epochs.append((epoch, start))
+    blocks = [e.noise_blocks(start, params) for e, start in epochs]
+    noise_var, noise_rho = noise(np.concatenate(blocks) if blocks else np.zeros((0, 3)))
+    inflation = (1.0 + noise_rho) / (1.0 - noise_rho)
+    slopes, variances, n_eff, hours = [], [], 0.0, 0.0
+    for epoch, start in epochs:
+        epoch.noise_var, epoch.noise_rho = noise_var, noise_rho
+        if math.isfinite(epoch.lo):
+            settled = epoch.settled(start, params)
+            if settled is None:
+                continue
+            start = settled
+        a = int(np.searchsorted(epoch.t_h, epoch.hours([start])[0], side="left"))
+        b = len(epoch.t_h)
+        if b - a < params.min_points:
+            continue
+        slope, var, sxx, _ = epoch.sums.fit(np.array([a]), np.array([b]))
+        if not (sxx[0] > 0):
+            continue
+        v = max(float(var[0]), noise_var) / float(sxx[0]) * inflation
+        if not v > 0:
+            v = 1e-12
+        slopes.append(float(slope[0]))
+        variances.append(v)
+        n_eff += (b - a) / inflation
+        hours += float(epoch.t_h[b - 1] - epoch.t_h[a])
+    if not slopes:
+        return None
+    w = 1.0 / np.asarray(variances)
+    pooled = float(np.sum(w * np.asarray(slopes)) / np.sum(w))
+    return Growth(pooled, float(math.sqrt(1.0 / np.sum(w))), n_eff, len(slopes), hours, noise_rho)
+
+
+def excess_growth(
+    candidate: Growth, incumbent: Growth, level: float = 0.95
+) -> tuple[float, float, float]:
+    """(candidate - incumbent slope, low, high): the difference of two independent pooled
+    slopes, its standard error the root of the sum of their squares, the quantile Student's t
+    on the smaller effective sample size less 2 (at least 1 degree of freedom)."""
+    diff = candidate.mb_per_hour - incumbent.mb_per_hour
+    se = math.hypot(candidate.se, incumbent.se)
+    df = max(min(candidate.n_eff, incumbent.n_eff) - 2.0, 1.0)
+    q = float(stats.t.ppf(1.0 - (1.0 - level) / 2.0, df))
+    return diff, diff - q * se, diff + q * se

@@ -7,6 +7,7 @@ The SQL runs on PostgreSQL and SQLite. Store failures surface as
 from __future__ import annotations
 
 import math
+import re
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from typing import Any
@@ -115,14 +116,48 @@ def burst_candidates(events: Sequence[ExchangeEvent], config: IncidentConfig) ->
     return out
 
 
-def _count_failures(conn: Connection, in_window: tuple[Any, ...]) -> Counter[str]:
+def _failed(timeout_s: float) -> Any:
+    """SQL: the exchange failed, or (the incumbent, whose answer the mirror never cuts) ran past
+    the shadow timeout: both roles censored alike."""
     x = EXCHANGES.c
-    q = (
-        select(x.role, func.count())
-        .where(*in_window, x.status.in_(FAILED_STATUSES))
-        .group_by(x.role)
+    return or_(
+        x.status.in_(FAILED_STATUSES),
+        and_(x.role == "incumbent", x.status == "ok", x.e2e_s >= timeout_s),
     )
-    return Counter({role: int(n) for role, n in conn.execute(q)})
+
+
+def _count_failures(
+    engine: Engine, conn: Connection, in_window: tuple[Any, ...], timeout_s: float
+) -> Counter[tuple[str, int]]:
+    x = EXCHANGES.c
+    day = epoch_bin(engine, x.sent_at, 86400)
+    q = (
+        select(x.role, day, func.count())
+        .where(*in_window, _failed(timeout_s))
+        .group_by(x.role, day)
+    )
+    return Counter({(role, int(d)): int(n) for role, d, n in conn.execute(q)})
+
+
+DEFAULT_SHADOW_TIMEOUT_S = 120.0
+"""The mirror's default ``shadow.timeout_s``."""
+_TIMEOUT_RE = re.compile(r"within ([0-9.]+)\s*s")
+
+
+def shadow_timeout(conn: Connection, deployment: str, config: IncidentConfig) -> float:
+    """The shadow timeout both roles are censored at: the configured one, else the one the
+    mirror wrote into the candidate's timeout errors ("no complete answer within 120.0s"),
+    else the mirror's default."""
+    if config.shadow_timeout_s is not None:
+        return float(config.shadow_timeout_s)
+    x = EXCHANGES.c
+    error = conn.execute(
+        select(x.error)
+        .where(x.deployment == deployment, x.role == "candidate", x.status == "timeout")
+        .limit(1)
+    ).scalar()
+    match = _TIMEOUT_RE.search(error or "")
+    return float(match.group(1)) if match else DEFAULT_SHADOW_TIMEOUT_S
 
 
 MAX_EVENTS = 200_000
@@ -225,12 +260,15 @@ def load_detection_input(
     x = EXCHANGES.c
     in_window = (x.deployment == deployment, x.sent_at >= lo, x.sent_at < hi)
     # Per role: an index-only scan of (deployment, role, sent_at), parallel on PostgreSQL.
+    sent_day = epoch_bin(engine, x.sent_at, 86400)
     totals_q = (
-        select(x.role, func.count(), func.min(x.sent_at), func.max(x.sent_at))
+        select(x.role, sent_day, func.count(), func.min(x.sent_at), func.max(x.sent_at))
         .where(*in_window)
-        .group_by(x.role)
+        .group_by(x.role, sent_day)
     )
     itl = max_itl(engine)
+    with translate(), engine.connect() as conn:
+        timeout_s = shadow_timeout(conn, deployment, config)
     events_q = (
         select(
             x.engine,
@@ -250,6 +288,7 @@ def load_detection_input(
             or_(
                 x.status != "ok",
                 x.ttft_s >= config.hang_stall_s,
+                x.e2e_s >= timeout_s,
                 # A gap that long makes the whole answer at least that long: the cheap test
                 # first, the per-row array scan only for the few that pass it.
                 and_(x.e2e_s >= config.hang_stall_s, gap_at_least(engine, config.hang_stall_s)),
@@ -281,18 +320,17 @@ def load_detection_input(
                 )
             )
         sent = SentCounts(60.0, by_role=True)
-        role_sent: dict[str, int] = {}
-        for role, n, first, last in conn.execute(totals_q):
-            role_sent[role] = int(n)
+        role_sent: Counter[str] = Counter()
+        sent_by_day: Counter[tuple[str, int]] = Counter()
+        for role, day, n, first, last in conn.execute(totals_q):
+            role_sent[role] += int(n)
+            sent_by_day[(role, int(day))] += int(n)
             key = sent.key("", role)
             a, b = unix_s(first), unix_s(last)
             old = sent.extent.get(key, (a, b))
             sent.extent[key] = (min(a, old[0]), max(b, old[1]))
             sent.totals[key] = sent.totals.get(key, 0) + int(n)
-        events = [
-            ExchangeEvent(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8])
-            for r in conn.execute(events_q)
-        ]
+        events = [_censored(r, timeout_s) for r in conn.execute(events_q)]
         # Exchanges sent per minute, only around failures (where an error burst could be).
         ranges = spans_around(
             burst_candidates(events, config),
@@ -316,11 +354,26 @@ def load_detection_input(
         sent.bins = binned.bins
         truncated = len(events) > max_events
         if truncated:
-            failed_by_role = _count_failures(conn, in_window)
+            failed_by_day = _count_failures(engine, conn, in_window, timeout_s)
         else:
-            failed_by_role = Counter(e.role for e in events if e.status in FAILED_STATUSES)
+            failed_by_day = Counter(
+                (e.role, int(unix_s(e.sent_at) // 86400))
+                for e in events
+                if e.status in FAILED_STATUSES
+            )
+    failed_by_role: Counter[str] = Counter()
+    for (role, _), n in failed_by_day.items():
+        failed_by_role[role] += n
     outcomes = {
         role: {"sent": role_sent.get(role, 0), "failed": int(failed_by_role.get(role, 0))}
+        for role in ROLES
+    }
+    outcomes_by_day = {
+        role: {
+            day: (n, int(failed_by_day.get((role, day), 0)))
+            for (r, day), n in sorted(sent_by_day.items())
+            if r == role
+        }
         for role in ROLES
     }
     role_of: dict[str, str] = {}
@@ -337,4 +390,19 @@ def load_detection_input(
         role_of=role_of,
         truncated=truncated,
         outcomes=outcomes,
+        outcomes_by_day=outcomes_by_day,
+        shadow_timeout_s=timeout_s,
     )
+
+
+def _censored(r: Any, timeout_s: float) -> ExchangeEvent:
+    """The exchange event of a row; an incumbent answer that ran past the shadow timeout is
+    the timeout the candidate would have had (both roles censored alike)."""
+    status, error = r[3], r[5]
+    if r[1] == "incumbent" and status == "ok" and r[7] is not None and r[7] >= timeout_s:
+        status = "timeout"
+        error = (
+            f"ran {r[7]:.1f}s, past the shadow timeout of {timeout_s:g}s: censored there as"
+            " the candidate's answer is"
+        )
+    return ExchangeEvent(r[0], r[1], r[2], status, r[4], error, r[6], r[7], r[8])

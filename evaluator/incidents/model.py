@@ -88,6 +88,13 @@ class IncidentConfig:
     hang_health_latency_s: float = 5.0
     hang_min_events: int = 1
     level: float = 0.95
+    episode_gap_s: float = 1800.0
+    """Incidents of one kind on one role starting within this of the previous one's end are one
+    episode (a crash loop is one event, not ten) when rates are compared."""
+    shadow_timeout_s: float | None = None
+    """The mirror's ``shadow.timeout_s``: both roles are censored there (an incumbent answer
+    that ran longer counts as the timeout the candidate would have had). None: read from the
+    candidate's timeout errors, else the mirror's default 120 s."""
 
     def for_time_scale(self, scale: float) -> IncidentConfig:
         """The same detection for a simulator running ``scale`` simulated seconds per real
@@ -110,6 +117,7 @@ class IncidentConfig:
             leak_warmup_min=self.leak_warmup_min / scale,
             leak_bin_s=self.leak_bin_s / scale,
             burst_window_s=self.burst_window_s / scale,
+            episode_gap_s=self.episode_gap_s / scale,
         )
 
     @property
@@ -327,6 +335,11 @@ class DetectionInput:
     """Per role (incumbent, candidate): exchanges ``sent`` (all, read from the index) and
     ``failed`` (http_error, timeout, connection_error), for ``errors.rate_ratio``; None when
     not loaded."""
+    outcomes_by_day: dict[str, dict[int, tuple[int, int]]] | None = None
+    """Per role: UTC day (days since the Unix epoch) -> (sent, failed), for the overdispersion
+    of the failures (bursts); None when not loaded."""
+    shadow_timeout_s: float | None = None
+    """The timeout both roles were censored at when loading (None: not censored)."""
 
     def roles(self) -> dict[str, str]:
         roles = dict(self.role_of)

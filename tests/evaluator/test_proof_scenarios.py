@@ -74,7 +74,8 @@ class Run:
 
     def review(self, **analyses: Any) -> Review:
         window = resolve_window(self.engine, DEP)
-        policy = default_policy().with_minimums(min_pairs=50, min_days=0.0)
+        # A run of minutes is one look: the whole plan (horizon) is the run.
+        policy = default_policy().with_minimums(min_pairs=50, min_days=0.0, horizon_days=1.0)
         return build_review(
             self.engine,
             DEP,
@@ -279,8 +280,14 @@ def test_leak_rate_within_20_percent(tmp_path: Path) -> None:
     assert m["incidents.leak.candidate_count"].value == 1
     slope = m["incidents.leak.candidate_mb_per_hour"].value
     assert slope is not None and abs(slope - expected) <= 0.2 * expected, (slope, expected)
+    # Compared with the incumbent (flat memory): the candidate grows the injected rate faster.
+    excess = m["incidents.leak.excess_mb_per_hour"]
+    assert excess.value is not None and abs(excess.value - expected) <= 0.2 * expected, (
+        review.sections["incidents"]["memory_comparison"]
+    )
+    assert excess.interval is not None and excess.interval.contains(excess.value)
     leak_rule = next(
-        r for r in review.verdict.results if r.criterion.key == "incidents.leak.candidate_count"
+        r for r in review.verdict.results if r.criterion.key == "incidents.leak.excess_mb_per_hour"
     )
     assert leak_rule.outcome is Outcome.FAIL
 

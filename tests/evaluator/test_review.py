@@ -149,6 +149,25 @@ def test_default_window_covers_all_the_data(sqlite_engine: Engine) -> None:
         resolve_window(sqlite_engine, "x")
 
 
+def test_default_window_keeps_the_last_pairs_replay(sqlite_engine: Engine) -> None:
+    """The mirror sends a pair's incumbent, then its candidate, then its replay, microseconds
+    apart; the default window must still hold the last pair's replay (a window ending just
+    after the last candidate left it out: on real vLLM, 49 of 50 replays were judged)."""
+    pair = uuid.uuid4()
+    sent = {"incumbent": T0, "candidate": T0 + timedelta(microseconds=40)}
+    sent["replay"] = sent["candidate"] + timedelta(microseconds=60)
+    write_exchanges(
+        sqlite_engine,
+        [
+            exchange(deployment=DEP, pair_id=pair, role=role, engine=f"e@{role}", sent_at=at)
+            for role, at in sent.items()
+        ],
+    )
+    start, end = resolve_window(sqlite_engine, DEP)
+    assert start == sent["candidate"] and sent["replay"] < end
+    assert end - sent["replay"] == timedelta(microseconds=1)
+
+
 def test_three_days_of_data_count_three_days(sqlite_engine: Engine) -> None:
     # Pairs every 10 minutes over exactly three days, the first 5 minutes
     # after the window's start and the last 5 minutes before its end: 2.993 days apart, which

@@ -195,6 +195,9 @@ def synthetic_aa(seed: int, pairs: int = 3000, exchanges: int = 20000) -> list[M
     )
     out.append(rate_measurement("incidents.hang.candidate_rate", 0, 30.0, 0.95, "", ""))
     out.append(Measurement("incidents.leak.candidate_count", 0, None, 0, "count"))
+    out.append(
+        Measurement("incidents.leak.excess_mb_per_hour", 0.0, Interval(-5.0, 5.0), 100, "MB/hour")
+    )
     # Divergence: both sides differ from the incumbent at the same noise rate.
     noise = 0.01
     d_c, d_r = rng.binomial(pairs, noise), rng.binomial(pairs // 4, noise)

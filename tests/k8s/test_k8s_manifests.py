@@ -11,6 +11,8 @@ import pytest
 import yaml
 from k8s_tools import find
 
+from shadow_ab.dev.engines.vllm_cpu import VLLM_CPU_VERSION
+
 pytestmark = pytest.mark.timeout(900)
 
 Docs = dict[str, list[dict[str, Any]]]
@@ -46,7 +48,8 @@ def test_engines_share_one_gpu_with_an_explicit_split(overlay: str, docs: Docs) 
     pod = _pod(engines)
     incumbent, candidate = pod["containers"]
     assert (incumbent["name"], candidate["name"]) == ("incumbent", "candidate")
-    assert incumbent["image"].startswith("vllm/vllm-openai:v")
+    # the vLLM version the real-engine tests run and the simulator's fixtures were recorded from
+    assert incumbent["image"] == f"vllm/vllm-openai:v{VLLM_CPU_VERSION}"
     assert candidate["image"].startswith("nvcr.io/nvidia/tensorrt-llm/release:")
     # Time-slicing: one replica of the same physical GPU per container, on one-GPU nodes.
     for c in (incumbent, candidate):

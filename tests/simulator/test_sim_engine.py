@@ -93,7 +93,7 @@ def test_engine_steps_to_completion() -> None:
 
     e = asyncio.run(run())
     assert e.stats.generation_tokens_total == 10
-    assert e.stats.success == {"stop": 1, "length": 0, "abort": 0}
+    assert e.stats.success == {"stop": 1, "length": 0, "abort": 0, "error": 0, "repetition": 0}
     assert e.kv_reserved == 0 and not e.running
     assert [s["iter"] for s in e.stats.iterations] == [1, 2, 3, 4, 5]  # TRT-LLM stats
     assert [s["numCompletedRequests"] for s in e.stats.iterations] == [0, 0, 0, 0, 1]
@@ -155,7 +155,8 @@ def test_client_disconnect_aborts_the_request() -> None:
         deadline = time.monotonic() + 10
         while (
             metric(
-                'vllm:request_success_total{model_name="sim-llama-3-8b-instruct",engine="0",finished_reason="abort"}'
+                'vllm:request_success_total{engine="0",finished_reason="abort",'
+                'model_name="sim-llama-3-8b-instruct"}'
             )
             < 1
         ):

@@ -172,7 +172,7 @@ def test_leak_grows_at_the_set_rate_per_simulated_hour_vllm() -> None:
     (t0, m0), (t2, m2) = samples[0], samples[-1]
     slope_mb_per_hour = (m2 - m0) / (1024 * 1024) / ((t2 - t0) / 3600.0)
     assert slope_mb_per_hour == pytest.approx(1000, rel=0.01)
-    assert json.loads(version) == {"version": "0.11.0", "sim_time_scale": 3600.0}
+    assert json.loads(version) == {"version": "0.32.0", "sim_time_scale": 3600.0}
     assert leak[0]["params"] == {"mb_per_hour": 1000.0, "target": "cpu"}
     assert leak[0]["time_scale"] == 3600.0
 
@@ -218,18 +218,18 @@ def test_drift_slows_decode_over_time() -> None:
 
 
 def test_version_change_in_place() -> None:
-    overrides = with_faults({"kind": "version_change", "at_s": [2.0], "to_version": "0.11.1"})
+    overrides = with_faults({"kind": "version_change", "at_s": [2.0], "to_version": "0.32.1"})
     with running_sim("vllm", "clean", overrides=overrides) as sim:
         wait_for(
-            lambda: json.loads(http_get(sim.base_url + "/version")[1])["version"] == "0.11.1",
+            lambda: json.loads(http_get(sim.base_url + "/version")[1])["version"] == "0.32.1",
             10,
             "the new version",
         )
         change = events(sim, "fault", "version_change")
         assert len(events(sim, "start")) == 1
     assert change[0]["params"] == {
-        "from_version": "0.11.0",
-        "to_version": "0.11.1",
+        "from_version": "0.32.0",
+        "to_version": "0.32.1",
         "restart": False,
     }
 

@@ -47,7 +47,7 @@ def test_flavor_overrides_deep_merge() -> None:
     t = resolve(raw, "trtllm")
     v = resolve(raw, "vllm")
     assert (t.latency.decode_ms, t.latency.noise, t.reported_version) == (6, 0.1, "1.2.0rc1")
-    assert (v.latency.decode_ms, v.reported_version) == (8, "0.11.0")
+    assert (v.latency.decode_ms, v.reported_version) == (8, "0.32.0")
 
 
 @pytest.mark.parametrize(

@@ -1,7 +1,8 @@
 """Wire details of the vLLM flavor, each pinned to the vLLM source it was checked against
-(vLLM 0.11: ``vllm/entrypoints/openai/serving_chat.py``, ``serving_completion.py``,
-``protocol.py``, ``api_server.py``, ``vllm/v1/engine/logprobs.py``,
-``vllm/v1/metrics/loggers.py``), plus TensorRT-LLM's optional ``/prometheus/metrics``
+(vLLM 0.11's ``vllm/entrypoints/openai/serving_chat.py``, ``serving_completion.py``,
+``protocol.py``, ``vllm/v1/engine/logprobs.py``, ``vllm/v1/metrics/loggers.py``, moved to what
+vLLM 0.32.0 answers: ``tests/fixtures/vllm-0.32.0/``, recorded from the real server, and
+``test_sim_fixtures.py``), plus TensorRT-LLM's optional ``/prometheus/metrics``
 (``tensorrt_llm/serve/openai_server.py``, ``tensorrt_llm/metrics/collector.py``)."""
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from simulator.wire import chat_prompt, completion_prompts
 MODEL = "sim-llama-3-8b-instruct"
 MESSAGES = [{"role": "user", "content": "Where is New York?"}]
 USAGE_KEYS = {"prompt_tokens", "total_tokens", "completion_tokens"}
+CHAT_STREAM_USAGE_KEYS = USAGE_KEYS | {"completion_tokens_details"}  # 0.32, null
 
 
 def post(sim: RunningSim, path: str, body: dict[str, Any]) -> tuple[int, bytes]:
@@ -57,10 +59,11 @@ def vllm() -> Iterator[RunningSim]:
 
 def test_chat_stream_chunk_shapes(vllm: RunningSim) -> None:
     """serving_chat.py chat_completion_stream_generator: the role chunk per choice is
-    ``DeltaMessage(role=role, content="")`` with ``logprobs=None, finish_reason=None``; chunks
-    are dumped with ``exclude_unset=True`` (``stop_reason`` set only on a choice's finishing
-    chunk; continuous usage ``UsageInfo(prompt_tokens, completion_tokens, total_tokens)`` with
-    no ``prompt_tokens_details`` key, counting ``previous_num_tokens[i]`` of that choice); the
+    ``DeltaMessage(role=role, content="")`` with ``logprobs=None, finish_reason=None`` (0.32:
+    and ``prompt_token_ids``/``prompt_text`` null); chunks are dumped with ``exclude_unset=True``
+    (``stop_reason`` set only on a choice's finishing chunk, 0.32: ``token_ids`` null on each;
+    continuous usage ``prompt_tokens, total_tokens, completion_tokens`` and, 0.32,
+    ``completion_tokens_details`` null, counting ``previous_num_tokens[i]`` of that choice); the
     final usage chunk (``choices: []``) is dumped with ``exclude_none=True``."""
     status, body = post(
         vllm,
@@ -83,7 +86,8 @@ def test_chat_stream_chunk_shapes(vllm: RunningSim) -> None:
     roles = [e for e in evs if e["choices"] and "role" in e["choices"][0]["delta"]]
     assert sorted(e["choices"][0]["index"] for e in roles) == [0, 1]
     for e in roles:
-        assert set(e) == {"id", "object", "created", "model", "choices", "usage"}
+        assert list(e) == ["id", "object", "created", "model", "choices", "usage",
+                           "prompt_token_ids", "prompt_text"]  # fmt: skip
         assert e["object"] == "chat.completion.chunk"
         assert e["choices"][0] == {
             "index": e["choices"][0]["index"],
@@ -92,20 +96,22 @@ def test_chat_stream_chunk_shapes(vllm: RunningSim) -> None:
             "finish_reason": None,
         }
         assert e["usage"] == {"prompt_tokens": n_prompt, "total_tokens": n_prompt,
-                              "completion_tokens": 0}  # fmt: skip
+                              "completion_tokens": 0,
+                              "completion_tokens_details": None}  # fmt: skip
     counted = {0: 0, 1: 0}
     finished = set()
     for e in evs[len(roles) : -1]:
         (ch,) = e["choices"]
         i = ch["index"]
         counted[i] += len(ch["logprobs"]["content"])
-        assert set(e["usage"]) == USAGE_KEYS
+        assert set(e["usage"]) == CHAT_STREAM_USAGE_KEYS
         assert e["usage"]["completion_tokens"] == counted[i]  # this choice only
         assert e["usage"]["prompt_tokens"] == n_prompt
         if ch["finish_reason"] is None:
-            assert set(ch) == {"index", "delta", "logprobs", "finish_reason"}
+            assert list(ch) == ["index", "delta", "logprobs", "finish_reason", "token_ids"]
         else:
-            assert set(ch) == {"index", "delta", "logprobs", "finish_reason", "stop_reason"}
+            assert list(ch) == ["index", "delta", "logprobs", "finish_reason", "stop_reason",
+                                "token_ids"]  # fmt: skip
             assert ch["finish_reason"] == "length" and ch["stop_reason"] is None
             finished.add(i)
     assert finished == {0, 1} and counted == {0: 9, 1: 9}
@@ -116,10 +122,10 @@ def test_chat_stream_chunk_shapes(vllm: RunningSim) -> None:
 
 
 def test_completions_stream_chunk_shapes(vllm: RunningSim) -> None:
-    """serving_completion.py completion_stream_generator: chunks dumped with
-    ``exclude_unset=False`` (every CompletionResponseStreamChoice field, nulls included, and
-    ``usage: null`` unless continuous usage); continuous usage counts that prompt's tokens and
-    that choice's tokens; the final usage chunk is dumped with ``exclude_none=True``."""
+    """serving_completion.py completion_stream_generator: every CompletionResponseStreamChoice
+    field, nulls included; 0.32: no ``usage`` key unless continuous usage (0.11 had
+    ``usage: null``), whose object has the three counts only; continuous usage counts that
+    prompt's tokens and that choice's tokens; the final usage chunk leaves out nulls."""
     prompts = ["The river", "A much longer prompt about the sea and the sky"]
     status, body = post(
         vllm,
@@ -140,7 +146,7 @@ def test_completions_stream_chunk_shapes(vllm: RunningSim) -> None:
     assert counts[0] != counts[1]
     seen = {0: 0, 1: 0}
     for e in evs[:-1]:
-        assert set(e) == {"id", "object", "created", "model", "choices", "usage"}
+        assert list(e) == ["id", "object", "created", "model", "choices", "usage"]
         assert e["object"] == "text_completion"
         (ch,) = e["choices"]
         assert set(ch) == {"index", "text", "logprobs", "finish_reason", "stop_reason",
@@ -151,35 +157,38 @@ def test_completions_stream_chunk_shapes(vllm: RunningSim) -> None:
             "prompt_tokens": counts[i],
             "total_tokens": counts[i] + seen[i],
             "completion_tokens": seen[i],
-            "prompt_tokens_details": None,
         }
     final = evs[-1]
     assert final["choices"] == [] and set(final["usage"]) == USAGE_KEYS
     assert final["usage"]["completion_tokens"] == 8
     assert final["usage"]["prompt_tokens"] == sum(counts)
 
-    # without continuous usage every chunk still carries the key, as null
+    # without continuous usage no chunk carries the key (0.11: null on every chunk)
     status, body = post(
         vllm,
         "/v1/completions",
         {"model": MODEL, "prompt": "The river", "max_tokens": 3, "stream": True},
     )
-    assert all(e["usage"] is None for e in events(body))
+    assert all("usage" not in e for e in events(body))
 
 
 def test_completions_response_fields(vllm: RunningSim) -> None:
     """serving_completion.py request_output_to_completion_response: CompletionResponse with
-    ``kv_transfer_params``; each CompletionResponseChoice has ``stop_reason``, ``token_ids``,
-    ``prompt_logprobs``, ``prompt_token_ids`` (null unless asked for)."""
+    ``kv_transfer_params`` (0.32: and ``ec_transfer_params``, ``metrics``); each
+    CompletionResponseChoice has ``stop_reason``, ``token_ids``, ``prompt_logprobs``,
+    ``prompt_token_ids`` (0.32: and ``routed_experts``), null unless asked for."""
     status, body = post(
         vllm, "/v1/completions", {"model": MODEL, "prompt": "The river", "max_tokens": 3}
     )
     assert status == 200
     r = json.loads(body)
-    assert r["kv_transfer_params"] is None
+    for key in ("kv_transfer_params", "ec_transfer_params", "metrics", "service_tier"):
+        assert key in r and r[key] is None, key
     assert r["usage"]["prompt_tokens_details"] is None  # model_dump(), nothing excluded
+    assert r["usage"]["completion_tokens_details"] is None
     (ch,) = r["choices"]
-    for key in ("stop_reason", "token_ids", "prompt_logprobs", "prompt_token_ids"):
+    for key in ("stop_reason", "token_ids", "prompt_logprobs", "prompt_token_ids",
+                "routed_experts"):  # fmt: skip
         assert key in ch and ch[key] is None, key
 
 
@@ -235,11 +244,12 @@ def test_logprobs_limits_and_defaults(vllm: RunningSim) -> None:
         status, body = post(vllm, path, {"model": MODEL, "max_tokens": 2, **extra})
         assert status == 400
         err = json.loads(body)["error"]
-        assert (
-            err["message"]
-            == "Requested sample logprobs of 21, which is greater than max allowed: 20"
+        assert err["message"] == (
+            "Requested sample logprobs of 21, which is greater than max allowed: 20"
+            " (parameter=logprobs, value=21)"
         )
         assert err["type"] == "BadRequestError" and err["code"] == 400
+        assert err["param"] == "logprobs"
     base = {"model": MODEL, "messages": MESSAGES, "max_tokens": 3, "logprobs": True}
     status, body = post(vllm, "/v1/chat/completions", base)
     content = json.loads(body)["choices"][0]["logprobs"]["content"]
@@ -256,26 +266,33 @@ def test_error_bodies_and_plain_endpoints(vllm: RunningSim) -> None:
     status, body = post(vllm, "/v1/chat/completions",
                         {"model": "other", "messages": MESSAGES})  # fmt: skip
     assert status == 404
-    assert json.loads(body) == {"error": {"message": "The model `other` does not exist.",
+    assert json.loads(body) == {"error": {"message": "The model `other` does not exist. "
+                                                     f"Valid aliases: {MODEL}.",
                                           "type": "NotFoundError", "param": "model",
                                           "code": 404}}  # fmt: skip
     status, body = post(vllm, "/v1/chat/completions",
                         {"model": MODEL, "messages": MESSAGES, "max_tokens": 2,
                          "no_such_field": {"x": 1}})  # fmt: skip
     assert status == 200
-    # api_server.py validation_exception_handler: type is HTTPStatus.BAD_REQUEST.phrase
+    # 0.32: a model validator's VLLMValidationError is BadRequestError, with its parameter
     status, body = post(vllm, "/v1/chat/completions",
                         {"model": MODEL, "messages": MESSAGES,
                          "stream_options": {"include_usage": True}})  # fmt: skip
     assert status == 400
-    err = json.loads(body)["error"]
-    assert set(err) == {"message", "type", "param", "code"}
-    assert err["type"] == "Bad Request" and err["code"] == 400 and err["param"] is None
-    assert "Stream options can only be defined when `stream=True`." in err["message"]
+    assert json.loads(body)["error"] == {
+        "message": "Stream options can only be defined when `stream=True`."
+        " (parameter=stream_options)",
+        "type": "BadRequestError",
+        "param": "stream_options",
+        "code": 400,
+    }
+    # validation_exception_handler: what pydantic refuses is "Bad Request", param its location
     status, body = post(vllm, "/v1/completions", {"model": MODEL, "prompt": "x", "n": 0})
-    assert status == 400 and json.loads(body)["error"]["type"] == "Bad Request"
+    err = json.loads(body)["error"]
+    assert status == 400 and (err["type"], err["param"]) == ("Bad Request", "body.n")
+    assert err["message"].startswith("1 validation error:\n  {'type': 'greater_than_equal'")
     assert http_get(vllm.base_url + "/health") == (200, b"")
-    assert json.loads(http_get(vllm.base_url + "/version")[1]) == {"version": "0.11.0"}
+    assert json.loads(http_get(vllm.base_url + "/version")[1]) == {"version": "0.32.0"}
 
 
 def test_system_fingerprint_where_vllm_0_32_puts_it(vllm: RunningSim) -> None:
@@ -309,10 +326,11 @@ def _families(text: str) -> dict[str, str]:
 
 
 def test_vllm_metric_names_types_labels_buckets(vllm: RunningSim) -> None:
-    """v1/metrics/loggers.py PrometheusStatLogger (0.11, hidden metrics off): names, types,
-    ``labelnames=["model_name", "engine"]`` in that order, ``finished_reason`` on
-    request_success, ``build_1_2_5_buckets(max_model_len)`` for token counts, and the
-    deprecated ``time_per_output_token_seconds`` fed with the inter-token latencies."""
+    """v1/metrics/loggers.py PrometheusStatLogger, as vLLM 0.32.0 shows it: names, types, the
+    labels ``engine`` and ``model_name`` written sorted by name (0.32's prometheus_client),
+    ``finished_reason`` on request_success, ``build_1_2_5_buckets(max_model_len)`` for token
+    counts; 0.11's deprecated ``time_per_output_token_seconds`` is gone, a per-request
+    ``request_time_per_output_token_seconds`` (one observation per request) came."""
     post(vllm, "/v1/chat/completions",
          {"model": MODEL, "messages": MESSAGES, "max_tokens": 5, "n": 2})  # fmt: skip
     text = http_get(vllm.base_url + "/metrics")[1].decode()
@@ -334,8 +352,8 @@ def test_vllm_metric_names_types_labels_buckets(vllm: RunningSim) -> None:
         "vllm:request_params_n": "histogram",
         "vllm:request_params_max_tokens": "histogram",
         "vllm:time_to_first_token_seconds": "histogram",
-        "vllm:time_per_output_token_seconds": "histogram",
         "vllm:inter_token_latency_seconds": "histogram",
+        "vllm:request_time_per_output_token_seconds": "histogram",
         "vllm:e2e_request_latency_seconds": "histogram",
         "vllm:request_queue_time_seconds": "histogram",
         "vllm:request_inference_time_seconds": "histogram",
@@ -346,24 +364,30 @@ def test_vllm_metric_names_types_labels_buckets(vllm: RunningSim) -> None:
     for name, kind in expected.items():
         assert fam.get(name) == kind, name
     assert "vllm:gpu_cache_usage_perc" not in fam  # hidden since 0.11
-    labels = 'model_name="sim-llama-3-8b-instruct",engine="0"'
-    for reason in ("stop", "length", "abort"):
-        assert f'vllm:request_success_total{{{labels},finished_reason="{reason}"}}' in text
+    assert "vllm:time_per_output_token_seconds" not in fam  # removed after 0.11
+    model = 'model_name="sim-llama-3-8b-instruct"'
+    labels = f'engine="0",{model}'
+    for reason in ("stop", "length", "abort", "error", "repetition"):
+        assert (
+            f'vllm:request_success_total{{engine="0",finished_reason="{reason}",{model}}}' in text
+        )
     assert f"vllm:num_requests_running{{{labels}}} 0.0" in text
-    les = re.findall(r'^vllm:request_prompt_tokens_bucket\{[^}]*le="([^"]+)"\}', text, re.M)
+    les = re.findall(r'^vllm:request_prompt_tokens_bucket\{[^}]*le="([^"]+)"', text, re.M)
     assert les == [repr(float(b)) for b in build_1_2_5_buckets(8192)] + ["+Inf"]
     assert les[-2] == "5000.0"
 
     def value(sample: str) -> float:
         return float(re.search(rf"^{re.escape(sample)} (\S+)$", text, re.M)[1])  # type: ignore[index]
 
-    itl = value(f"vllm:inter_token_latency_seconds_count{{{labels}}}")
-    assert itl > 0 and value(f"vllm:time_per_output_token_seconds_count{{{labels}}}") == itl
-    n_le = {
-        le: value(f'vllm:request_params_n_bucket{{{labels},le="{le}"}}') for le in ("1.0", "2.0")
-    }
+    def bucket(name: str, le: str) -> float:
+        return value(f'{name}_bucket{{engine="0",le="{le}",{model}}}')
+
+    requests = value(f"vllm:e2e_request_latency_seconds_count{{{labels}}}")
+    assert value(f"vllm:inter_token_latency_seconds_count{{{labels}}}") > requests > 0
+    assert value(f"vllm:request_time_per_output_token_seconds_count{{{labels}}}") == requests
+    n_le = {le: bucket("vllm:request_params_n", le) for le in ("1.0", "2.0")}
     assert n_le["2.0"] - n_le["1.0"] >= 1  # the n=2 request
-    assert value(f'vllm:request_params_max_tokens_bucket{{{labels},le="5.0"}}') >= 1
+    assert bucket("vllm:request_params_max_tokens", "5.0") >= 1
 
 
 def test_build_1_2_5_buckets() -> None:

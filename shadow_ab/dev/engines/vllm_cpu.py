@@ -533,3 +533,71 @@ def running_vllm(
         yield engine
     finally:
         engine.stop()
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """One engine of :func:`running_vllms`: its dtype and the CPUs its OpenMP threads use."""
+
+    dtype: str
+    cpus: str | None = None
+    name: str | None = None
+
+
+def own_cpus(count: int | None = None) -> tuple[str, str]:
+    """CPUs for two engines side by side: one each when the machine has two or more, else the
+    one CPU for both."""
+    count = count or os.cpu_count() or 1
+    return ("0", "1") if count >= 2 else ("0", "0")
+
+
+def start_vllms(
+    specs: Sequence[EngineSpec],
+    *,
+    home: Path | None = None,
+    seed: int = 0,
+    max_model_len: int = DEFAULT_MAX_MODEL_LEN,
+    startup_timeout: float = 900.0,
+) -> list[RunningVllm]:
+    """Start several engines at once and wait until all are healthy (starting them side by side
+    takes about as long as the slowest one alone); if any fails, all are stopped and the error
+    raised. The caller stops them (:meth:`RunningVllm.stop`)."""
+    lay = layout(home)
+    engines: list[RunningVllm] = []
+    try:
+        for spec in specs:
+            port = free_port()
+            name = spec.name or f"{spec.dtype}-{port}"
+            engine = start_vllm(
+                lay, name=name, dtype=spec.dtype, cpus=spec.cpus, port=port, seed=seed,
+                max_model_len=max_model_len,
+            )  # fmt: skip
+            engines.append(engine)
+        deadline = time.monotonic() + startup_timeout
+        for engine in engines:
+            wait_healthy(engine, max(1.0, deadline - time.monotonic()))
+    except BaseException:
+        for engine in engines:
+            engine.stop()
+        raise
+    return engines
+
+
+@contextlib.contextmanager
+def running_vllms(
+    specs: Sequence[EngineSpec],
+    *,
+    home: Path | None = None,
+    seed: int = 0,
+    max_model_len: int = DEFAULT_MAX_MODEL_LEN,
+    startup_timeout: float = 900.0,
+) -> Iterator[list[RunningVllm]]:
+    """:func:`start_vllms` for the ``with`` block; every engine is stopped at its end."""
+    engines = start_vllms(
+        specs, home=home, seed=seed, max_model_len=max_model_len, startup_timeout=startup_timeout
+    )
+    try:
+        yield engines
+    finally:
+        for engine in engines:
+            engine.stop()

@@ -1,0 +1,204 @@
+"""A generated month looked at every day with the evaluator's own functions, old rule and new.
+
+For each day ``d`` of a month from :mod:`shadow_ab.dev.months`, the window from the month's
+start to day ``d`` is judged as the review judges it: the measurements come from the same
+interval functions the analyses call (``evaluator.stats.paired_comparison`` for the TTFT p95
+ratio, ``evaluator.rates.compare_failure_shares`` and ``compare_poisson_rates`` for the error
+and crash rate ratios, ``evaluator.rates.newcombe_interval`` for the divergence excess,
+``evaluator.rates.rate_measurement`` for the candidate's own rates), at the level the policy's
+plan gives the look (:meth:`evaluator.policy.Policy.look`), and ``evaluator.verdict.decide``
+decides. When those functions change (a cluster bootstrap, episode counts, an overdispersion
+factor) the figures here follow: :func:`measurements` is the one place that calls them.
+
+The **old rule** is the verdict as it was before the sequential decision (a frozen copy below):
+every look at 95 %, NO-GO on any criterion's FAIL whatever the window's length, ``pass_if_zero``
+passing on zero candidate events alone.
+
+The simulated criteria are the default policy's on these four keys; their share of the
+family-wise budget is the default policy's (``false_nogo / 11`` each), so each criterion is
+judged at exactly the level the shipped policy gives it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from evaluator.blocks import MIN_HOURS, blocks_from_keys
+from evaluator.policy import Criterion, Policy, default_policy
+from evaluator.rates import (
+    compare_failure_shares,
+    compare_poisson_rates,
+    newcombe_interval,
+    rate_measurement,
+)
+from evaluator.results import Interval, Measurement
+from evaluator.review import data_measurements
+from evaluator.stats import BootstrapConfig, paired_comparison
+from evaluator.verdict import Decision, Outcome, decide
+from shadow_ab.dev.months import Month, divergence_counts
+
+SIMULATED = (
+    "latency.ttft.p95.ratio",
+    "errors.rate_ratio",
+    "incidents.crash.rate_ratio",
+    "divergence.excess_rate",
+)
+"""The criteria a generated month measures (the rest of the default policy is not simulated)."""
+
+
+def simulated_policy(base: Policy | None = None, keys: tuple[str, ...] = SIMULATED) -> Policy:
+    """``base`` (the default policy) cut to the simulated criteria named in ``keys``, each
+    keeping the share of the family-wise budget it has in ``base``."""
+    base = base or default_policy()
+    keep = tuple(c for c in base.criteria if c.key in keys and c.key in SIMULATED)
+    share = base.false_nogo * len(keep) / len(base.criteria)
+    return replace(base, criteria=keep, false_nogo=share, min_pairs=0)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How the latency sample and its bootstrap are sized (the review: 10 000 pairs, 999)."""
+
+    latency_pairs: int = 10_000
+    resamples: int = 999
+
+
+def measurements(
+    month: Month, day: int, level: float, settings: Settings, *, latency: bool = True
+) -> list[Measurement]:
+    """What the review measures at a look on ``day``, every interval at ``level`` (the
+    latency bootstrap, the costly part, only with ``latency``)."""
+    out: list[Measurement] = []
+    if latency:
+        out.append(ttft_p95(month, day, level, settings))
+
+    failed = {r: month.cumulative("failed", r, day) for r in ("candidate", "incumbent")}
+    sent = {r: month.cumulative("sent", r, day) for r in ("candidate", "incumbent")}
+    e = compare_failure_shares(
+        failed["candidate"], sent["candidate"], failed["incumbent"], sent["incumbent"], level
+    )
+    assert e is not None
+    out.append(Measurement("errors.rate_ratio", e.ratio, e.interval, e.x1 + e.x2, "ratio"))
+    out.append(
+        rate_measurement(
+            "errors.candidate_rate", failed["candidate"], sent["candidate"], level, "", ""
+        )
+    )
+
+    x1, x2 = (month.cumulative("crashes", r, day) for r in ("candidate", "incumbent"))
+    c = compare_poisson_rates(x1, float(day), x2, float(day), level)
+    out.append(Measurement("incidents.crash.rate_ratio", c.ratio, c.interval, x1 + x2, "ratio"))
+    out.append(rate_measurement("incidents.crash.candidate_rate", x1, float(day), level, "", ""))
+
+    rng = np.random.default_rng(day)
+    k1, n1 = divergence_counts(month, "candidate", day, rng)
+    k2, n2 = divergence_counts(month, "replay", day, rng)
+    out.append(
+        Measurement(
+            "divergence.excess_rate",
+            k1 / n1 - k2 / n2,
+            newcombe_interval(k1, n1, k2, n2, level),
+            n1,
+            "share",
+        )
+    )
+    pairs = month.cumulative("sent", "candidate", day)
+    return out + data_measurements({"pairs": pairs, "days": float(day)})
+
+
+def ttft_p95(month: Month, day: int, level: float, settings: Settings) -> Measurement:
+    """``latency.ttft.p95.ratio`` at a look on ``day``: the paired bootstrap of the review."""
+    inc, cand = month.ttft_sample(day, settings.latency_pairs)
+    config = BootstrapConfig(
+        level=level, n_resamples=settings.resamples, max_pairs=settings.latency_pairs, seed=day
+    )
+    blocks = None
+    if config.unit == "blocks" and 24 * day >= MIN_HOURS:
+        # the review's blocks: each pair's UTC day and hour (whole days, then hours, resampled)
+        take = inc.size // (24 * day)
+        hours = np.repeat(np.arange(24 * day), take)
+        blocks = blocks_from_keys([(str(h // 24), str(h)) for h in hours])
+    p95 = paired_comparison(inc, cand, config, blocks=blocks).ratios["p95"]
+    iv = None if math.isnan(p95.low) or math.isnan(p95.high) else Interval(p95.low, p95.high, level)
+    return Measurement("latency.ttft.p95.ratio", p95.value, iv, p95.n, "ratio")
+
+
+# -- the old rule, as evaluator/verdict.py had it before the sequential decision ----------
+
+
+def old_judge(c: Criterion, m: Measurement | None) -> Outcome:
+    if m is None:
+        return Outcome.INCONCLUSIVE
+    no_events = m.value is None and (m.n == 0 or m.interval is None or m.interval.low == 0)
+    if c.pass_if_zero and (m.value == 0 or no_events):
+        return Outcome.PASS
+    if m.value is None or m.n < c.min_n or m.interval is None:
+        return Outcome.INCONCLUSIVE
+    low, high = m.interval.low, m.interval.high
+    if math.isnan(low) or math.isnan(high):
+        return Outcome.INCONCLUSIVE
+    if (high <= c.threshold) if c.op == "<=" else (low >= c.threshold):
+        return Outcome.PASS
+    if (low > c.threshold) if c.op == "<=" else (high < c.threshold):
+        return Outcome.FAIL
+    return Outcome.INCONCLUSIVE
+
+
+def old_decide(policy: Policy, ms: list[Measurement], day: int) -> tuple[Decision, list[Outcome]]:
+    by_key = {m.key: m for m in ms}
+    outcomes = [old_judge(c, by_key.get(c.key)) for c in policy.criteria]
+    if Outcome.FAIL in outcomes:
+        return Decision.NO_GO, outcomes
+    if Outcome.INCONCLUSIVE in outcomes or day < policy.min_days:
+        return Decision.INCONCLUSIVE, outcomes
+    return Decision.GO, outcomes
+
+
+# -- a month of looks ---------------------------------------------------------------------
+
+
+@dataclass
+class Trace:
+    """One rule's outcomes over a month's daily looks."""
+
+    decisions: list[Decision] = field(default_factory=list)
+    outcomes: list[list[Outcome]] = field(default_factory=list)
+    """Per look, per criterion (the policy's order)."""
+
+    def nogo(self) -> bool:
+        return Decision.NO_GO in self.decisions
+
+    def go(self) -> bool:
+        return Decision.GO in self.decisions
+
+    def failed(self, i: int) -> bool:
+        return any(o[i] is Outcome.FAIL for o in self.outcomes)
+
+    def passed(self, i: int) -> bool:
+        return any(o[i] is Outcome.PASS for o in self.outcomes)
+
+    def alerted(self, i: int) -> bool:
+        return any(o[i] is Outcome.ALERT for o in self.outcomes)
+
+
+def look_month(
+    month: Month, policy: Policy, settings: Settings, *, old: bool = True
+) -> dict[str, Trace]:
+    """The month looked at every day: ``{"new": Trace, "old": Trace}``."""
+    traces = {"new": Trace(), "old": Trace()} if old else {"new": Trace()}
+    latency = any(c.key == "latency.ttft.p95.ratio" for c in policy.criteria)
+    for day in range(1, month.shape.days + 1):
+        look = policy.look(float(day))
+        ms = measurements(month, day, look.level, settings, latency=latency)
+        verdict = decide(policy, ms)
+        traces["new"].decisions.append(verdict.decision)
+        traces["new"].outcomes.append([r.outcome for r in verdict.results])
+        if old:
+            ms = measurements(month, day, 0.95, settings, latency=latency)
+            decision, outcomes = old_decide(policy, ms, day)
+            traces["old"].decisions.append(decision)
+            traces["old"].outcomes.append(outcomes)
+    return traces
