@@ -17,8 +17,8 @@ Columns:
 - peak RSS MB: the mirror's high-water mark (``VmHWM``) while attacked -- bounded by design;
 - notes: what was measured beyond the counts (a leaked secret, the server's answer ...).
 
-The poison record goes through a real ``shadow-ab ingest`` (peak RSS: the ingester's). The
-300-year API range is proven by ``tests/api/test_api_bounds.py`` (see ``tests/chaos/README.md``).
+The poison record goes through a real ``shadow-ab ingest`` and the API's hostile queries through
+a real ``shadow-ab api`` (peak RSS: theirs).
 No figure is asserted here; ``tests/chaos`` runs the scenarios in quick mode and asserts the
 targets (0 lost uncounted, recovered).
 """
@@ -392,6 +392,57 @@ def poison(ctx: Ctx) -> Row:
     )
 
 
+def api_range(ctx: Ctx) -> Row:
+    """Finding 7: a 300-year compare by day, a time at the calendar's start and a crafted
+    cursor against a real ``shadow-ab api`` (a migrated SQLite store, a ``read`` token)."""
+    from shadow_ab.dev.processes import ServingProcess, http_get
+    from storage.migrate import upgrade
+
+    db = ctx.tmp / "api.db"
+    url = f"sqlite:///{db}"
+    upgrade(url)
+    with contextlib.closing(sqlite3.connect(db)) as conn, conn:
+        conn.execute("INSERT INTO deployments (name) VALUES (?)", (DEP,))
+    token = "chaos-read-token-" + uuid.uuid4().hex
+    port = free_port()
+    cmd = [sys.executable, "-m", "shadow_ab", "api", "--port", str(port), "--database-url", url]
+    env = {**os.environ, "SHADOW_AB_API_TOKENS": json.dumps({token: ["read"]})}
+    api = ServingProcess(cmd, ctx.tmp / "api.log", "127.0.0.1", port, env=env)
+    base = f"{api.base_url}/v1/deployments/{DEP}"
+    attacks = [
+        (
+            "/incidents/compare",
+            {"since": "1990-01-01T00:00:00Z", "until": "2290-01-01T00:00:00Z", "by": "day"},
+        ),
+        ("/incidents", {"since": "0001-01-01T00:00:00Z"}),
+        ("/pairs/divergent", {"cursor": "AAAAAAAAAAAAAAAAAAAA"}),
+    ]
+    n = ctx.n(3, 30)
+    try:
+        api.wait_until(lambda: http_get(api.base_url + "/healthz")[0] == 200, "up", 60)
+        answers = []
+        with httpx.Client(timeout=60.0, headers={"authorization": f"Bearer {token}"}) as client:
+            for _ in range(n):
+                answers += [client.get(base + path, params=q) for path, q in attacks]
+            after = [client.get(base + "/incidents").status_code for _ in range(5)]
+        rss = peak_rss_mb(api.pid)
+    finally:
+        api.stop()
+    statuses = sorted({r.status_code for r in answers})
+    problems = sum(r.headers.get("content-type") == "application/problem+json" for r in answers)
+    largest = max(len(r.content) for r in answers)
+    return Row(
+        "300-year API range, calendar-edge time, crafted cursor",
+        f"{len(answers)} + 5",
+        errors(after),
+        0,
+        0,
+        errors(after) == 0 and statuses == [422],
+        rss,
+        f"answers {statuses}, {problems}/{len(answers)} problem+json, largest {largest} bytes",
+    )
+
+
 # -- exhaustion (finding 6) -------------------------------------------------------------------
 
 EDGE: dict[str, Any] = {"limits": {"header_timeout_s": 2.0, "idle_timeout_s": 2.0}}
@@ -549,6 +600,7 @@ SCENARIOS: dict[str, Callable[[Ctx], Row]] = {
     "too_large": too_large,
     "disk_full": disk_full,
     "poison": poison,
+    "api_range": api_range,
     "sigkill": sigkill,
     "sigterm": sigterm,
     "header_flood": header_flood,

@@ -66,6 +66,13 @@ def test_finding_4_sigterm_with_kafka_away_loses_nothing(ctx: chaos.Ctx) -> None
     assert row.dropped == 0
 
 
+def test_finding_7_hostile_api_queries_are_small_422_problems(ctx: chaos.Ctx) -> None:
+    row = chaos.api_range(ctx)
+    assert_targets(row)
+    assert "answers [422]" in row.notes, row
+    assert "9/9 problem+json" in row.notes, row
+
+
 @pytest.mark.parametrize("scenario", ["header_flood", "slow_headers", "idle"])
 def test_finding_6_hostile_connections_cost_bounded_memory(ctx: chaos.Ctx, scenario: str) -> None:
     row = chaos.SCENARIOS[scenario](ctx)
