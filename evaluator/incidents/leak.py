@@ -79,7 +79,7 @@ import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from scipy import stats
@@ -585,21 +585,25 @@ CONFIRM = 5
 """Strongest stretches of a leak tried in turn for the Theil-Sen confirmation."""
 
 
-def find_leaks(
-    t_s: Floats,
-    values: Floats,
-    restarts: Floats = (),
-    params: LeakParams = LeakParams(),
-) -> list[Leak]:
-    """Sustained leaks in one memory series (see the module docstring). ``restarts``: every
-    process start known (a start before the first point only sets the first epoch's warm-up)."""
-    if len(t_s) != len(values):
-        raise ValueError(f"{len(t_s)} times but {len(values)} values")
+class _SettledEpochs(NamedTuple):
+    epochs: list[tuple[int, _Epoch, float]]
+    """(index among the process lives, the epoch, where its settled part starts)."""
+    noise_var: float
+    noise_rho: float
+    data_end: float
+
+
+def _settled_epochs(
+    t_s: Floats, values: Floats, restarts: Floats, params: LeakParams
+) -> _SettledEpochs | None:
+    """A series cut at its restarts into binned epochs of ``min_points`` bins, each given the
+    series' noise (:func:`noise`) and started after its warm-up (``warmup_s``, then the
+    data-driven refill test); epochs that never settle are left out. None without data."""
     order = np.argsort(np.asarray(t_s, dtype=float), kind="stable")
     t_all = np.asarray(t_s, dtype=float)[order]
     y_all = np.asarray(values, dtype=float)[order]
     if not len(t_all):
-        return []
+        return None
     data_end = float(t_all[-1]) + params.bin_s / 2.0
     epochs: list[tuple[int, _Epoch, float]] = []
     for k, (lo, hi, i, j) in enumerate(split_at(t_all, restarts)):
@@ -612,14 +616,34 @@ def find_leaks(
             epochs.append((k, epoch, start))
     blocks = [e.noise_blocks(start, params) for _, e, start in epochs]
     noise_var, noise_rho = noise(np.concatenate(blocks) if blocks else np.zeros((0, 3)))
-    found: list[_EpochLeak] = []
+    settled: list[tuple[int, _Epoch, float]] = []
     for k, epoch, start in epochs:
         epoch.noise_var, epoch.noise_rho = noise_var, noise_rho
         if math.isfinite(epoch.lo):
-            settled = epoch.settled(start, params)
-            if settled is None:
+            begin = epoch.settled(start, params)
+            if begin is None:
                 continue
-            start = settled
+            start = begin
+        settled.append((k, epoch, start))
+    return _SettledEpochs(settled, noise_var, noise_rho, data_end)
+
+
+def find_leaks(
+    t_s: Floats,
+    values: Floats,
+    restarts: Floats = (),
+    params: LeakParams = LeakParams(),
+) -> list[Leak]:
+    """Sustained leaks in one memory series (see the module docstring). ``restarts``: every
+    process start known (a start before the first point only sets the first epoch's warm-up)."""
+    if len(t_s) != len(values):
+        raise ValueError(f"{len(t_s)} times but {len(values)} values")
+    settled = _settled_epochs(t_s, values, restarts, params)
+    if settled is None:
+        return []
+    noise_rho, data_end = settled.noise_rho, settled.data_end
+    found: list[_EpochLeak] = []
+    for k, epoch, start in settled.epochs:
         st = epoch.stretches(start, params)
         tb, yb = epoch.tb, epoch.yb
         for group in _components(st.a, st.b):
@@ -742,32 +766,13 @@ def growth(
     inverse variance. A leak that grows through each process life raises it; saturating
     refills are left out; flat memory gives ~0 with a standard error that shrinks with the
     hours seen."""
-    order = np.argsort(np.asarray(t_s, dtype=float), kind="stable")
-    t_all = np.asarray(t_s, dtype=float)[order]
-    y_all = np.asarray(values, dtype=float)[order]
-    if not len(t_all):
+    settled = _settled_epochs(t_s, values, restarts, params)
+    if settled is None:
         return None
-    data_end = float(t_all[-1]) + params.bin_s / 2.0
-    epochs: list[tuple[_Epoch, float]] = []
-    for lo, hi, i, j in split_at(t_all, restarts):
-        tb, yb = binned(t_all[i:j], y_all[i:j], params.bin_s)
-        if len(tb) < params.min_points:
-            continue
-        epoch = _Epoch(tb, yb, lo, hi, min(hi, data_end))
-        start = max(lo + params.warmup_s, float(tb[0])) if math.isfinite(lo) else float(tb[0])
-        if start < epoch.end:
-            epochs.append((epoch, start))
-    blocks = [e.noise_blocks(start, params) for e, start in epochs]
-    noise_var, noise_rho = noise(np.concatenate(blocks) if blocks else np.zeros((0, 3)))
+    noise_var, noise_rho = settled.noise_var, settled.noise_rho
     inflation = (1.0 + noise_rho) / (1.0 - noise_rho)
     slopes, variances, n_eff, hours = [], [], 0.0, 0.0
-    for epoch, start in epochs:
-        epoch.noise_var, epoch.noise_rho = noise_var, noise_rho
-        if math.isfinite(epoch.lo):
-            settled = epoch.settled(start, params)
-            if settled is None:
-                continue
-            start = settled
+    for _k, epoch, start in settled.epochs:
         a = int(np.searchsorted(epoch.t_h, epoch.hours([start])[0], side="left"))
         b = len(epoch.t_h)
         if b - a < params.min_points:
