@@ -10,7 +10,7 @@ import pytest
 from factories import exchange
 from sqlalchemy import Engine
 
-from evaluator.divergence import DivergenceConfig, analyze_divergence
+from evaluator.divergence import DivergenceConfig, analyze_divergence, sample_pair_ids
 from shadow_ab.records import ExchangeRecord, TokenLogprob
 from simulator.generate import Departure, decode, prompt_state
 from storage.write import write_exchanges
@@ -53,8 +53,11 @@ def build() -> tuple[list[ExchangeRecord], set[str], set[str]]:
         ref, _ = decode(start, 24, top_k=5)
         out.append(_rec(pid, "incumbent", sent, ref))
         if k % 5 == 0:
-            tie = k % 10 == 0
-            dep, _ = decode(start, 24, top_k=5, departure=Departure(4 + k % 13, tie))
+            tie = k % 10 == 5  # the replayed (even) pairs' departures are hard ones
+            dep, info = decode(start, 24, top_k=5, departure=Departure(4 + k % 13, tie))
+            if info is None:  # no near tie (by margin) after the drawn position: from the start
+                dep, info = decode(start, 24, top_k=5, departure=Departure(0, tie))
+            assert info is not None
             out.append(_rec(pid, "candidate", sent, dep))
             diverged.add(str(pid))
             if tie:
@@ -64,7 +67,8 @@ def build() -> tuple[list[ExchangeRecord], set[str], set[str]]:
         if k % 2 == 0:
             replay = ref
             if k % 40 == 0:
-                replay, _ = decode(start, 24, top_k=5, departure=Departure(10, True))
+                replay, info = decode(start, 24, top_k=5, departure=Departure(0, True))
+                assert info is not None
             out.append(_rec(pid, "replay", sent + timedelta(seconds=2), replay))
     return out, diverged, near
 
@@ -87,9 +91,14 @@ def test_rates_noise_floor_and_examples(store: Engine) -> None:
     assert excess.value == pytest.approx(N_DIVERGED / N_PAIRS - 5 / N_REPLAY)
     assert cand.interval is not None and cand.interval.contains(0.2)
     assert excess.interval is not None and 0 < excess.interval.low < 0.15 < excess.interval.high
+    assert excess.n == N_REPLAY  # paired: the triads (every replayed pair has a candidate)
     assert m["divergence.near_tie_share"].value == 0.5
     hard = m["divergence.hard_excess_rate"]
-    assert hard.value == pytest.approx(20 / N_PAIRS - 0.0)  # replay departures are near ties
+    # On the triads (even k): the candidate's 20 departures there are hard, the replay's 5 are
+    # near ties by margin.
+    assert hard.value == pytest.approx(20 / N_REPLAY - 0.0)
+    assert hard.interval is not None and 0.1 < hard.interval.low < 0.2 < hard.interval.high
+    assert m["divergence.length_shift"].value == 0.0
     assert m["divergence.finish_mismatch.excess"].value == 0.0
     assert m["divergence.json_invalid.excess"].value is None  # no request asked for JSON
     sim = m["divergence.edit_similarity.mean"]
@@ -103,6 +112,12 @@ def test_rates_noise_floor_and_examples(store: Engine) -> None:
     assert sum(d["histograms"]["edit_similarity"]["candidate"]) == N_PAIRS
     days = [(r["day"], r["candidate"]["pairs"]) for r in d["per_day"]]
     assert days == [("2026-11-30", 100), ("2026-12-01", 100)]
+    assert sum(r["triads"]["n"] for r in d["per_day"]) == N_REPLAY
+    assert {r["candidate"]["near_tie_share"] for r in d["per_day"]} == {0.5}
+    worst = d["worst_pairs"]
+    assert worst[0]["kind"] == "hard" and worst[0]["pair_id"] in diverged
+    assert worst[0]["link"] == f"/v1/deployments/{DEP}/pairs/{worst[0]['pair_id']}?format=html"
+    assert worst[0]["incumbent"] != worst[0]["candidate"]
 
 
 def test_sample_is_bounded_per_day(store: Engine) -> None:
@@ -140,3 +155,33 @@ def test_large_days_sample_blocks_on_postgresql(store: Engine) -> None:
     else:  # the smallest pair ids
         assert first["pairs_sampled"] == 20
     assert again == first  # reproducible
+
+
+def test_postgresql_block_sample_spans_the_day(pg_engine: Engine) -> None:
+    """TABLESAMPLE SYSTEM then LIMIT kept the first sampled blocks in table order (rows written
+    in time order: the day's first hours); ordered by pair id it spans the whole day."""
+    day = datetime(2026, 11, 2, tzinfo=UTC)
+    n = 12_000
+    pad = "lorem ipsum " * 30
+    records = [
+        exchange(
+            deployment=DEP,
+            role="candidate",
+            engine="trtllm@candidate",
+            pair_id=uuid.uuid4(),
+            sent_at=day + timedelta(seconds=k * 86_400 / n),
+            output_text=pad,
+            request={"temperature": 0.0},
+        )
+        for k in range(n)
+    ]
+    write_exchanges(pg_engine, records)
+    with pg_engine.connect() as conn:
+        conn.exec_driver_sql("ANALYZE exchanges")
+        ids = sample_pair_ids(conn, DEP, "candidate", day, day + timedelta(days=1), 100, n)
+    assert len(ids) == 100
+    sent = {r.pair_id: r.sent_at for r in records}
+    hours = sorted((sent[i] - day).total_seconds() / 3600 for i in ids)
+    late = sum(h >= 12 for h in hours) / len(hours)
+    assert hours[-1] - hours[0] > 16, hours
+    assert 0.2 < late < 0.8, hours
