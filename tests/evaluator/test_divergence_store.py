@@ -8,11 +8,12 @@ from typing import Any
 
 import pytest
 from factories import exchange
-from sqlalchemy import Engine
+from sqlalchemy import Engine, func, literal, select, tablesample
 
 from evaluator.divergence import DivergenceConfig, analyze_divergence, sample_pair_ids
 from shadow_ab.records import ExchangeRecord, TokenLogprob
 from simulator.generate import Departure, decode, prompt_state
+from storage.models import EXCHANGES
 from storage.write import write_exchanges
 
 T0 = datetime(2026, 11, 30, 22, 0, tzinfo=UTC)  # two UTC days: 22:00 .. 02:00
@@ -175,13 +176,24 @@ def test_postgresql_block_sample_spans_the_day(pg_engine: Engine) -> None:
         )
         for k in range(n)
     ]
-    write_exchanges(pg_engine, records)
+    for i in range(0, n, 200):  # batches in time order, as an ingester writes them
+        write_exchanges(pg_engine, records[i : i + 200])
+    sent = {r.pair_id: r.sent_at for r in records}
+
+    def late_share(ids: list[Any]) -> float:
+        return sum((sent[i] - day).total_seconds() >= 12 * 3600 for i in ids) / len(ids)
+
+    lo, hi = day, day + timedelta(days=1)
     with pg_engine.connect() as conn:
         conn.exec_driver_sql("ANALYZE exchanges")
-        ids = sample_pair_ids(conn, DEP, "candidate", day, day + timedelta(days=1), 100, n)
+        ids = sample_pair_ids(conn, DEP, "candidate", lo, hi, 100, n)
+        s = tablesample(EXCHANGES, func.system(2 * 100 / n * 100), name="s", seed=literal(7)).c
+        unordered = conn.execute(
+            select(s.pair_id).where(s.deployment == DEP, s.sent_at >= lo, s.sent_at < hi).limit(100)
+        ).scalars()
+        before = late_share(list(unordered))
     assert len(ids) == 100
-    sent = {r.pair_id: r.sent_at for r in records}
     hours = sorted((sent[i] - day).total_seconds() / 3600 for i in ids)
-    late = sum(h >= 12 for h in hours) / len(hours)
     assert hours[-1] - hours[0] > 16, hours
-    assert 0.2 < late < 0.8, hours
+    assert 0.2 < late_share(ids) < 0.8, hours
+    assert before < 0.1  # the same block sample without the ordering: the day's first half
