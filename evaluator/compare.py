@@ -271,23 +271,23 @@ def divergence_margin(
 ) -> Margin | None:
     """The pair's margin at the first divergence: the larger of the sides' (each side with
     logprobs judges from its own distribution); exact beats a bound of the same size. Texts
-    are aligned by characters; digested texts by token index ``first``."""
+    are aligned by characters; digested texts, or tokens that do not spell their text when both
+    sides have them, by token index ``first``."""
     found: list[Margin] = []
     a_lp, b_lp = incumbent.logprobs, other.logprobs
-    if digests:
-        if first is None or not a_lp or not b_lp or first >= min(len(a_lp), len(b_lp)):
-            return None
-        for mine, theirs in ((a_lp[first], b_lp[first]), (b_lp[first], a_lp[first])):
-            m = token_margin(mine, theirs.token)
-            if m is not None:
-                found.append(m)
-    else:
+    if not digests:
         a, b = incumbent.text or "", other.text or ""
         for lps, own, oth in ((a_lp, a, b), (b_lp, b, a)):
             if lps:
                 m = side_margin(lps, own, oth)
                 if m is not None:
                     found.append(m)
+    if not found and a_lp and b_lp and first is not None and first < min(len(a_lp), len(b_lp)):
+        # Digested tokens, or tokens that do not spell the text: align them by index.
+        for mine, theirs in ((a_lp[first], b_lp[first]), (b_lp[first], a_lp[first])):
+            m = token_margin(mine, theirs.token)
+            if m is not None:
+                found.append(m)
     if not found:
         return None
     return max(found, key=lambda m: (m[0], not m[1]))
