@@ -139,7 +139,10 @@ class _Tally:
                 "length_ratio": d.length_ratio,
             }
             if example_chars > 0:
-                example["incumbent_text"], example["other_text"] = excerpts(*texts, example_chars)
+                # Content: the query API nulls these keys (api/redact.py) without the scope.
+                example["incumbent_text"], example["candidate_text"] = excerpts(
+                    *texts, example_chars
+                )
             self.examples.append(example)
 
     def merge(self, other: _Tally) -> None:
@@ -451,8 +454,8 @@ class DivergenceSection:
                 "length_ratio": e["length_ratio"],
             }
             if "incumbent_text" in e:
-                row["incumbent"] = e["incumbent_text"]
-                row["candidate"] = e["other_text"]
+                row["incumbent_text"] = e["incumbent_text"]
+                row["candidate_text"] = e["candidate_text"]
             row["link"] = f"{base}/v1/deployments/{dep}/pairs/{e['pair_id']}?format=html"
             out.append(row)
         return out

@@ -10,6 +10,7 @@ import pytest
 from factories import exchange
 from sqlalchemy import Engine, func, literal, select, tablesample
 
+from api.redact import redact
 from evaluator.divergence import DivergenceConfig, analyze_divergence, sample_pair_ids
 from shadow_ab.records import ExchangeRecord, TokenLogprob
 from simulator.generate import Departure, decode, prompt_state
@@ -118,7 +119,10 @@ def test_rates_noise_floor_and_examples(store: Engine) -> None:
     worst = d["worst_pairs"]
     assert worst[0]["kind"] == "hard" and worst[0]["pair_id"] in diverged
     assert worst[0]["link"] == f"/v1/deployments/{DEP}/pairs/{worst[0]['pair_id']}?format=html"
-    assert worst[0]["incumbent"] != worst[0]["candidate"]
+    assert worst[0]["incumbent_text"] != worst[0]["candidate_text"]
+    # The excerpts are content: the query API nulls them for a token without the scope.
+    redacted, had_content = redact(d)
+    assert had_content and redacted["worst_pairs"][0]["candidate_text"] is None
 
 
 def test_sample_is_bounded_per_day(store: Engine) -> None:
