@@ -2,6 +2,7 @@
 
     eval "$(shadow-ab services env)"
     python bench/ingest.py [--records N] [--batch-sizes 100,1000,5000] [--workers 1,2]
+                           [--decoder msgspec,pydantic] [--inflight 1,2]
                            [--gc tuned|default|both] [--fetch-partition-kb 8192] [--repeat R]
                            [--no-parts] [--profile]
 
@@ -24,15 +25,22 @@ binary COPY into PostgreSQL, offset commit after the store commit; ``tune_gc`` u
 ``--gc default``) in one fresh consumer group, into a fresh database, until every offset is
 committed; the row count is then checked to be exactly N.
 
+``--decoder`` and ``--inflight`` compare the ingester's decoders (``SHADOW_AB_INGEST_DECODER``)
+and batches in flight per worker (``SHADOW_AB_INGEST_INFLIGHT_BATCHES``) side by side; the
+"vs first" column is each row's rate over the first row's (list the old configuration first:
+``--decoder pydantic,msgspec --inflight 1,2``), measured in the same run on the same records.
+
 The measurement starts once every worker holds partitions (so joining the group and the
 rebalances as workers join are excluded; they are printed apart as "startup") and counts the
 records committed from then on ("records measured"). The CPU columns split the machine's CPU
 time over that window per record: the ingester workers, PostgreSQL, Kafka (java), every other
 process, and idle (including I/O wait); 2 cores give 2 CPU-seconds a second.
 
-Then (unless ``--no-parts``) it splits the time per record into its parts, each measured alone
-on the same records: fetching from Kafka (consumer poll only), decode + validation, and the
-store write (storage.write.write_exchanges: row building + COPY + commit).
+Then (unless ``--no-parts``) it measures the floors, each part alone on the same records, one
+after the other in the same run: fetching from Kafka (kafka-python's consumer poll only, for
+each ``--fetch-partition-kb``), decode + validation (each decoder), and the store write
+(storage.write.write_exchanges: row building + COPY + commit), with the records/s one core
+would reach doing only that part.
 ``--profile`` prints each worker's top functions (cProfile) for the 1,000 batch size.
 """
 
@@ -340,7 +348,7 @@ def ingest_once(
 # -- parts, each alone -------------------------------------------------------------------------
 
 
-def time_consume_only(bootstrap: str, topic: str, n: int) -> float:
+def time_consume_only(bootstrap: str, topic: str, n: int, fetch_kb: int = 8192) -> float:
     from kafka import KafkaConsumer
 
     consumer = KafkaConsumer(
@@ -350,7 +358,7 @@ def time_consume_only(bootstrap: str, topic: str, n: int) -> float:
         auto_offset_reset="earliest",
         enable_auto_commit=False,
         max_poll_records=5000,
-        max_partition_fetch_bytes=8 * 1024 * 1024,
+        max_partition_fetch_bytes=fetch_kb * 1024,
         fetch_max_bytes=64 * 1024 * 1024,
     )
     got = 0
@@ -394,6 +402,14 @@ def main() -> None:
         default="8192",
         help="SHADOW_AB_INGEST_FETCH_PARTITION_KB values to compare, e.g. 1024,8192",
     )
+    parser.add_argument(
+        "--decoder",
+        default="msgspec",
+        help="SHADOW_AB_INGEST_DECODER values, e.g. pydantic,msgspec",
+    )
+    parser.add_argument(
+        "--inflight", default="2", help="SHADOW_AB_INGEST_INFLIGHT_BATCHES values, e.g. 1,2,3"
+    )
     parser.add_argument("--repeat", type=int, default=1, help="run each configuration N times")
     parser.add_argument("--parts", action=argparse.BooleanOptionalAction, default=True)
     args = parser.parse_args()
@@ -402,6 +418,8 @@ def main() -> None:
     worker_counts = [int(w) for w in args.workers.split(",")]
     gcs = ["tuned", "default"] if args.gc == "both" else [args.gc]
     fetch_kbs = [int(k) for k in args.fetch_partition_kb.split(",")]
+    decoders = args.decoder.split(",")
+    inflights = [int(k) for k in args.inflight.split(",")]
 
     common = CommonSettings()
     bootstrap = common.kafka_bootstrap
@@ -429,21 +447,23 @@ def main() -> None:
         )
         print()
         print(
-            "| batch size | workers | gc | fetch KiB | records measured | avg record bytes"
-            " | startup s | seconds"
-            " | records/s | ratio to 10,000/s | CPU us/record: ingester / postgres / kafka / other"
-            " / idle |"
+            "| batch size | workers | decoder | in flight | gc | fetch KiB | records measured"
+            " | startup s | seconds | records/s | vs first | ratio to 10,000/s"
+            " | CPU us/record: ingester / postgres / kafka / other / idle |"
         )
-        print("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---|")
+        print("|---:|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|")
         runs = [
-            (size, workers, gc_mode, fetch_kb)
+            (size, workers, decoder, inflight, gc_mode, fetch_kb)
             for _ in range(args.repeat)
             for size in sizes
             for workers in worker_counts
+            for decoder in decoders
+            for inflight in inflights
             for gc_mode in gcs
             for fetch_kb in fetch_kbs
         ]
-        for i, (size, workers, gc_mode, fetch_kb) in enumerate(runs):
+        first_rate: float | None = None
+        for i, (size, workers, decoder, inflight, gc_mode, fetch_kb) in enumerate(runs):
             settings = IngestSettings(
                 kafka_bootstrap=bootstrap,
                 database_url=dbs.create(),
@@ -455,6 +475,8 @@ def main() -> None:
                 ingest_topic_dlq=dlq,
                 ingest_create_topics=False,
                 ingest_fetch_partition_kb=fetch_kb,
+                ingest_decoder=decoder,
+                ingest_inflight_batches=inflight,
             )
             startup, measured, seconds = ingest_once(
                 settings,
@@ -465,10 +487,11 @@ def main() -> None:
             )
             dbs.drop_all()
             rate = measured / seconds
+            first_rate = first_rate or rate
             print(
-                f"| {size:,} | {workers} | {gc_mode} | {fetch_kb:,} | {measured:,}"
-                f" | {mean_bytes:,.0f} | {startup:.2f} | {seconds:.2f} | {rate:,.0f}"
-                f" | {rate / GOAL:.2f} | "
+                f"| {size:,} | {workers} | {decoder} | {inflight} | {gc_mode} | {fetch_kb:,}"
+                f" | {measured:,} | {startup:.2f} | {seconds:.2f} | {rate:,.0f}"
+                f" | {rate / first_rate:.2f} | {rate / GOAL:.2f} | "
                 + " / ".join(f"{LAST_CPU[k] * 1e6:.0f}" for k in CPU_GROUPS)
                 + " |",
                 flush=True,
@@ -478,29 +501,49 @@ def main() -> None:
 
         # Where the time goes: each part alone, on the same records, microseconds per record.
         print()
-        consume_s = time_consume_only(bootstrap, topic, n)
+        consume = [(kb, time_consume_only(bootstrap, topic, n, kb) / n) for kb in fetch_kbs]
         if "tuned" in gcs:
             tune_gc()  # as the ingester runs
-        decoded: list[Any] = []
-        decode_us = per_record(lambda: decoded.extend(decode(v, "exchange") for _, v in values), n)
-        records = [r for r in decoded if isinstance(r, ExchangeRecord)]
-        assert len(records) == n
+        decodes = []
+        for name, fast in (("pydantic", False), ("msgspec", True)):
+            decoded: list[Any] = []
+            decodes.append(
+                (
+                    name,
+                    per_record(
+                        lambda f=fast, out=decoded: out.extend(
+                            decode(v, "exchange", fast=f) for _, v in values
+                        ),
+                        n,
+                    ),
+                )
+            )
+            records = [r for r in decoded if isinstance(r, ExchangeRecord)]
+            assert len(records) == n
         url = dbs.create()
         engine = make_engine(url)
         chunks = [records[i : i + 1000] for i in range(0, n, 1000)]
         write_us = per_record(lambda: _write_all(engine, chunks), n)
         engine.dispose()
         parts = [
-            ("Kafka fetch (consumer poll only)", consume_s / n),
-            ("decode + validate (ingester.decode, pydantic from JSON)", decode_us),
-            ("store write, batches of 1,000 (COPY + INSERT)", write_us),
+            *(
+                (f"Kafka fetch, {kb:,} KiB a partition (consumer poll only)", s)
+                for kb, s in consume
+            ),
+            *((f"decode + validate ({name})", s) for name, s in decodes),
+            ("store write, batches of 1,000 (rows + binary COPY + commit)", write_us),
         ]
-        total = sum(p for _, p in parts)
-        print("| part (alone, same records) | us/record | share | alone: records/s |")
-        print("|---|---:|---:|---:|")
+        print("| part (alone, same records) | us/record | alone: records/s, one core |")
+        print("|---|---:|---:|")
         for name, sec in parts:
-            print(f"| {name} | {sec * 1e6:,.0f} | {sec / total:.0%} | {1 / sec:,.0f} |")
-        print(f"| sum (one core, no overlap) | {total * 1e6:,.0f} | 100% | {1 / total:,.0f} |")
+            print(f"| {name} | {sec * 1e6:,.0f} | {1 / sec:,.0f} |")
+        for name, sec in decodes:
+            total = consume[0][1] + sec + write_us
+            print(
+                f"| sum with {name} (fetch + decode + write, one core, no overlap)"
+                f" | {total * 1e6:,.0f} | {1 / total:,.0f} |"
+            )
+        print(f"| decode, pydantic over msgspec | {decodes[0][1] / decodes[1][1]:.2f}x | |")
     finally:
         dbs.drop_all()
         delete_topics(bootstrap, [topic, health, dlq])
