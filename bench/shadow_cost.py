@@ -349,7 +349,8 @@ def main() -> None:
         )
         print()
         print(
-            "| shadow request, whole (send, stream, trace, record, privacy, hand-off) | CPU us/request |"
+            "| shadow request, whole (send, stream, trace, record, privacy, hand-off)"
+            " | CPU us/request |"
         )
         print("|---|---:|")
         print(f"| candidate | {cand_s * 1e6:,.0f} |")
