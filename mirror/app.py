@@ -66,7 +66,14 @@ from mirror.headers import (
 from mirror.privacy import Privacy, RedactionError
 from mirror.problem import PROBLEM_JSON, problem_body
 from mirror.recording import ERROR_BODY_KEEP, Dispatch, build_record, error_text, status_of
-from mirror.rewrite import INCLUDE_USAGE, candidate_request, stored_request, with_stream_usage
+from mirror.rewrite import (
+    INCLUDE_USAGE,
+    ask_top_logprobs,
+    candidate_request,
+    replay_request,
+    stored_request,
+    with_stream_usage,
+)
 from mirror.routes import Router, canonical_path, quoted
 from mirror.sampling import Sampler
 from mirror.shadow import Shadows
@@ -186,6 +193,8 @@ class Mirror:
         self.sink = sink
         self.incumbent_session = incumbent_session
         self.candidate_session = candidate_session
+        self.replay_session: aiohttp.ClientSession | None = None
+        """Replays' own pool to the incumbent (``shadow.replay_pool: separate``)."""
         self.guard = guard or InterferenceGuard(settings.guard)
         self.sampler = sampler or Sampler(settings.shadow)
         self._clock = clock
@@ -323,6 +332,13 @@ class Mirror:
             self.incumbent_session = self._session(self.settings.incumbent, raw=True)
         if self.candidate_session is None:
             self.candidate_session = self._session(self.settings.candidate, raw=False)
+        shadow = self.settings.shadow
+        if (
+            self.replay_session is None
+            and shadow.replay_rate > 0
+            and shadow.replay_pool == "separate"
+        ):
+            self.replay_session = self._session(self.settings.incumbent, raw=True)
         if self.settings.health_enabled:
             self._start_health()
         _tune_gc()
@@ -507,6 +523,9 @@ class Mirror:
             cand_body, cand_rewrites = candidate_request(
                 parsed, chat=chat, rewrite=self.settings.candidate.rewrite
             )
+            cand_body, cand_rewrites = ask_top_logprobs(
+                cand_body, cand_rewrites, chat=chat, k=self.settings.shadow.top_logprobs
+            )
             common = {
                 "pair_id": pair,
                 "endpoint": endpoint,
@@ -526,10 +545,19 @@ class Mirror:
                 and self.shadows.inflight < self.settings.shadow.max_concurrent
             ):
                 m.REPLAYS.inc()
-                replay_body = inc_request if inc_request is not None else parsed
+                sc = self.settings.shadow
+                replay_body, replay_rewrites = replay_request(
+                    inc_request if inc_request is not None else parsed,
+                    inc_rewrites,
+                    chat=chat,
+                    top_logprobs=sc.top_logprobs,
+                    delay_s=sc.replay_delay_s,
+                    pool="separate" if self.replay_session is not None else "shared",
+                    cache_salt=uuid.uuid4().hex if sc.replay_cache_salt else None,
+                )
                 shadows.append(
                     self.shadows.fire(
-                        Role.REPLAY, route, replay_body, inc_rewrites, sh_headers, common
+                        Role.REPLAY, route, replay_body, replay_rewrites, sh_headers, common
                     )
                 )
 

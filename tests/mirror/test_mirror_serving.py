@@ -273,7 +273,8 @@ def test_records_land_in_the_store_without_credentials(
 
     key2 = pair_key(h2["x-shadow-pair-id"], served.database_url)
     found2 = {r["role"]: r for r in wait_rows(served.database_url, 2, "pair_id = :p", p=key2)}
-    assert found2["candidate"]["rewrites"] == '["max_tokens"]'  # explicit, as vLLM's default
+    # max_tokens explicit, as vLLM's default; top logprobs for the near-tie margin
+    assert found2["candidate"]["rewrites"] == '["max_tokens","logprobs"]'
     assert found2["incumbent"]["rewrites"] == "[]"
     assert found2["incumbent"]["ttft_s"] is None and found2["incumbent"]["e2e_s"] > 0
 
