@@ -166,7 +166,7 @@ class ClientConnection(asyncio.Protocol):
         if len(self.server.connections) >= self.limits.max_connections:
             self.closed = True
             m.EDGE_REJECTIONS.labels(reason=CONNECTION_CAP).inc()
-            _linger(transport, self.server.answers[CONNECTION_CAP], self.loop)
+            _linger(self.transport, self.server.answers[CONNECTION_CAP], self.loop)
             return
         self.server.connections.add(self)
         self.head_timer = self.loop.call_later(self.limits.header_timeout_s, self._head_late)
