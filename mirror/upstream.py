@@ -48,6 +48,7 @@ class UpstreamConnection(asyncio.Protocol):
         self.received = False  # a byte of the current response arrived
         self.framed = True  # the current response has a length or chunks (else: ends at close)
         self.closed = False
+        self.paused = False
         self.idle_since = 0.0
 
     # -- asyncio.Protocol ---------------------------------------------------------------------
@@ -137,11 +138,13 @@ class UpstreamConnection(asyncio.Protocol):
             ex.broken(exc)
 
     def pause(self) -> None:
-        if self.transport is not None and not self.closed:
+        if self.transport is not None and not self.closed and not self.paused:
+            self.paused = True
             self.transport.pause_reading()
 
     def resume(self) -> None:
-        if self.transport is not None and not self.closed:
+        if self.transport is not None and not self.closed and self.paused:
+            self.paused = False
             self.transport.resume_reading()
 
     def close(self) -> None:
@@ -231,6 +234,7 @@ class Upstream:
         if not reusable or conn.closed or self.closing:
             conn.close()
             return
+        conn.resume()  # paused for a slow client: the next exchange reads it again
         while self.waiters:
             waiter = self.waiters.popleft()
             if not waiter.done():

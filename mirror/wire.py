@@ -363,6 +363,7 @@ class ClientConnection(asyncio.Protocol):
             _linger(self.transport, answer, self.loop)
 
     pending_refusal: bytes | None = None
+    responded = False  # the current request's answer has begun
 
     # -- answering ----------------------------------------------------------------------------
 
@@ -371,6 +372,7 @@ class ClientConnection(asyncio.Protocol):
             return
         req = self.queue.popleft()
         self.busy = True
+        self.responded = False
         if self.read_paused and len(self.queue) < PIPELINE_MAX:
             self.read_paused = False
             self.transport.resume_reading()
@@ -382,6 +384,8 @@ class ClientConnection(asyncio.Protocol):
             keep = await self._dispatch(req)
         except Exception:
             log.exception("the mirror failed answering %s", req.method)
+            if not self.closed and not self.responded:
+                self.transport.write(error_answer(500, "the mirror failed", "InternalError"))
         finally:
             self._answered(keep and req.keep_alive and self.keep_alive)
 
@@ -425,6 +429,8 @@ class ClientConnection(asyncio.Protocol):
             "headers": req.headers,
             "http_version": "1.1" if req.http11 else "1.0",
         }
+        if not req.keep_alive:  # the client asked to close after this answer
+            self.keep_alive = False
         if req.method == "POST":
             endpoint = ROUTES.get(path)
             route = path
@@ -515,6 +521,7 @@ class _AsgiResponse:
                 out.append(b"connection: close\r\n")
             out.append(b"\r\n")
             self.started = True
+            self.conn.responded = True
             self.bodiless = bodiless
             transport.write(b"".join(out))
             return
@@ -711,6 +718,7 @@ class _Exchange:
         self, code: int, error: str, status: Status, message: str, err_type: str
     ) -> None:
         self.status, self.error, self.client_code = status, error, code
+        self.conn.responded = True
         if not self.conn.closed:
             self.conn.transport.write(error_answer(code, message, err_type, self.pid))
         self.complete = True  # the client got its (error) answer
@@ -784,6 +792,7 @@ class _Exchange:
         out.append(b"\r\n")
         self.hider = UsageHider() if rechunk else None
         self.started = True
+        self.conn.responded = True
         if not self.conn.closed:
             self.conn.transport.write(b"".join(out))
 
