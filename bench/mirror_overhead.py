@@ -2,7 +2,7 @@
 
     python bench/mirror_overhead.py [--duration 24 | --requests N] [--concurrency 1,32,128]
         [--repeat 3] [--max-tokens 32] [--quick] [--database-url URL] [--json PATH]
-        [--paths direct,mirror-off,mirror,mirror-slow,nginx,nginx-mirror]
+        [--paths direct,nginx,nginx-mirror,mirror,wire] [--no-install-nginx]
 
 Engines (``shadow-ab sim`` subprocesses, real HTTP on 127.0.0.1):
 
@@ -19,11 +19,16 @@ Paths, side by side in one run, each with its own keep-alive client session:
   direct sink on a temporary SQLite file (or ``--database-url``);
 - ``mirror-slow``: the same with the 10x slower candidate;
 - ``mirror-off``: the same mirror with shadow rate 0 (the serving path's own cost, for scale);
+- ``wire``, ``wire-slow``, ``wire-off``: the same three on the protocol data plane
+  (``data_plane: protocol``, mirror/wire.py); ``mirror*`` are the ASGI plane (the default).
+  Default paths: direct, nginx, nginx-mirror, mirror, wire (the old and the new design);
 - ``nginx``: a private Debian nginx (own prefix and config in a temp dir, free ports, one
   worker, ``proxy_buffering off``, upstream keep-alive) with ``proxy_pass`` only;
 - ``nginx-mirror``: the same plus nginx's ``mirror`` directive to the 10x slower candidate.
 
-nginx is installed with ``apt-get install -y nginx`` when absent (the bench says so first); it
+nginx is installed with ``apt-get install -y nginx-light`` when absent (the bench says so
+first; when it cannot be installed, or with ``--no-install-nginx``, the nginx paths are left
+out and the output says NGINX MISSING); it
 runs as its own master process with ``daemon off`` and never reads /etc/nginx's sites.
 
 Traffic (``shadow_ab.dev.traffic``, uniform mode): one fixed streaming greedy chat request shape,
