@@ -57,7 +57,7 @@ CASES: dict[str, tuple[dict[str, Any], set[str]]] = {
 
 
 PLANES = {"hangs-protocol": "protocol"}
-"""The data plane of a case (default asgi)."""
+"""The data plane of a case (default: the mirror's, or SHADOW_AB_DEV_DATA_PLANE's)."""
 
 
 def bodies() -> list[tuple[str, dict[str, Any]]]:
@@ -109,7 +109,7 @@ def setups(
                 drain_timeout_s=3.0,
                 health_enabled=False,
                 startup_timeout=120.0,
-                data_plane=PLANES.get(case, "asgi"),
+                **({"data_plane": PLANES[case]} if case in PLANES else {}),
             )
             for case, cand, db in zip(CASES, candidates, dbs, strict=True)
         ]
