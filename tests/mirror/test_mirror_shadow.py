@@ -184,6 +184,20 @@ def test_the_client_path_never_awaits_the_shadow() -> None:
     ]
     assert awaited == []
 
+    # The protocol data plane (mirror/wire.py) imports nothing of mirror.shadow, and awaits
+    # nothing named shadow (it cancels the pair's shadow tasks when the client leaves).
+    import mirror.wire
+
+    wire = ast.parse(inspect.getsource(mirror.wire))
+    assert not [
+        n for n in ast.walk(wire) if isinstance(n, ast.ImportFrom) and n.module == "mirror.shadow"
+    ]
+    assert [
+        ast.unparse(n)
+        for n in ast.walk(wire)
+        if isinstance(n, ast.Await) and waits_on_shadow(n.value)
+    ] == []
+
 
 def test_replay_sent_apart_and_shadows_asked_for_logprobs(
     engines: tuple[RunningSim, RunningSim],
