@@ -30,16 +30,19 @@ goal (it stands in for a month of ingestion). ``--keep`` keeps the database and 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import cProfile
 import json
+import pstats
 import resource
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine, event, text
 from sqlalchemy.engine import make_url
 
 from evaluator.latency import analyze_latency
@@ -189,6 +192,41 @@ def _empty_rollups(engine: Engine) -> None:
             conn.execute(text(f"DELETE FROM {table} WHERE deployment = :d"), {"d": DEPLOYMENT})
 
 
+@contextlib.contextmanager
+def _profiled(engine: Engine, on: bool, top: int = 15) -> Iterator[None]:
+    """With ``on``: the slowest SQL statements (wall time in the driver, first line of each)
+    and the functions with the most cumulative time, printed after the block."""
+    if not on:
+        yield
+        return
+    spent: dict[str, list[float]] = {}
+
+    def before(conn: Any, cursor: Any, statement: str, *_: Any) -> None:
+        conn.info.setdefault("t0", []).append(time.perf_counter())
+
+    def after(conn: Any, cursor: Any, statement: str, *_: Any) -> None:
+        took = time.perf_counter() - conn.info["t0"].pop()
+        key = " ".join(statement.split())[:150]
+        spent.setdefault(key, []).append(took)
+
+    event.listen(engine, "before_cursor_execute", before)
+    event.listen(engine, "after_cursor_execute", after)
+    profile = cProfile.Profile()
+    profile.enable()
+    try:
+        yield
+    finally:
+        profile.disable()
+        event.remove(engine, "before_cursor_execute", before)
+        event.remove(engine, "after_cursor_execute", after)
+        total = sum(map(sum, spent.values()))
+        print(f"\nslowest SQL (seconds, calls, statement), {total:.1f} s in all:")
+        for key, times in sorted(spent.items(), key=lambda kv: -sum(kv[1]))[:top]:
+            print(f"  {sum(times):7.2f} {len(times):5d}  {key}")
+        print("\nPython, by cumulative time:")
+        pstats.Stats(profile).sort_stats("cumulative").print_stats(top)
+
+
 def _peak_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
@@ -210,6 +248,11 @@ def main() -> None:
         "--database",
         metavar="NAME",
         help="load into (or reuse) this database and keep it; never the test database",
+    )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="print the review's slowest SQL statements and Python functions (cProfile)",
     )
     parser.add_argument(
         "--reuse-rollups",
@@ -272,11 +315,12 @@ def main() -> None:
             review_note = f"build_review not available ({exc})"
         else:
             try:
-                review = _timed(
-                    "build_review (whole report)",
-                    lambda: build_review(engine, DEPLOYMENT, longer, default_policy()),
-                    rows,
-                )
+                with _profiled(engine, args.profile):
+                    review = _timed(
+                        "build_review (whole report)",
+                        lambda: build_review(engine, DEPLOYMENT, longer, default_policy()),
+                        rows,
+                    )
                 for stage, secs in review.timings.items():
                     rows.append((f"  review stage: {stage}", secs, rows[-1][2]))
             except Exception as exc:  # report what failed, keep the other numbers

@@ -25,6 +25,7 @@ from scipy import stats
 from sqlalchemy import Connection, Engine, func, literal, select, tablesample
 
 from evaluator.compare import PairDivergence, PairSide, compare_pair
+from evaluator.exchange_rollups import role_extent
 from evaluator.rates import newcombe_interval, wilson_interval
 from evaluator.results import Interval, Measurement, Progress, Window
 from shadow_ab.timestamps import as_utc
@@ -361,11 +362,7 @@ def _compare_day(
     """Sample ``role`` pairs sent in ``[lo, hi)``, compare them with their incumbent; return
     (total pairs, greedy compared, diverged) for the day table."""
     x = EXCHANGES.c
-    total = conn.execute(
-        select(func.count()).where(
-            x.deployment == deployment, x.role == role, x.sent_at >= lo, x.sent_at < hi
-        )
-    ).scalar_one()
+    total, _, _ = role_extent(conn, deployment, (role,), (lo, hi))  # rollups where closed
     tally.total += int(total)
     if not total or limit <= 0:
         return int(total), 0, 0
