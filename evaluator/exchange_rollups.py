@@ -15,6 +15,8 @@ fills, per deployment and UTC hour (tables in migration 0004_i15_month):
   detection re-applies its own thresholds to them exactly as it would to the raw rows while its
   thresholds are at or above the floors (``hang_stall_s`` 10 s, shadow timeout 120 s by default;
   below them, :func:`closed_runs` returns nothing and detection reads the raw rows);
+- ``exchange_parity``: per hour, the candidate's exchanges by load bucket (count, sums of both
+  in-flight counts) and by guard state: the load parity table (:mod:`evaluator.parity`);
 - ``exchange_rollup_hours``: which hours are done, and the floors they were kept at.
 
 It runs with the latency rollups (:func:`evaluator.rollups.refresh_rollups` calls it; the same
@@ -54,6 +56,7 @@ from shadow_ab.records import RECORD_TIME_MAX, RECORD_TIME_MIN
 from storage.models import (
     EXCHANGE_COUNTS,
     EXCHANGE_NOTABLES,
+    EXCHANGE_PARITY,
     EXCHANGE_ROLLUP_HOURS,
     EXCHANGES,
     Timestamp,
@@ -127,6 +130,28 @@ WHERE deployment = :deployment AND sent_at >= :lo AND sent_at < :hi
 """
 
 
+def _parity_sql(pg: bool) -> str:
+    from evaluator.rollups import LOAD_EDGES, _case, _hour_expr
+
+    hour = _hour_expr(pg, "sent_at")
+    bucket = _case("inflight_incumbent", LOAD_EDGES)
+    state = "guard->>'state'" if pg else "json_extract(guard, '$.state')"
+    where = "deployment = :deployment AND sent_at >= :lo AND sent_at < :hi AND role = 'candidate'"
+    return f"""
+INSERT INTO exchange_parity (deployment, hour, kind, key, n, sum_incumbent, sum_candidate)
+SELECT deployment, {hour}, 'load', CAST({bucket} AS VARCHAR(64)), count(*),
+       sum(inflight_incumbent), sum(inflight_candidate)
+FROM exchanges
+WHERE {where} AND inflight_incumbent IS NOT NULL AND inflight_candidate IS NOT NULL
+GROUP BY deployment, {hour}, {bucket}
+UNION ALL
+SELECT deployment, {hour}, 'guard', coalesce({state}, 'none'), count(*), 0, 0
+FROM exchanges
+WHERE {where}
+GROUP BY deployment, {hour}, coalesce({state}, 'none')
+"""
+
+
 def _stmt(sql: str) -> TextClause:
     return text(sql).bindparams(bindparam("lo", type_=Timestamp), bindparam("hi", type_=Timestamp))
 
@@ -145,6 +170,7 @@ def _compute_chunk(
         )
     for table, column in (
         (EXCHANGE_COUNTS, "minute"),
+        (EXCHANGE_PARITY, "hour"),
         (EXCHANGE_NOTABLES, "sent_at"),
         (EXCHANGE_ROLLUP_HOURS, "hour"),
     ):
@@ -155,6 +181,7 @@ def _compute_chunk(
     params = {"deployment": deployment, "lo": lo, "hi": hi}
     conn.execute(_stmt(_counts_sql(pg)), params)
     conn.execute(_stmt(_notables_sql(pg)), {**params, "stall": STALL_FLOOR_S, "e2e": E2E_FLOOR_S})
+    conn.execute(_stmt(_parity_sql(pg)), params)
     hour_of = _hour_column(conn, EXCHANGE_COUNTS.c.minute)
     n_by_hour = {
         _floor_hour(h): int(n)

@@ -401,6 +401,24 @@ class ExchangeRollupHour(Base):
     )
 
 
+class ExchangeParity(Base):
+    """The candidate's exchanges of one hour by load bucket (``kind`` ``load``, ``key`` the
+    bucket index of ``inflight_incumbent``: count and the sums of both in-flight counts) and by
+    the guard's state (``kind`` ``guard``, ``key`` the state or ``none``: count): the load
+    parity table (``evaluator.parity``) without a pass over the rows."""
+
+    __tablename__ = "exchange_parity"
+
+    deployment: Mapped[str] = mapped_column(String(200), primary_key=True)
+    hour: Mapped[datetime] = mapped_column(Timestamp, primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16), primary_key=True)
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    n: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    sum_incumbent: Mapped[float] = mapped_column(Float, nullable=False)
+    sum_candidate: Mapped[float] = mapped_column(Float, nullable=False)
+
+
 EXCHANGE_COUNTS: Table = Base.metadata.tables["exchange_counts"]
+EXCHANGE_PARITY: Table = Base.metadata.tables["exchange_parity"]
 EXCHANGE_NOTABLES: Table = Base.metadata.tables["exchange_notables"]
 EXCHANGE_ROLLUP_HOURS: Table = Base.metadata.tables["exchange_rollup_hours"]

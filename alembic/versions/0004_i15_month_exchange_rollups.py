@@ -3,6 +3,8 @@
 ``exchange_counts`` holds per (deployment, UTC minute, role) how many exchanges were sent, how
 many failed, and the first and last send time; ``exchange_notables`` the exchanges incident
 detection may need (failed, or slow past the hour's floors) with the columns it reads;
+``exchange_parity`` the candidate's exchanges per hour by load bucket and guard state (the load
+parity table);
 ``exchange_rollup_hours`` which hours are done and the floors their notables were kept at. A
 month of 10 M pairs is ~90 k count rows and the notables (0.2 % of the rows there): a review
 reads these instead of scanning ``exchanges``. Written by
@@ -60,6 +62,17 @@ def upgrade() -> None:
         ),
     )
     op.create_table(
+        "exchange_parity",
+        sa.Column("deployment", sa.String(200), nullable=False),
+        sa.Column("hour", Timestamp, nullable=False),
+        sa.Column("kind", sa.String(16), nullable=False),
+        sa.Column("key", sa.String(64), nullable=False),
+        sa.Column("n", sa.BigInteger(), nullable=False),
+        sa.Column("sum_incumbent", sa.Float(), nullable=False),
+        sa.Column("sum_candidate", sa.Float(), nullable=False),
+        sa.PrimaryKeyConstraint("deployment", "hour", "kind", "key", name="pk_exchange_parity"),
+    )
+    op.create_table(
         "exchange_rollup_hours",
         sa.Column("deployment", sa.String(200), nullable=False),
         sa.Column("hour", Timestamp, nullable=False),
@@ -75,5 +88,6 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     op.drop_table("exchange_rollup_hours")
+    op.drop_table("exchange_parity")
     op.drop_table("exchange_notables")
     op.drop_table("exchange_counts")

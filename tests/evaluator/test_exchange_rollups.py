@@ -17,6 +17,7 @@ from sqlalchemy import Engine, delete, func, select
 from evaluator.exchange_rollups import STALL_FLOOR_S, closed_runs, role_extent
 from evaluator.incidents.load import load_detection_input
 from evaluator.incidents.model import DetectionInput, IncidentConfig
+from evaluator.parity import load_parity
 from evaluator.review import data_extent
 from evaluator.rollups import refresh_rollups
 from shadow_ab.records import ExchangeRecord
@@ -174,3 +175,16 @@ def test_open_hours_are_read_raw_then_recomputed(loaded: Engine) -> None:
     with loaded.connect() as conn:
         assert closed_runs(conn, DEP, *everything) == [everything]
     assert data_extent(loaded, DEP)["pairs"] == pairs_before + 1
+
+
+def test_load_parity_from_rollups_equals_raw(loaded: Engine) -> None:
+    raw = load_parity(loaded, DEP, WINDOW)
+    assert raw["by_load"] and raw["exchanges"]["replay"] > 0 and raw["guard_states"]
+    refresh_rollups(loaded, DEP, WINDOW, now=NOW)
+    _drop_rolled_up_rows(loaded)
+    rolled = load_parity(loaded, DEP, WINDOW)
+    assert rolled["exchanges"] == raw["exchanges"]
+    assert rolled["guard_states"] == raw["guard_states"]
+    assert [b["pairs"] for b in rolled["by_load"]] == [b["pairs"] for b in raw["by_load"]]
+    for key in ("inflight_ratio", "shadow_share", "replay_share"):
+        assert rolled[key] == pytest.approx(raw[key], rel=1e-12)

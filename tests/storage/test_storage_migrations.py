@@ -18,7 +18,12 @@ from storage.write import write_exchanges
 
 TABLES = {"deployments", "exchanges", "health_samples", "incidents", "reports", "drops"}
 ROLLUP_TABLES = {"latency_rollups", "latency_rollup_hours", "latency_samples"}  # 0003
-EXCHANGE_ROLLUP_TABLES = {"exchange_counts", "exchange_notables", "exchange_rollup_hours"}  # 0004
+EXCHANGE_ROLLUP_TABLES = {  # 0004
+    "exchange_counts",
+    "exchange_notables",
+    "exchange_parity",
+    "exchange_rollup_hours",
+}
 HEAD = "0004_i15_month"
 
 
