@@ -239,10 +239,14 @@ def _peak_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def _timed(name: str, fn: Callable[[], Any], rows: list[tuple[str, float, int]]) -> Any:
-    t0 = time.perf_counter()
+Row = tuple[str, float, float | None, int]
+"""step, wall seconds, this process's CPU seconds (None: not measured apart), peak RSS."""
+
+
+def _timed(name: str, fn: Callable[[], Any], rows: list[Row]) -> Any:
+    t0, c0 = time.perf_counter(), time.process_time()
     out = fn()
-    rows.append((name, time.perf_counter() - t0, _peak_bytes()))
+    rows.append((name, time.perf_counter() - t0, time.process_time() - c0, _peak_bytes()))
     print(f"  {name}: {rows[-1][1]:.1f} s")
     return out
 
@@ -303,7 +307,7 @@ def main() -> None:
         end = START + timedelta(days=args.window_days or args.days)
         window = (START, end)
         now = end + timedelta(hours=2)  # every hour of the month closed
-        rows: list[tuple[str, float, int]] = []
+        rows: list[Row] = []
         first = _timed(
             "refresh_rollups, first run",
             lambda: refresh_rollups(engine, DEPLOYMENT, window, now=now),
@@ -340,7 +344,7 @@ def main() -> None:
                         rows,
                     )
                 for stage, secs in review.timings.items():
-                    rows.append((f"  review stage: {stage}", secs, rows[-1][2]))
+                    rows.append((f"  review stage: {stage}", secs, None, rows[-1][3]))
             except Exception as exc:  # report what failed, keep the other numbers
                 review_note = f"build_review failed: {type(exc).__name__}: {exc}"
 
@@ -352,10 +356,15 @@ def main() -> None:
             f" rollups: {first.hours_computed} hours first, {incr.hours_computed} incremental;"
             f" {section.tables['n']['pairs_sampled']:,} pairs sampled"
         )
-        print(f"{'step':42} {'seconds':>8} {'/ 30 s':>7} {'peak RSS':>9} {'/ 2 GB':>7}")
-        for step, secs, peak in rows:
+        # CPU: this process only (Python: analyses, bootstrap, rendering), not PostgreSQL's;
+        # on a shared machine wall seconds move with the load, CPU seconds much less
+        print(
+            f"{'step':42} {'seconds':>8} {'/ 30 s':>7} {'CPU s':>7} {'peak RSS':>9} {'/ 2 GB':>7}"
+        )
+        for step, secs, cpu, peak in rows:
+            cpu_text = "" if cpu is None else f"{cpu:.1f}"
             print(
-                f"{step:42} {secs:8.1f} {secs / GOAL_S:7.2f}"
+                f"{step:42} {secs:8.1f} {secs / GOAL_S:7.2f} {cpu_text:>7}"
                 f" {peak / 1024**2:7.0f}MB {peak / GOAL_BYTES:7.2f}"
             )
         if review_note:
