@@ -33,6 +33,7 @@ from scipy import stats
 from sqlalchemy import Connection, Engine, func, literal, select, tablesample
 
 from evaluator.compare import NEAR_TIE_NATS, PairDivergence, PairSide, compare_pair
+from evaluator.exchange_rollups import role_extent
 from evaluator.paired import PairedEstimate, paired_mean_difference, paired_share_difference
 from evaluator.rates import newcombe_interval, wilson_interval
 from evaluator.results import Interval, Measurement, Progress, Window
@@ -648,13 +649,8 @@ def _compare_day(
 ) -> tuple[_Tally, _Triads]:
     """Sample ``role`` pairs sent in ``[lo, hi)`` and compare them with their incumbent; for
     replay pairs, compare their candidate too (the triads)."""
-    x = EXCHANGES.c
     tally, triads = _Tally(), _Triads()
-    total = conn.execute(
-        select(func.count()).where(
-            x.deployment == deployment, x.role == role, x.sent_at >= lo, x.sent_at < hi
-        )
-    ).scalar_one()
+    total, _, _ = role_extent(conn, deployment, (role,), (lo, hi))  # rollups where closed
     tally.total = int(total)
     if not total or limit <= 0:
         return tally, triads
