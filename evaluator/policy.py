@@ -65,6 +65,7 @@ KEY_PATTERNS: tuple[str, ...] = (
     r"divergence\.edit_similarity\.mean",
     r"divergence\.(finish_mismatch|json_invalid)\.excess",
     r"data\.(pairs|days)",
+    r"divergence\.semantic\.(excess|candidate_mean|floor_mean)",
 )
 """Every measurement key a criterion may name (see :mod:`evaluator.results`)."""
 
