@@ -136,8 +136,11 @@ class SemanticConfig:
     max_pairs_per_day: int = 200
     """Triads (incumbent, candidate, replay of one request) per UTC day: a uniform random
     sample of the day's replayed requests."""
-    max_pairs: int = 6000
-    """Cap over the whole window; the per-day sample shrinks to fit it."""
+    max_pairs: int = 1500
+    """Cap over the whole window; the per-day sample shrinks to fit it (50 a day over 30 days).
+    Every review embeds its window's sample afresh: this bounds a month's review to about 1500
+    triads (``bench/semantic_cost.py`` measures what that costs); the interval needs far fewer
+    than the divergence analysis' 6000 (its day clusters, not the triads, limit it)."""
     max_chars: int = 2000
     """Each answer is cut to this many characters before embedding (about 500 tokens)."""
     level: float = 0.95

