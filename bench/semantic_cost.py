@@ -186,7 +186,7 @@ def month(rng: np.random.Generator, scenario: str) -> list[tuple[int, list[float
             swap = rng.random(n) < 0.4
             cand = np.where(swap, np.minimum(cand, 0.985 + rng.normal(0, 0.005, n)), cand)
         elif scenario.startswith("worse") or scenario == "boundary":
-            share = 0.2 if scenario == "worse" else 0.2 * THRESHOLD / 0.031
+            share = 0.2 if scenario == "worse" else THRESHOLD / 0.15  # each bad one: -0.15
             bad = rng.random(n) < share
             cand = np.where(bad, cand - 0.15, cand)
         out.append((day, list(floor - cand)))

@@ -113,6 +113,7 @@ def test_markdown_has_the_same_content(review_body: dict[str, Any]) -> None:
     assert "weekly p95 (plotted)" in md and "2026-W46" in md
     assert "incident timeline (plotted)" in md
     assert "latency: by day" in md
+    assert "semantic similarity histogram (plotted)" in md and "| 0.975-1 | 1005 | 1507 |" in md
 
 
 def test_json_round_trips(review_body: dict[str, Any]) -> None:
