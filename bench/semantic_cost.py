@@ -14,9 +14,11 @@ Needs the extra: ``pip install -e '.[semantic]'`` (or ``.[dev]``, which includes
    embedded, so rows with replays identical to the incumbent's answer, as most greedy replays
    are, cost less). Wall and CPU time (all threads) of :func:`evaluator.semantic.cosine_pairs`
    for each row, the model loaded before; per 1,000 requests, per day at the default sample
-   (200 triads) and for a month's review (``max_pairs``, 1500 triads: every review embeds its
-   window's sample afresh). The machine's load average is printed: on a shared machine the
-   wall time is mostly waiting for a core, and CPU time is the figure to compare.
+   (200 triads), for a review at the default bound on new triads (``max_new_per_review``,
+   150) and for the first review of a month with no bound (``max_pairs``, 1500 triads). Scores
+   are stored, so a daily look embeds only what is new (section 4). The machine's load average
+   is printed: on a shared machine the wall time is mostly waiting for a core, and CPU time is
+   the figure to compare.
 2. **Calibration**: mean cosine similarity to a reference answer of: a one-token swap where the
    answer goes on as before (the simulator's ``kernels`` knob with ``rejoin``), a departure
    after which the answer goes on from the flipped prefix, the answer cut to half, an unrelated
@@ -35,6 +37,9 @@ Needs the extra: ``pip install -e '.[semantic]'`` (or ``.[dev]``, which includes
    must not FAIL), ``worse`` (20 % of answers cut or wrong: excess ~0.03, must FAIL), and the
    boundary (excess exactly 0.02). Printed: share of months with a FAIL / a PASS at some look,
    with Wilson 95 % intervals.
+4. **Stored scores over a month** (no model: the nested sample's arithmetic, as
+   :func:`evaluator.semantic.analyze_semantic` draws it): triads embedded by each review when a
+   month is looked at daily, re-reviewed, or reviewed first at its end, at the default bound.
 """
 
 from __future__ import annotations
@@ -65,6 +70,7 @@ from simulator.vocab import PIECES
 THRESHOLD = 0.02
 DAILY = SemanticConfig().max_pairs_per_day
 WINDOW_CAP = SemanticConfig().max_pairs
+BOUND = SemanticConfig().max_new_per_review or WINDOW_CAP
 
 
 def answer(k: int, length: int, departure: Departure | None = None) -> str:
@@ -97,9 +103,10 @@ def cost(model: object, pairs: int) -> None:
     )
     print(
         "| answer tokens | chars | answers | texts embedded | wall s | CPU s | CPU ms / text |"
-        " CPU s / 1,000 requests | CPU s / day (200) | CPU min / month's review (1500) |"
+        " CPU s / 1,000 requests | CPU s / day (200) | CPU min / review at the bound"
+        f" ({BOUND} new) | CPU min / first review of a month, unbounded ({WINDOW_CAP}) |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for length in (64, 256, 512):
         for name, p_cand, p_rep in SCENARIOS:
             rng = np.random.default_rng(length)
@@ -123,7 +130,8 @@ def cost(model: object, pairs: int) -> None:
             print(
                 f"| {length} | {chars:.0f} | {name} | {embedded} | {wall:.1f} | {cpu:.1f} |"
                 f" {1000 * cpu / max(1, embedded):.0f} | {1000 * per_request:.0f} |"
-                f" {DAILY * per_request:.0f} | {WINDOW_CAP * per_request / 60:.1f} |"
+                f" {DAILY * per_request:.0f} | {BOUND * per_request / 60:.1f} |"
+                f" {WINDOW_CAP * per_request / 60:.1f} |"
             )
 
 
@@ -240,6 +248,40 @@ def validity(months: int) -> None:
         )
 
 
+def schedule(days: int = 30, replays: int = 1000) -> None:
+    """Triads embedded per review with stored scores: each day's sample is its first
+    ``min(200, 1500 / days)`` pair ids, a review embeds at most ``BOUND`` unscored ones (lowest
+    rank in their day first) and stores them."""
+    print(
+        f"\n## Triads embedded per review with stored scores ({days} days, {replays} replays a"
+        f" day, bound {BOUND} new per review)\n"
+    )
+
+    def review(look: int, scored: set[tuple[int, int]]) -> tuple[int, int]:
+        per_day = min(DAILY, max(1, WINDOW_CAP // look), replays)
+        todo = sorted((r, d) for d in range(look) for r in range(per_day) if (d, r) not in scored)
+        scored.update((d, r) for r, d in todo[:BOUND])
+        return min(BOUND, len(todo)), max(0, len(todo) - BOUND)
+
+    daily: set[tuple[int, int]] = set()
+    rows = [review(look, daily) for look in range(1, days + 1)]
+    again = review(days, daily)
+    late: set[tuple[int, int]] = set()
+    catch_up = [review(days, late)]
+    while catch_up[-1][1]:
+        catch_up.append(review(days, late))
+    print("| schedule | triads embedded per review | not scored after it |")
+    print("|---|---|---|")
+    for look in (1, 2, 7, 8, 10, 12, 15, 20, days):
+        print(f"| daily looks: day {look} | {rows[look - 1][0]} | {rows[look - 1][1]} |")
+    print(f"| daily looks: all {days} | {sum(r[0] for r in rows)} in all | |")
+    print(f"| a re-review of day {days} | {again[0]} | {again[1]} |")
+    print(
+        f"| first review at day {days}, then again | {', '.join(str(r[0]) for r in catch_up)}"
+        f" | {', '.join(str(r[1]) for r in catch_up)} |"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--pairs", type=int, default=100, help="requests per cost row")
@@ -249,6 +291,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.pairs, args.months, args.calibration = 20, 60, 20
+    schedule()
     validity(args.months)
     try:
         model = load_embedder()

