@@ -5,7 +5,7 @@ read ``exchanges`` whole: incident detection (the exchanges sent per role and da
 timed-out or stalled exchanges, the per-minute counts around failures), the data extent (count
 and first/last of the candidate's exchanges) and the divergence day table (pairs per day), each a
 pass over every row of the window, growing with the pairs. :func:`refresh_exchange_rollups`
-fills, per deployment and UTC hour (tables in migration 0004_i15_month):
+fills, per deployment and UTC hour (tables in migration 0004):
 
 - ``exchange_counts``: per minute and role, the exchanges sent, the failed ones (``status`` in
   :data:`~evaluator.incidents.model.FAILED_STATUSES`), the first and last ``sent_at``;

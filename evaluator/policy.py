@@ -66,6 +66,7 @@ KEY_PATTERNS: tuple[str, ...] = (
     r"divergence\.(finish_mismatch|json_invalid)\.excess",
     r"divergence\.(hard_excess_rate|near_tie_share|length_shift)",
     r"data\.(pairs|days)",
+    r"divergence\.semantic\.(excess|candidate_mean|floor_mean)",
 )
 """Every measurement key a criterion may name (see :mod:`evaluator.results`)."""
 

@@ -36,6 +36,12 @@ Measurement keys (``<metric>`` in ttft, tpot, itl, e2e, tokens_per_s; ``<q>`` in
     divergence.json_invalid.excess        invalid-JSON share (when JSON was asked) over noise
     data.pairs / data.days                how much data the window holds (INCONCLUSIVE below
                                           the policy's minimums)
+    divergence.semantic.excess            mean over triads (incumbent, candidate, replay of one
+                                          request) of cos(replay, incumbent) - cos(candidate,
+                                          incumbent), sentence embeddings (evaluator/semantic.py,
+                                          extra shadow-ab[semantic]; without it INCONCLUSIVE)
+    divergence.semantic.candidate_mean    mean cosine similarity of candidate to incumbent
+    divergence.semantic.floor_mean        mean cosine similarity of replay to incumbent
 """
 
 from __future__ import annotations

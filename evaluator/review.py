@@ -44,7 +44,8 @@ STAGES: tuple[tuple[str, float], ...] = (
     ("data", 0.03),
     ("incidents", 0.25),
     ("latency", 0.42),
-    ("divergence", 0.22),
+    ("divergence", 0.17),
+    ("semantic", 0.05),
     ("verdict", 0.01),
     ("render", 0.05),
     ("store", 0.02),
@@ -61,7 +62,7 @@ SIMULATOR_NOTE = (
 
 @dataclass(frozen=True)
 class Analyses:
-    """The three analyses a review runs (a seam for tests: hand in your own sections)."""
+    """The analyses a review runs (a seam for tests: hand in your own sections)."""
 
     incidents: Callable[..., Section]
     """``(engine, deployment, window, progress=...) -> IncidentSection``; the real one also
@@ -76,6 +77,9 @@ class Analyses:
     """The same analyses computing every interval at a given confidence level (the look's,
     :meth:`evaluator.policy.Policy.look`); None: they keep their own level, and the verdict
     widens intervals below the look's level by normal approximation."""
+    semantic: Callable[..., Section] | None = None
+    """``(engine, deployment, window, progress=...) -> SemanticSection``
+    (:mod:`evaluator.semantic`); None: no semantic similarity section."""
 
 
 def default_analyses(
@@ -86,6 +90,7 @@ def default_analyses(
     warmup_s: float = 60.0,
     level: float | None = None,
     bootstrap_config: Any = None,
+    semantic_config: Any = None,
 ) -> Analyses:
     """The real analyses, with optional configurations (defaults: each analysis' own);
     ``level``: the confidence level of every interval, set in each configuration."""
@@ -98,12 +103,14 @@ def default_analyses(
     from evaluator.incidents.restarts import warmup_windows
     from evaluator.incidents.store import store_incidents
     from evaluator.latency import analyze_latency
+    from evaluator.semantic import SemanticConfig, analyze_semantic
     from evaluator.stats import BootstrapConfig
 
     if level is not None:
         incident_config = replace(incident_config or IncidentConfig(), level=level)
         divergence_config = replace(divergence_config or DivergenceConfig(), level=level)
         bootstrap_config = replace(bootstrap_config or BootstrapConfig(), level=level)
+        semantic_config = replace(semantic_config or SemanticConfig(), level=level)
 
     def incidents(
         engine: Engine, deployment: str, window: Window, progress: Progress | None = None
@@ -173,6 +180,12 @@ def default_analyses(
         section: Section = analyze_divergence(engine, deployment, window, **kw)
         return section
 
+    def semantic(engine: Engine, deployment: str, window: Window, **kw: Any) -> Section:
+        if semantic_config is not None:
+            kw["config"] = semantic_config
+        section: Section = analyze_semantic(engine, deployment, window, **kw)
+        return section
+
     def at_level(new_level: float) -> Analyses:
         return default_analyses(
             incident_config=incident_config,
@@ -181,6 +194,7 @@ def default_analyses(
             warmup_s=warmup_s,
             level=new_level,
             bootstrap_config=bootstrap_config,
+            semantic_config=semantic_config,
         )
 
     return Analyses(
@@ -189,6 +203,7 @@ def default_analyses(
         latency=latency,
         divergence=divergence,
         at_level=at_level,
+        semantic=semantic,
     )
 
 
@@ -490,6 +505,12 @@ def build_review(
         lambda: run.divergence(engine, deployment, window, progress=stages.sub("divergence")),
     )
     sections = {"latency": latency, "incidents": incidents, "divergence": divergence}
+    semantic = run.semantic
+    if semantic is not None:
+        sections["semantic"] = stages.run(
+            "semantic",
+            lambda: semantic(engine, deployment, window, progress=stages.sub("semantic")),
+        )
     # The window's size is judged on one definition (pairs = mirrored pairs, days = the whole
     # UTC hours from the first to the last of them); a section's own data.* figures are left out.
     measurements = data_measurements(data) + [

@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import functools
 import uuid
-from datetime import datetime
+from datetime import date, datetime
 from typing import Any
 
 from sqlalchemy import (
     JSON,
     BigInteger,
     Boolean,
+    Date,
     DateTime,
     Dialect,
     Float,
@@ -329,6 +330,34 @@ class LatencySample(Base):
     candidate_completion_tokens: Mapped[int | None] = mapped_column(Integer)
 
 
+# --- Semantic similarity scores (evaluator/semantic.py; migration 0005) -----------------------
+
+
+class SemanticScore(Base):
+    """One triad's two cosine similarities to the incumbent's answer, as one embedding model
+    scored them (answers cut to ``max_chars``): a review reads these for its sample and embeds
+    only the triads not scored yet (:func:`evaluator.semantic.analyze_semantic`). Answers do
+    not change once stored, so a score never goes stale; another model or cut is another row."""
+
+    __tablename__ = "semantic_scores"
+    __table_args__ = (Index(None, "deployment", "day"),)
+
+    pair_id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True)
+    model: Mapped[str] = mapped_column(String(200), primary_key=True)
+    """The embedder's ``name``."""
+    max_chars: Mapped[int] = mapped_column(Integer, primary_key=True)
+    deployment: Mapped[str] = mapped_column(String(200), nullable=False)
+    day: Mapped[date] = mapped_column(Date, nullable=False)
+    """The UTC day of the replay (the day whose sample drew the triad)."""
+    candidate: Mapped[float] = mapped_column(Float, nullable=False)
+    """cos(candidate, incumbent)."""
+    floor: Mapped[float] = mapped_column(Float, nullable=False)
+    """cos(replay, incumbent)."""
+    scored_at: Mapped[datetime] = mapped_column(
+        Timestamp, nullable=False, server_default=func.now()
+    )
+
+
 # Table handles for Core statements: the only ones (a table defined again elsewhere, or a
 # lightweight ``table()``, would read timestamps without :class:`UTCDateTime`).
 DEPLOYMENTS: Table = Base.metadata.tables["deployments"]
@@ -340,9 +369,7 @@ DROPS: Table = Base.metadata.tables["drops"]
 LATENCY_ROLLUPS: Table = Base.metadata.tables["latency_rollups"]
 LATENCY_ROLLUP_HOURS: Table = Base.metadata.tables["latency_rollup_hours"]
 LATENCY_SAMPLES: Table = Base.metadata.tables["latency_samples"]
-
-
-# --- Exchange rollups (evaluator/exchange_rollups.py; migration 0004_i15_month) ---------------
+# --- Exchange rollups (evaluator/exchange_rollups.py; migration 0004) ---------------
 
 
 class ExchangeCount(Base):
@@ -422,3 +449,4 @@ EXCHANGE_COUNTS: Table = Base.metadata.tables["exchange_counts"]
 EXCHANGE_PARITY: Table = Base.metadata.tables["exchange_parity"]
 EXCHANGE_NOTABLES: Table = Base.metadata.tables["exchange_notables"]
 EXCHANGE_ROLLUP_HOURS: Table = Base.metadata.tables["exchange_rollup_hours"]
+SEMANTIC_SCORES: Table = Base.metadata.tables["semantic_scores"]

@@ -47,6 +47,17 @@ def _figure_tables(body: Mapping[str, Any]) -> list[Table]:
     timeline = (sections.get("incidents") or {}).get("timeline") or []
     if timeline:
         out.append(make_table("incident timeline (plotted)", timeline))
+    hist = ((sections.get("semantic") or {}).get("histograms") or {}).get("similarity") or {}
+    edges = hist.get("edges") or []
+    rows = [
+        {"similarity": f"{lo:g}-{hi:g}", "candidate": c, "replay (floor)": r}
+        for lo, hi, c, r in zip(
+            edges, edges[1:], hist.get("candidate") or [], hist.get("replay") or [], strict=False
+        )
+        if c or r
+    ]
+    if rows:
+        out.append(make_table("semantic similarity histogram (plotted)", rows))
     return out
 
 

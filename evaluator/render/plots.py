@@ -241,6 +241,7 @@ def incident_timeline(incidents: Mapping[str, Any]) -> str | None:
 HISTOGRAM_LABELS = {
     "edit_similarity": "edit similarity to the incumbent",
     "first_divergence": "first divergence position (tokens)",
+    "similarity": "embedding cosine similarity to the incumbent",
 }
 
 
@@ -272,9 +273,16 @@ def _histograms(divergence: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
     return {"edit_similarity": one} if isinstance(one, Mapping) else {}
 
 
-def divergence_histogram(divergence: Mapping[str, Any]) -> str | None:
+DIVERGENCE_TITLE = "Output divergence: candidate vs the incumbent's own noise (replay)"
+SEMANTIC_TITLE = "Semantic similarity: candidate vs the incumbent's own replay (the floor)"
+
+
+def divergence_histogram(
+    divergence: Mapping[str, Any], title: str = DIVERGENCE_TITLE
+) -> str | None:
     """Candidate pairs vs replay pairs (the noise floor): edit similarity to the incumbent and
-    the first divergence position, as shares of each side's pairs."""
+    the first divergence position (or, for the semantic section, the embedding similarity), as
+    shares of each side's pairs."""
     panels = []
     for name, hist in _histograms(divergence).items():
         edges, series = _histogram_series(hist)
@@ -304,7 +312,7 @@ def divergence_histogram(divergence: Mapping[str, Any]) -> str | None:
             ax.set_ylabel("share of pairs")
             ax.grid(alpha=0.3)
             ax.legend(loc="upper left")
-        fig.suptitle("Output divergence: candidate vs the incumbent's own noise (replay)")
+        fig.suptitle(title)
         return to_svg(fig)
 
 
@@ -317,5 +325,6 @@ def figures(body: Mapping[str, Any]) -> dict[str, str]:
         "latency_vs_concurrency": latency_vs_concurrency(sections.get("latency") or {}),
         "incident_timeline": incident_timeline(sections.get("incidents") or {}),
         "divergence_histogram": divergence_histogram(sections.get("divergence") or {}),
+        "semantic_histogram": divergence_histogram(sections.get("semantic") or {}, SEMANTIC_TITLE),
     }
     return {k: v for k, v in out.items() if v}

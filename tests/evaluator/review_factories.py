@@ -173,11 +173,38 @@ def divergence_section(excess: float = 0.0) -> FakeSection:
     return FakeSection(ms, body)
 
 
+def semantic_section(excess: float = 0.0) -> FakeSection:
+    """Shaped as :meth:`evaluator.semantic.SemanticSection.to_dict`."""
+    ms = [
+        Measurement(
+            "divergence.semantic.excess",
+            excess,
+            Interval(excess - 0.004, excess + 0.004),
+            2000,
+            "similarity",
+        )
+    ]
+    edges = [0.0, *(round(0.5 + 0.025 * i, 3) for i in range(21))]
+    body = {
+        "model": "test model",
+        "histograms": {
+            "similarity": {
+                "edges": edges,
+                "candidate": [0] * 14 + [5, 10, 20, 60, 200, 700, 1005],
+                "replay": [0] * 16 + [3, 10, 80, 400, 1507],
+            }
+        },
+        "per_day": [{"day": "2026-11-02", "triads": 2000, "excess_mean": excess}],
+    }
+    return FakeSection(ms, body)
+
+
 def analyses(
     latency: FakeSection | None = None,
     incidents: FakeSection | None = None,
     divergence: FakeSection | None = None,
     calls: list[str] | None = None,
+    semantic: FakeSection | None = None,
 ) -> Analyses:
     """An :class:`Analyses` returning these sections (recording the calls' order)."""
     log = calls if calls is not None else []
@@ -198,4 +225,8 @@ def analyses(
     def warm(section: Any) -> list[str]:
         return [f"warmup-after-{f}" for f in section.findings]
 
-    return Analyses(incidents=inc, warmup=warm, latency=lat, divergence=div)
+    def sem(*args: Any, **kw: Any) -> FakeSection:
+        log.append("semantic")
+        return semantic or semantic_section()
+
+    return Analyses(incidents=inc, warmup=warm, latency=lat, divergence=div, semantic=sem)

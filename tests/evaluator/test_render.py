@@ -9,7 +9,13 @@ from typing import Any
 
 import orjson
 import pytest
-from review_factories import T0, divergence_section, incident_section, latency_section
+from review_factories import (
+    T0,
+    divergence_section,
+    incident_section,
+    latency_section,
+    semantic_section,
+)
 
 from evaluator.policy import default_policy
 from evaluator.render import RenderError, render
@@ -26,6 +32,7 @@ def body(
         "latency": latency_section(),
         "incidents": incident_section(candidate_crashes=crashes),
         "divergence": divergence_section(excess=0.05),
+        "semantic": semantic_section(),
     }
     data = {"pairs": 5000, "days": 7.0, "first": T0.isoformat(), "last": None}
     measurements = [m for s in sections.values() for m in s.measurements()]
@@ -74,8 +81,9 @@ def test_html_shows_the_verdict_and_every_figure(html: str) -> None:
     # judged at the look's level (day 7 of a 30-day plan), which the page states
     assert re.search(r"whole 1 - \d\.\de-\d\d interval", html) and "widened" in html
     assert "Sequential plan: look 7 of 30" in html
-    assert html.count("<svg") == 4  # CDFs, weekly p95, incident timeline, divergence histogram
-    for title in ("Latency CDFs", "Weekly p95", "Incidents", "Output divergence"):
+    # CDFs, weekly p95, incident timeline, divergence and semantic similarity histograms
+    assert html.count("<svg") == 5
+    for title in ("Latency CDFs", "Weekly p95", "Incidents", "Output divergence", "Semantic"):
         assert title in html
     assert "latency: by day" in html and "2026-11-08" in html  # per-day table
     assert "warm-up after 2 restarts left out" in html  # the section's notes
@@ -105,6 +113,7 @@ def test_markdown_has_the_same_content(review_body: dict[str, Any]) -> None:
     assert "weekly p95 (plotted)" in md and "2026-W46" in md
     assert "incident timeline (plotted)" in md
     assert "latency: by day" in md
+    assert "semantic similarity histogram (plotted)" in md and "| 0.975-1 | 1005 | 1507 |" in md
 
 
 def test_json_round_trips(review_body: dict[str, Any]) -> None:
@@ -133,6 +142,15 @@ def test_divergence_histogram_has_both_panels() -> None:
     assert svg is not None
     assert "edit similarity to the incumbent" in svg and "first divergence position" in svg
     assert "replay (n=1000)" in svg and "candidate (n=4000)" in svg
+
+
+def test_semantic_histogram_candidate_vs_floor(html: str) -> None:
+    """The report plots the embedding similarity of the candidate against the replay floor."""
+    assert "<h2>Semantic similarity</h2>" in html
+    figure = html.split("<h2>Semantic similarity</h2>", 1)[1].split("</div>", 1)[0]
+    assert "<svg" in figure and "embedding cosine similarity to the incumbent" in figure
+    assert "candidate (n=2000)" in figure and "replay (n=2000)" in figure
+    assert "Semantic tables" in html  # the per-day table follows
 
 
 def test_incident_timeline_draws_each_incident() -> None:

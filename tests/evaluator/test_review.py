@@ -81,8 +81,14 @@ def test_review_runs_the_analyses_in_order_and_stores_the_report(sqlite_engine: 
         lambda stage, f: progress.append((stage, f)),
         analyses=analyses(incidents=incidents, calls=calls),
     )
-    # Incidents first; their restarts become latency's warm-up windows; then divergence.
-    assert calls == ["incidents", "latency warmup=['warmup-after-crash-1']", "divergence"]
+    # Incidents first; their restarts become latency's warm-up windows; then divergence, then
+    # semantic similarity.
+    assert calls == [
+        "incidents",
+        "latency warmup=['warmup-after-crash-1']",
+        "divergence",
+        "semantic",
+    ]
     assert review.data["pairs"] == 20 and review.data["days"] == pytest.approx(7, abs=0.01)
     assert review.decision == "GO", review.verdict.reason
     assert SIMULATOR_NOTE in review.notes

@@ -223,6 +223,18 @@ def synthetic_aa(seed: int, pairs: int = 3000, exchanges: int = 20000) -> list[M
             "log ratio",
         )
     )
+    # Semantic similarity: the replay floor minus the candidate, paired over 1500 triads.
+    diffs = rng.normal(0.0, 0.05, 1500)
+    half = 2 * float(diffs.std(ddof=1)) / np.sqrt(len(diffs))
+    out.append(
+        Measurement(
+            "divergence.semantic.excess",
+            float(diffs.mean()),
+            Interval(float(diffs.mean()) - half, float(diffs.mean()) + half),
+            len(diffs),
+            "similarity",
+        )
+    )
     return out + data(pairs=pairs, days=30)
 
 

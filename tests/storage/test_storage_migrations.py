@@ -24,7 +24,8 @@ EXCHANGE_ROLLUP_TABLES = {  # 0004
     "exchange_parity",
     "exchange_rollup_hours",
 }
-HEAD = "0004_i15_month"
+SEMANTIC_TABLES = {"semantic_scores"}  # 0005
+HEAD = "0005"
 
 
 def _tables(url: str) -> set[str]:
@@ -56,7 +57,7 @@ def _up_down_up(url: str) -> None:
     assert current(url) is None
     upgrade(url)
     assert current(url) == head() == HEAD
-    assert _tables(url) == TABLES | ROLLUP_TABLES | EXCHANGE_ROLLUP_TABLES
+    assert _tables(url) == TABLES | ROLLUP_TABLES | EXCHANGE_ROLLUP_TABLES | SEMANTIC_TABLES
     assert _views(url) == {"pairs"}
 
     downgrade(url, "0003")
@@ -76,7 +77,7 @@ def _up_down_up(url: str) -> None:
 
     upgrade(url)
     assert current(url) == HEAD
-    assert _tables(url) == TABLES | ROLLUP_TABLES | EXCHANGE_ROLLUP_TABLES
+    assert _tables(url) == TABLES | ROLLUP_TABLES | EXCHANGE_ROLLUP_TABLES | SEMANTIC_TABLES
     assert _views(url) == {"pairs"}
 
 

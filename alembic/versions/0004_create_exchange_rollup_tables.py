@@ -12,7 +12,7 @@ reads these instead of scanning ``exchanges``. Written by
 ``evaluator.rollups.refresh_rollups``); hours rolled up before this revision are computed by the
 next refresh.
 
-Revision ID: 0004_i15_month
+Revision ID: 0004
 Revises: 0003
 Create Date: 2026-12-01 21:40:00
 """
@@ -24,7 +24,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0004_i15_month"
+revision: str = "0004"
 down_revision: str | None = "0003"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
