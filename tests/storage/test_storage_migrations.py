@@ -18,7 +18,7 @@ from storage.write import write_exchanges
 
 TABLES = {"deployments", "exchanges", "health_samples", "incidents", "reports", "drops"}
 ROLLUP_TABLES = {"latency_rollups", "latency_rollup_hours", "latency_samples"}  # 0003
-HEAD = "0003"
+HEAD = "0004_i12_probes"
 
 
 def _tables(url: str) -> set[str]:
