@@ -105,6 +105,25 @@ class Divergence(_Strict):
         return min(1.0, self.p + self.p_per_hour * max(0.0, sim_elapsed_s) / 3600.0)
 
 
+class Quality(_Strict):
+    """Output quality knobs (``quality:``; simulator/quality.py). A *worse* engine answers probes
+    wrongly, breaks JSON, refuses more."""
+
+    probe_accuracy: Annotated[float, Field(ge=0, le=1)] = 0.9
+    """Probability that a probe (a prompt of ``probe_set``) is answered correctly."""
+    broken_json: Annotated[float, Field(ge=0, le=1)] = 0.0
+    """Probability that an answer asked to be JSON (a JSON probe, or any request with
+    ``response_format`` JSON) is broken (cut in half: not JSON)."""
+    json_answers: bool = False
+    """Answer every request that asks for JSON (``response_format``) with valid JSON (an
+    instance of its schema, else ``{"answer": ...}``), broken at ``broken_json``; false: only
+    JSON probes, and other requests get the ordinary text (as before these knobs)."""
+    refusal: Annotated[float, Field(ge=0, le=1)] = 0.0
+    """Probability that any other answer is a refusal sentence instead."""
+    probe_set: str | None = None
+    """The probe set the simulator recognises (a JSONL path); null = the shipped one."""
+
+
 class _Schedule(_Strict):
     """When a fault happens: exactly one of ``at_s``, ``every_s`` or ``rate_per_hour``."""
 
@@ -254,6 +273,7 @@ class Scenario(_Strict):
     memory: Memory = Memory()
     divergence: Divergence = Divergence()
     faults: list[Fault] = Field(default_factory=list)
+    quality: Quality = Quality()
 
     @property
     def accelerated(self) -> bool:
