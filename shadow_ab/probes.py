@@ -409,7 +409,7 @@ def _probe_from(obj: Any) -> Probe:
     if not isinstance(prompt, str) or not prompt.strip():
         raise ValueError("prompt must be a non-empty string")
     max_tokens = obj.get("max_tokens", DEFAULT_MAX_TOKENS)
-    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or not 1 <= max_tokens:
+    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or not max_tokens >= 1:
         raise ValueError(f"max_tokens {max_tokens!r} must be a positive integer")
     system = obj.get("system")
     if system is not None and not isinstance(system, str):

@@ -30,8 +30,8 @@ from simulator.generate import (
     prompt_state,
 )
 from simulator.ledger import Ledger
-from simulator.quality import QualityAnswers, completion_of
 from simulator.metrics import EngineStats, drain_trt, render_trt_prometheus, render_vllm
+from simulator.quality import QualityAnswers, completion_of
 from simulator.scenario import Scenario
 from simulator.wire import (
     Framer,
