@@ -336,12 +336,14 @@ def sample_pair_ids(
         q = (
             select(s.pair_id)
             .where(s.deployment == deployment, s.role == role, s.sent_at >= lo, s.sent_at < hi)
+            .where(s.synthetic.is_(None))  # the mirror's probes: evaluator/quality.py
             .limit(limit)
         )
         return list(conn.execute(q).scalars())
     q = (
         select(x.pair_id)
         .where(x.deployment == deployment, x.role == role, x.sent_at >= lo, x.sent_at < hi)
+        .where(x.synthetic.is_(None))
         .order_by(x.pair_id)
         .limit(limit)
     )
@@ -363,7 +365,11 @@ def _compare_day(
     x = EXCHANGES.c
     total = conn.execute(
         select(func.count()).where(
-            x.deployment == deployment, x.role == role, x.sent_at >= lo, x.sent_at < hi
+            x.deployment == deployment,
+            x.role == role,
+            x.sent_at >= lo,
+            x.sent_at < hi,
+            x.synthetic.is_(None),
         )
     ).scalar_one()
     tally.total += int(total)

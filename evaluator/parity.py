@@ -48,7 +48,12 @@ def _bucket(column: Any) -> Any:
 def load_parity(engine: Engine, deployment: str, window: Window) -> dict[str, Any]:
     """The parity table of ``deployment`` over ``window`` (see the module docstring)."""
     x = EXCHANGES.c
-    cond = (x.deployment == deployment, x.sent_at >= window[0], x.sent_at < window[1])
+    cond = (
+        x.deployment == deployment,
+        x.sent_at >= window[0],
+        x.sent_at < window[1],
+        x.synthetic.is_(None),  # the mirror's probes are not client traffic
+    )
     bucket = _bucket(x.inflight_incumbent)
     by_bucket = (
         select(bucket, func.count(), func.avg(x.inflight_incumbent), func.avg(x.inflight_candidate))

@@ -65,6 +65,9 @@ KEY_PATTERNS: tuple[str, ...] = (
     r"divergence\.edit_similarity\.mean",
     r"divergence\.(finish_mismatch|json_invalid)\.excess",
     r"data\.(pairs|days)",
+    r"quality\.probe\.(accuracy_delta|candidate_accuracy|incumbent_accuracy)",
+    r"quality\.json\.(validity_delta|candidate_validity|incumbent_validity)",
+    r"quality\.refusal\.(rate_delta|candidate_rate|incumbent_rate)",
 )
 """Every measurement key a criterion may name (see :mod:`evaluator.results`)."""
 
@@ -93,6 +96,7 @@ def example_keys() -> list[str]:
         "divergence.edit_similarity.mean",
         "divergence.finish_mismatch.excess",
         "data.pairs",
+        "quality.probe.accuracy_delta",
     ]
 
 

@@ -44,7 +44,8 @@ STAGES: tuple[tuple[str, float], ...] = (
     ("data", 0.03),
     ("incidents", 0.25),
     ("latency", 0.42),
-    ("divergence", 0.22),
+    ("divergence", 0.20),
+    ("quality", 0.02),
     ("verdict", 0.01),
     ("render", 0.05),
     ("store", 0.02),
@@ -76,6 +77,9 @@ class Analyses:
     """The same analyses computing every interval at a given confidence level (the look's,
     :meth:`evaluator.policy.Policy.look`); None: they keep their own level, and the verdict
     widens intervals below the look's level by normal approximation."""
+    quality: Callable[..., Section] | None = None
+    """``(engine, deployment, window, progress=...) -> QualitySection`` (probe accuracy,
+    structured-output validity, refusal rate: :mod:`evaluator.quality`); None: not run."""
 
 
 def default_analyses(
@@ -86,6 +90,7 @@ def default_analyses(
     warmup_s: float = 60.0,
     level: float | None = None,
     bootstrap_config: Any = None,
+    quality_config: Any = None,
 ) -> Analyses:
     """The real analyses, with optional configurations (defaults: each analysis' own);
     ``level``: the confidence level of every interval, set in each configuration."""
@@ -98,12 +103,14 @@ def default_analyses(
     from evaluator.incidents.restarts import warmup_windows
     from evaluator.incidents.store import store_incidents
     from evaluator.latency import analyze_latency
+    from evaluator.quality import QualityConfig, analyze_quality
     from evaluator.stats import BootstrapConfig
 
     if level is not None:
         incident_config = replace(incident_config or IncidentConfig(), level=level)
         divergence_config = replace(divergence_config or DivergenceConfig(), level=level)
         bootstrap_config = replace(bootstrap_config or BootstrapConfig(), level=level)
+        quality_config = replace(quality_config or QualityConfig(), level=level)
 
     def incidents(
         engine: Engine, deployment: str, window: Window, progress: Progress | None = None
@@ -173,6 +180,12 @@ def default_analyses(
         section: Section = analyze_divergence(engine, deployment, window, **kw)
         return section
 
+    def quality(engine: Engine, deployment: str, window: Window, **kw: Any) -> Section:
+        if quality_config is not None:
+            kw["config"] = quality_config
+        section: Section = analyze_quality(engine, deployment, window, **kw)
+        return section
+
     def at_level(new_level: float) -> Analyses:
         return default_analyses(
             incident_config=incident_config,
@@ -181,6 +194,7 @@ def default_analyses(
             warmup_s=warmup_s,
             level=new_level,
             bootstrap_config=bootstrap_config,
+            quality_config=quality_config,
         )
 
     return Analyses(
@@ -189,6 +203,7 @@ def default_analyses(
         latency=latency,
         divergence=divergence,
         at_level=at_level,
+        quality=quality,
     )
 
 
@@ -312,7 +327,11 @@ def days_spanned(first: datetime, last: datetime) -> float:
 def data_extent(engine: Engine, deployment: str, window: Window | None = None) -> dict[str, Any]:
     """How much mirrored traffic the window holds: candidate exchanges (one per mirrored pair),
     their first and last send times and the days they span (:func:`days_spanned`)."""
-    cond = [Exchange.deployment == deployment, Exchange.role == "candidate"]
+    cond = [
+        Exchange.deployment == deployment,
+        Exchange.role == "candidate",
+        Exchange.synthetic.is_(None),  # the mirror's probes are not client traffic
+    ]
     if window is not None:
         cond += [Exchange.sent_at >= window[0], Exchange.sent_at < window[1]]
     stmt = select(func.count(), func.min(Exchange.sent_at), func.max(Exchange.sent_at)).where(*cond)
@@ -483,6 +502,12 @@ def build_review(
         lambda: run.divergence(engine, deployment, window, progress=stages.sub("divergence")),
     )
     sections = {"latency": latency, "incidents": incidents, "divergence": divergence}
+    quality_run = run.quality
+    if quality_run is not None:
+        sections["quality"] = stages.run(
+            "quality",
+            lambda: quality_run(engine, deployment, window, progress=stages.sub("quality")),
+        )
     # The window's size is judged on one definition (pairs = mirrored pairs, days = the whole
     # UTC hours from the first to the last of them); a section's own data.* figures are left out.
     measurements = data_measurements(data) + [

@@ -467,6 +467,7 @@ def parse_probe_set(text: str | bytes, source: str = "<probes>") -> ProbeSet:
     probes: list[Probe] = []
     errors: list[str] = []
     seen: dict[str, int] = {}
+    prompts: dict[str, int] = {}
     for n, line in enumerate(text.splitlines(), 1):
         if not line.strip() or line.lstrip().startswith("#"):
             continue
@@ -481,7 +482,14 @@ def parse_probe_set(text: str | bytes, source: str = "<probes>") -> ProbeSet:
         if probe.id in seen:
             errors.append(f"{source} line {n}: id {probe.id!r} repeats line {seen[probe.id]}")
             continue
+        if probe.prompt in prompts:
+            errors.append(
+                f"{source} line {n}: the same prompt as line {prompts[probe.prompt]}"
+                " (a probe is recognised by its prompt: make each one different)"
+            )
+            continue
         seen[probe.id] = n
+        prompts[probe.prompt] = n
         probes.append(probe)
     if errors:
         shown = errors[:MAX_ERRORS_SHOWN]

@@ -236,7 +236,8 @@ def _json(rng: random.Random, i: int) -> dict[str, Any]:
         prompt = f"Return a JSON object for a person named {name} who is {age} years old."
         expect: dict[str, Any] = {"name": name, "age": age}
     elif shape == 1:
-        color = COLORS[i % len(COLORS)]
+        j = i // 3  # 0..19: every (city, color) pair differs (lcm of 10 and 6 is 30)
+        city, color = CITIES[j % len(CITIES)], COLORS[j % len(COLORS)]
         schema = {
             "type": "object",
             "properties": {
@@ -280,9 +281,22 @@ def _json(rng: random.Random, i: int) -> dict[str, Any]:
 def generate() -> list[dict[str, Any]]:
     rng = random.Random(12)
     rows: list[tuple[str, dict[str, Any]]] = []
-    rows += [("arith", _arith(rng, i)) for i in range(100)]
+    arith: dict[str, dict[str, Any]] = {}
+    i = 0
+    while len(arith) < 100:
+        row = _arith(rng, i)
+        if row["prompt"] not in arith:
+            arith[row["prompt"]] = row
+            i += 1
+    rows += [("arith", r) for r in arith.values()]
     rows += [("qa", q) for q in _qa()]
-    rows += [("json", _json(rng, i)) for i in range(60)]
+    seen: set[str] = set()
+    for i in range(60):
+        row = _json(rng, i)
+        while row["prompt"] in seen:  # a repeated draw of a random shape: draw again
+            row = _json(rng, i)
+        seen.add(row["prompt"])
+        rows.append(("json", row))
     rows += [("refusal", {"kind": "refusal", "prompt": p, "refuse": True}) for p in DECLINE]
     rows += [("refusal", {"kind": "refusal", "prompt": p, "refuse": False}) for p in ANSWER]
     counters: dict[str, int] = {}
