@@ -257,11 +257,29 @@ class QualitySection:
         return list(self._measurements)
 
     def to_dict(self) -> dict[str, Any]:
+        """Tables for the report (``comparison``, ``probe_accuracy`` per engine over the window,
+        per UTC day and per ISO week, ``probe_accuracy_by_kind``), the probe set, the method;
+        ``detail`` holds the nested figures (``probes``, ``json``, ``refusal``)."""
         return {
-            "probe_set": self.probe_set,
-            "probes": self.probes,
-            "json": self.json,
-            "refusal": self.refusal,
+            "comparison": self.comparison(),
+            "probe_accuracy": self.accuracy_rows(),
+            "probe_accuracy_by_kind": [
+                {
+                    "kind": row["kind"],
+                    **{role: _iv(row[role]) for role in ("incumbent", "candidate")},
+                    "n": {role: row[role]["n"] for role in ("incumbent", "candidate")},
+                }
+                for row in self.probes.get("by_kind", [])
+            ],
+            "probe_set": {
+                **self.probe_set,
+                "unscored answers": self.probes.get("unscored", 0),
+                "failed answers": {
+                    role: e.get("failed", 0)
+                    for role, e in (self.probes.get("engines") or {}).items()
+                },
+            },
+            "detail": {"probes": self.probes, "json": self.json, "refusal": self.refusal},
             "level": self.config.level,
             "method": {
                 "probes": "each answer checked by its probe (shadow_ab/probes.py); Wilson"
@@ -275,6 +293,67 @@ class QualitySection:
                 " day; probes: every probe pair",
             },
         }
+
+    def comparison(self) -> list[dict[str, Any]]:
+        """One row per figure: each engine's share and the paired delta, with intervals."""
+        rows = []
+        probes = self.probes.get("engines") or {}
+        for name, inc, cand, delta in (
+            (
+                "probe accuracy",
+                (probes.get("incumbent") or {}).get("overall"),
+                (probes.get("candidate") or {}).get("overall"),
+                self.probes.get("delta"),
+            ),
+            (
+                "JSON validity",
+                self.json.get("incumbent"),
+                self.json.get("candidate"),
+                self.json.get("delta"),
+            ),
+            (
+                "refusal rate",
+                self.refusal.get("incumbent"),
+                self.refusal.get("candidate"),
+                self.refusal.get("delta"),
+            ),
+        ):
+            d = delta or {}
+            rows.append(
+                {
+                    "figure": name,
+                    "incumbent": _iv(inc or {}),
+                    "candidate": _iv(cand or {}),
+                    "delta": {"value": d.get("value"), "low": d.get("low"), "high": d.get("high")},
+                    "pairs": d.get("n", 0),
+                    "design effect": d.get("deff"),
+                }
+            )
+        return rows
+
+    def accuracy_rows(self) -> list[dict[str, Any]]:
+        rows = []
+        for period in ("overall", "by_week", "by_day"):
+            for role in ("incumbent", "candidate"):
+                e = (self.probes.get("engines") or {}).get(role) or {}
+                entries = [e.get("overall") or {}] if period == "overall" else e.get(period, [])
+                for entry in entries:
+                    label = entry.get("day") or entry.get("week") or "window"
+                    rows.append(
+                        {
+                            "engine": role,
+                            "period": label,
+                            "answers": entry.get("n", 0),
+                            "correct": entry.get("k", 0),
+                            "accuracy": _iv(entry),
+                        }
+                    )
+        return rows
+
+
+def _iv(entry: dict[str, Any]) -> dict[str, Any]:
+    """``{value, low, high}`` of a share entry (one report cell)."""
+    return {"value": entry.get("rate"), "low": entry.get("low"), "high": entry.get("high")}
 
 
 def _hour(ts: datetime) -> datetime:

@@ -53,7 +53,9 @@ def test_checks_read_answers_as_people_write_them() -> None:
     assert json_verdict({"response_format": {"type": "json_object"}}, "[1]") is True
     assert json_verdict({"guided_json": schema}, "{}") is False
     assert json_verdict({}, "not json") is None
-    assert validate({"n": 1, "x": 2}, {**schema, "additionalProperties": False}) == ["$: unexpected 'x'"]
+    assert validate({"n": 1, "x": 2}, {**schema, "additionalProperties": False}) == [
+        "$: unexpected 'x'"
+    ]
 
 
 def test_a_bad_probe_file_names_every_bad_line_and_keeps_nothing(tmp_path: Path) -> None:

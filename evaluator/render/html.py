@@ -19,7 +19,7 @@ from evaluator.render.tables import (
     section_tables,
 )
 
-SECTION_ORDER = ("latency", "incidents", "divergence")
+SECTION_ORDER = ("latency", "incidents", "divergence", "quality")
 
 
 def _looks_numeric(text: str) -> bool:
