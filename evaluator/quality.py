@@ -139,7 +139,7 @@ def paired_delta(
     denom = (a + b) * (c_ + d) * (a + c_) * (b + d)
     phi = 0.0
     if denom > 0:
-        num = a * d - b * c_
+        num = float(a * d - b * c_)
         # Newcombe's continuity-corrected phi (his 1998 paper, method 10)
         num = max(num - n / 2.0, 0.0) if num > 0 else num
         phi = num / math.sqrt(denom)
@@ -438,7 +438,7 @@ def probe_figures(
         )
     ]
     for role in ("candidate", "incumbent"):
-        o = per_engine[role]["overall"]
+        o: dict[str, Any] = per_engine[role]["overall"]  # type: ignore[assignment]
         ms.append(
             Measurement(
                 f"quality.probe.{role}_accuracy",

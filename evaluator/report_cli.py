@@ -132,6 +132,13 @@ def summary_line(review: Review, target: str) -> str:
 @click.option(
     "--progress/--no-progress", default=True, show_default=True, help="Progress bar on stderr."
 )
+@click.option(
+    "--probes",
+    metavar="PATH|default",
+    default=None,
+    help="The probe set the mirror sent (its probes.set): 'default' or the JSON-lines file;"
+    " probe answers are scored against it.",
+)
 @url_option
 @storage_errors
 def report(
@@ -144,6 +151,7 @@ def report(
     no_store: bool,
     progress: bool,
     database_url: str | None,
+    probes: str | None = None,
 ) -> None:
     """Review a deployment and write the go/no-go report (verdict, criteria, plots, tables)."""
     url = resolve_url(database_url)
@@ -154,6 +162,17 @@ def report(
             try:
                 deployment_info(engine, deployment)  # an unknown one lists the known ones
                 chosen = load_policy(policy) if policy else stored_policy(engine, deployment)
+                run = None
+                if probes is not None:
+                    from evaluator.quality import QualityConfig
+                    from evaluator.review import default_analyses
+                    from shadow_ab.probes import ProbeSetError, load_probe_set
+
+                    try:
+                        load_probe_set(probes)
+                    except ProbeSetError as exc:
+                        raise click.UsageError(f"--probes: {exc}") from None
+                    run = default_analyses(quality_config=QualityConfig(probe_set=probes))
                 window = resolve_window(engine, deployment, start, end)
                 with ProgressBar(progress) as bar:
                     review = build_review(
@@ -164,6 +183,7 @@ def report(
                         bar,
                         store=not no_store,
                         with_html=fmt == "html" or not no_store,
+                        analyses=run,
                     )
             except EvaluatorError as exc:
                 raise click.UsageError(str(exc)) from None

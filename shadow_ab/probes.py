@@ -231,7 +231,8 @@ def example_of(schema: dict[str, Any]) -> Any:
         props = schema.get("properties") or {}
         return {k: example_of(v) for k, v in props.items() if isinstance(v, dict)}
     if t == "array":
-        items = schema.get("items") if isinstance(schema.get("items"), dict) else {}
+        raw = schema.get("items")
+        items: dict[str, Any] = raw if isinstance(raw, dict) else {}
         return [example_of(items) for _ in range(int(schema.get("minItems", 1)))]
     if t == "string":
         return "x" * max(1, int(schema.get("minLength", 1)))
@@ -310,8 +311,8 @@ class Probe:
             want = float(self.answers[0])
             return got is not None and math.isclose(got, want, rel_tol=1e-9, abs_tol=1e-9)
         if self.kind == "exact":
-            got = normalize(text)
-            return any(got == normalize(a) for a in self.answers)
+            said = normalize(text)
+            return any(said == normalize(a) for a in self.answers)
         if self.kind == "json":
             parsed, value = parse_json_answer(text)
             if not parsed or validate(value, self.schema or {}):

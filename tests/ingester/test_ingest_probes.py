@@ -46,8 +46,7 @@ def test_probe_records_are_stored_marked_and_scored(
             (str(pair_id), role): (synthetic, probe_id)
             for pair_id, role, synthetic, probe_id in conn.execute(
                 text(
-                    "SELECT pair_id, role, synthetic, probe_id FROM exchanges"
-                    " WHERE deployment = :d"
+                    "SELECT pair_id, role, synthetic, probe_id FROM exchanges WHERE deployment = :d"
                 ),
                 {"d": topics.deployment},
             )
