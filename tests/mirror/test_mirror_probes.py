@@ -34,7 +34,11 @@ from shadow_ab.records import ExchangeRecord, Role
 def sims() -> Iterator[tuple[RunningSim, RunningSim]]:
     with (
         running_sim("vllm", "clean", overrides=FAST, ledger=False) as inc,
-        running_sim("vllm", "clean", overrides=FAST, ledger=False) as cand,
+        running_sim(
+            "vllm",
+            "clean",
+            overrides={**FAST, "quality": {"probe_accuracy": 0.5, "broken_json": 0.5}},
+        ) as cand,
     ):
         yield inc, cand
 
@@ -82,7 +86,7 @@ async def traffic(mirror: Mirror, n: int, settle_s: float) -> list[bytes]:
 def test_probes_reach_both_engines_marked_and_the_client_is_unaffected(
     sims: tuple[RunningSim, RunningSim],
 ) -> None:
-    inc, _ = sims
+    inc, cand = sims
     direct = httpx.post(inc.base_url + "/v1/chat/completions", json=BODY, timeout=10).content
     sink = ListSink()
     mirror = Mirror(settings(sims, probes={"per_minute": 600, "seed": 3}), sink=sink)
@@ -119,6 +123,17 @@ def test_probes_reach_both_engines_marked_and_the_client_is_unaffected(
     # No client pair holds a probe's record.
     client_pairs = {r.pair_id for r in client}
     assert not client_pairs & set(pairs)
+    # The candidate simulator's ledger says which answers it made wrong: the probe's check of
+    # each recorded answer agrees, answer by answer (simulator -> mirror -> record -> check).
+    drawn = {line["pair_id"]: line for line in cand.ledger() if line["event"] == "probe"}
+    answered = [r for r in probes if r.role is Role.CANDIDATE and r.status.value == "ok"]
+    assert answered and {str(r.pair_id) for r in answered} <= set(drawn)
+    for r in answered:
+        probe = shipped.lookup(r.probe_id or "")
+        assert probe is not None
+        line = drawn[str(r.pair_id)]
+        assert line["probe_id"] == r.probe_id and line["accuracy"] == 0.5
+        assert probe.check(r.output_text) is line["correct"]
 
 
 class _Guard:
