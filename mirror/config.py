@@ -257,6 +257,12 @@ class MirrorSettings(CommonSettings):
         default_factory=ProbeConfig,
         description="synthetic probes to both engines, scored by the evaluator (mirror/probes.py)",
     )
+    data_plane: Literal["asgi", "protocol"] = Field(
+        default="asgi",
+        description="the client's path: 'asgi' (uvicorn + aiohttp) or 'protocol' (raw asyncio"
+        " transports with httptools, each incumbent chunk written to the client as it arrives:"
+        " mirror/wire.py; measured in bench/mirror_overhead.py)",
+    )
 
     @field_validator("routes")
     @classmethod
