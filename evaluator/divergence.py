@@ -551,6 +551,7 @@ def sample_pair_ids(
         q = (
             select(s.pair_id)
             .where(s.deployment == deployment, s.role == role, s.sent_at >= lo, s.sent_at < hi)
+            .where(s.synthetic.is_(None))  # the mirror's probes: evaluator/quality.py
             .order_by(s.pair_id)
             .limit(limit)
         )
@@ -558,6 +559,7 @@ def sample_pair_ids(
     q = (
         select(x.pair_id)
         .where(x.deployment == deployment, x.role == role, x.sent_at >= lo, x.sent_at < hi)
+        .where(x.synthetic.is_(None))
         .order_by(x.pair_id)
         .limit(limit)
     )

@@ -19,6 +19,9 @@ fills, per deployment and UTC hour (tables in migration 0004):
   in-flight counts) and by guard state: the load parity table (:mod:`evaluator.parity`);
 - ``exchange_rollup_hours``: which hours are done, and the floors they were kept at.
 
+Client traffic only: the mirror's probes (``synthetic`` set, :mod:`mirror.probes`) are left out
+of every table, as incident detection's and the data extent's raw reads leave them out.
+
 It runs with the latency rollups (:func:`evaluator.rollups.refresh_rollups` calls it; the same
 closed/grace rule, the same day-sized chunks, but its own record of done hours, so a store
 upgraded to 0004 computes these for hours whose latency rollups exist already).
@@ -106,7 +109,7 @@ INSERT INTO exchange_counts (deployment, minute, role, n, n_failed, first_sent, 
 SELECT deployment, {minute}, role, count(*),
        sum(CASE WHEN status IN ({failed}) THEN 1 ELSE 0 END), min(sent_at), max(sent_at)
 FROM exchanges
-WHERE deployment = :deployment AND sent_at >= :lo AND sent_at < :hi
+WHERE deployment = :deployment AND sent_at >= :lo AND sent_at < :hi AND synthetic IS NULL
 GROUP BY deployment, {minute}, role
 """
 
@@ -124,7 +127,7 @@ INSERT INTO exchange_notables (deployment, sent_at, pair_id, role, engine, statu
 SELECT deployment, sent_at, pair_id, role, engine, status, http_status, error, ttft_s, e2e_s,
        {longest}
 FROM exchanges
-WHERE deployment = :deployment AND sent_at >= :lo AND sent_at < :hi
+WHERE deployment = :deployment AND sent_at >= :lo AND sent_at < :hi AND synthetic IS NULL
   AND (status <> 'ok' OR ttft_s >= :stall OR e2e_s >= :e2e
        OR (e2e_s >= :stall AND {gap}))
 """
@@ -136,7 +139,10 @@ def _parity_sql(pg: bool) -> str:
     hour = _hour_expr(pg, "sent_at")
     bucket = _case("inflight_incumbent", LOAD_EDGES)
     state = "guard->>'state'" if pg else "json_extract(guard, '$.state')"
-    where = "deployment = :deployment AND sent_at >= :lo AND sent_at < :hi AND role = 'candidate'"
+    where = (
+        "deployment = :deployment AND sent_at >= :lo AND sent_at < :hi AND role = 'candidate'"
+        " AND synthetic IS NULL"
+    )
     return f"""
 INSERT INTO exchange_parity (deployment, hour, kind, key, n, sum_incumbent, sum_candidate)
 SELECT deployment, {hour}, 'load', CAST({bucket} AS VARCHAR(64)), count(*),
@@ -360,7 +366,10 @@ def role_extent(
         parts.append(
             conn.execute(
                 select(func.count(), func.min(x.sent_at), func.max(x.sent_at)).where(
-                    x.deployment == deployment, x.role.in_(roles), in_ranges(x.sent_at, raw)
+                    x.deployment == deployment,
+                    x.role.in_(roles),
+                    in_ranges(x.sent_at, raw),
+                    x.synthetic.is_(None),
                 )
             ).one()
         )

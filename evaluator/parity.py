@@ -60,7 +60,11 @@ def load_parity(engine: Engine, deployment: str, window: Window) -> dict[str, An
     with engine.connect() as conn:
         runs, raw = split_window(conn, deployment, (window[0], window[1]))
         if raw:
-            in_raw = (x.deployment == deployment, in_ranges(x.sent_at, raw))
+            in_raw = (
+                x.deployment == deployment,
+                in_ranges(x.sent_at, raw),
+                x.synthetic.is_(None),  # the mirror's probes are not client traffic
+            )
             bucket = _bucket(x.inflight_incumbent)
             by_bucket = (
                 select(

@@ -67,6 +67,9 @@ KEY_PATTERNS: tuple[str, ...] = (
     r"divergence\.(hard_excess_rate|near_tie_share|length_shift)",
     r"data\.(pairs|days)",
     r"divergence\.semantic\.(excess|candidate_mean|floor_mean)",
+    r"quality\.probe\.(accuracy_delta|candidate_accuracy|incumbent_accuracy)",
+    r"quality\.json\.(validity_delta|candidate_validity|incumbent_validity)",
+    r"quality\.refusal\.(rate_delta|candidate_rate|incumbent_rate)",
 )
 """Every measurement key a criterion may name (see :mod:`evaluator.results`)."""
 
@@ -96,6 +99,7 @@ def example_keys() -> list[str]:
         "divergence.finish_mismatch.excess",
         "divergence.hard_excess_rate",
         "data.pairs",
+        "quality.probe.accuracy_delta",
     ]
 
 

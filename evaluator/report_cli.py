@@ -159,6 +159,13 @@ def _analyses(near_tie_nats: float, api_url: str) -> Analyses | None:
 @click.option(
     "--progress/--no-progress", default=True, show_default=True, help="Progress bar on stderr."
 )
+@click.option(
+    "--probes",
+    metavar="PATH|default",
+    default=None,
+    help="The probe set the mirror sent (its probes.set): 'default' or the JSON-lines file;"
+    " probe answers are scored against it.",
+)
 @url_option
 @storage_errors
 def report(
@@ -173,6 +180,7 @@ def report(
     api_url: str,
     progress: bool,
     database_url: str | None,
+    probes: str | None = None,
 ) -> None:
     """Review a deployment and write the go/no-go report (verdict, criteria, plots, tables)."""
     url = resolve_url(database_url)
@@ -183,6 +191,22 @@ def report(
             try:
                 deployment_info(engine, deployment)  # an unknown one lists the known ones
                 chosen = load_policy(policy) if policy else stored_policy(engine, deployment)
+                run = _analyses(near_tie_nats, api_url)
+                if probes is not None:
+                    from evaluator.divergence import DivergenceConfig
+                    from evaluator.quality import QualityConfig
+                    from shadow_ab.probes import ProbeSetError, load_probe_set
+
+                    try:
+                        load_probe_set(probes)
+                    except ProbeSetError as exc:
+                        raise click.UsageError(f"--probes: {exc}") from None
+                    run = default_analyses(
+                        divergence_config=DivergenceConfig(
+                            near_tie_nats=near_tie_nats, api_base_url=api_url
+                        ),
+                        quality_config=QualityConfig(probe_set=probes),
+                    )
                 window = resolve_window(engine, deployment, start, end)
                 with ProgressBar(progress) as bar:
                     review = build_review(
@@ -193,7 +217,7 @@ def report(
                         bar,
                         store=not no_store,
                         with_html=fmt == "html" or not no_store,
-                        analyses=_analyses(near_tie_nats, api_url),
+                        analyses=run,
                     )
             except EvaluatorError as exc:
                 raise click.UsageError(str(exc)) from None

@@ -42,6 +42,21 @@ Measurement keys (``<metric>`` in ttft, tpot, itl, e2e, tokens_per_s; ``<q>`` in
                                           extra shadow-ab[semantic]; without it INCONCLUSIVE)
     divergence.semantic.candidate_mean    mean cosine similarity of candidate to incumbent
     divergence.semantic.floor_mean        mean cosine similarity of replay to incumbent
+    quality.probe.accuracy_delta          candidate minus incumbent accuracy on the mirror's
+                                          probes both answered (evaluator/quality.py):
+                                          Newcombe's paired interval on the effective n
+                                          (clustered by probe: a probe asked again is
+                                          answered alike)
+    quality.probe.<candidate|incumbent>_accuracy
+                                          each engine's probe accuracy, Wilson interval on the
+                                          effective n
+    quality.json.validity_delta           candidate minus incumbent share of valid JSON where
+                                          the request asked JSON (parsed, and valid against the
+                                          schema given), all traffic, paired, clustered by hour
+    quality.json.<candidate|incumbent>_validity
+    quality.refusal.rate_delta            candidate minus incumbent refusal rate, all traffic,
+                                          paired, clustered by hour
+    quality.refusal.<candidate|incumbent>_rate
 """
 
 from __future__ import annotations

@@ -44,8 +44,9 @@ STAGES: tuple[tuple[str, float], ...] = (
     ("data", 0.03),
     ("incidents", 0.25),
     ("latency", 0.42),
-    ("divergence", 0.17),
+    ("divergence", 0.15),
     ("semantic", 0.05),
+    ("quality", 0.02),
     ("verdict", 0.01),
     ("render", 0.05),
     ("store", 0.02),
@@ -80,6 +81,9 @@ class Analyses:
     semantic: Callable[..., Section] | None = None
     """``(engine, deployment, window, progress=...) -> SemanticSection``
     (:mod:`evaluator.semantic`); None: no semantic similarity section."""
+    quality: Callable[..., Section] | None = None
+    """``(engine, deployment, window, progress=...) -> QualitySection`` (probe accuracy,
+    structured-output validity, refusal rate: :mod:`evaluator.quality`); None: not run."""
 
 
 def default_analyses(
@@ -91,6 +95,7 @@ def default_analyses(
     level: float | None = None,
     bootstrap_config: Any = None,
     semantic_config: Any = None,
+    quality_config: Any = None,
 ) -> Analyses:
     """The real analyses, with optional configurations (defaults: each analysis' own);
     ``level``: the confidence level of every interval, set in each configuration."""
@@ -103,6 +108,7 @@ def default_analyses(
     from evaluator.incidents.restarts import warmup_windows
     from evaluator.incidents.store import store_incidents
     from evaluator.latency import analyze_latency
+    from evaluator.quality import QualityConfig, analyze_quality
     from evaluator.semantic import SemanticConfig, analyze_semantic
     from evaluator.stats import BootstrapConfig
 
@@ -111,6 +117,7 @@ def default_analyses(
         divergence_config = replace(divergence_config or DivergenceConfig(), level=level)
         bootstrap_config = replace(bootstrap_config or BootstrapConfig(), level=level)
         semantic_config = replace(semantic_config or SemanticConfig(), level=level)
+        quality_config = replace(quality_config or QualityConfig(), level=level)
 
     def incidents(
         engine: Engine, deployment: str, window: Window, progress: Progress | None = None
@@ -186,6 +193,12 @@ def default_analyses(
         section: Section = analyze_semantic(engine, deployment, window, **kw)
         return section
 
+    def quality(engine: Engine, deployment: str, window: Window, **kw: Any) -> Section:
+        if quality_config is not None:
+            kw["config"] = quality_config
+        section: Section = analyze_quality(engine, deployment, window, **kw)
+        return section
+
     def at_level(new_level: float) -> Analyses:
         return default_analyses(
             incident_config=incident_config,
@@ -195,6 +208,7 @@ def default_analyses(
             level=new_level,
             bootstrap_config=bootstrap_config,
             semantic_config=semantic_config,
+            quality_config=quality_config,
         )
 
     return Analyses(
@@ -204,6 +218,7 @@ def default_analyses(
         divergence=divergence,
         at_level=at_level,
         semantic=semantic,
+        quality=quality,
     )
 
 
@@ -331,6 +346,16 @@ def data_extent(engine: Engine, deployment: str, window: Window | None = None) -
 
     with engine.connect() as conn:  # rolled-up hours from the exchange rollups, the rest raw
         count, first, last = role_extent(conn, deployment, ("candidate",), window)
+    cond = [
+        Exchange.deployment == deployment,
+        Exchange.role == "candidate",
+        Exchange.synthetic.is_(None),  # the mirror's probes are not client traffic
+    ]
+    if window is not None:
+        cond += [Exchange.sent_at >= window[0], Exchange.sent_at < window[1]]
+    stmt = select(func.count(), func.min(Exchange.sent_at), func.max(Exchange.sent_at)).where(*cond)
+    with engine.connect() as conn:
+        count, first, last = conn.execute(stmt).one()
     days = days_spanned(first, last) if first and last else 0.0
     return {
         "pairs": int(count or 0),
@@ -510,6 +535,12 @@ def build_review(
         sections["semantic"] = stages.run(
             "semantic",
             lambda: semantic(engine, deployment, window, progress=stages.sub("semantic")),
+        )
+    quality_run = run.quality
+    if quality_run is not None:
+        sections["quality"] = stages.run(
+            "quality",
+            lambda: quality_run(engine, deployment, window, progress=stages.sub("quality")),
         )
     # The window's size is judged on one definition (pairs = mirrored pairs, days = the whole
     # UTC hours from the first to the last of them); a section's own data.* figures are left out.

@@ -165,6 +165,7 @@ def _x_sql(pg: bool, roles: Sequence[str]) -> str:
         f" {_TPS.format(r='')} AS tps, itl_s, {slice_cols}"
         " FROM exchanges WHERE deployment = :deployment AND sent_at >= :lo AND sent_at < :hi"
         f" AND status = 'ok' AND role IN ({role_list})"
+        " AND synthetic IS NULL"  # the mirror's probes are not client traffic
     )
 
 
@@ -304,7 +305,7 @@ FROM (
                inflight_incumbent, prompt_tokens
         FROM exchanges
         WHERE deployment = :deployment AND role = 'incumbent'
-          AND sent_at >= :lo AND sent_at < :hi
+          AND sent_at >= :lo AND sent_at < :hi AND synthetic IS NULL
     ) ranked
     WHERE rn <= :k
 ) i
@@ -321,6 +322,7 @@ def _pair_counts_sql(pg: bool) -> str:
 SELECT {hour} AS hour, count(*) AS n
 FROM exchanges
 WHERE deployment = :deployment AND role = 'incumbent' AND sent_at >= :lo AND sent_at < :hi
+  AND synthetic IS NULL
 GROUP BY {hour}
 """
 

@@ -86,6 +86,8 @@ class _Exchange(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     inflight_incumbent: Count | None = None
     inflight_candidate: Count | None = None
     guard: dict[str, Any] = {}
+    synthetic: Literal["probe"] | None = None
+    probe_id: Name | None = None
 
 
 class _Health(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

@@ -242,6 +242,7 @@ class Mirror:
         self._own_sessions: list[aiohttp.ClientSession] = []
         self._health_session: aiohttp.ClientSession | None = None
         self._health_task: asyncio.Task[None] | None = None
+        self._probe_task: asyncio.Task[None] | None = None
         self.inc_url = settings.incumbent.url
         self.cand_url = settings.candidate.url
         self.inc_engine = settings.incumbent_engine()
@@ -381,6 +382,11 @@ class Mirror:
             self.replay_session = self._session(self.settings.incumbent, raw=True)
         if self.settings.health_enabled:
             self._start_health()
+        if self.settings.probes.per_minute > 0:
+            from mirror.probes import ProbeInjector
+
+            injector = ProbeInjector(self, self.settings.probes)
+            self._probe_task = asyncio.create_task(injector.run(), name="probes")
         _tune_gc()
         self.started = True
         log.info(
@@ -421,6 +427,10 @@ class Mirror:
         """Let shadow requests finish (up to ``drain_timeout_s``; the rest are recorded as
         cancelled), stop the health sampler, close sessions, flush the sink."""
         self.draining = True
+        if self._probe_task is not None:
+            self._probe_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._probe_task
         await self.shadows.drain(self.settings.drain_timeout_s)
         if self._health_task is not None:
             self._health_task.cancel()
@@ -882,7 +892,8 @@ class Mirror:
             m.RECORDS_DROPPED.labels(reason="encode_error").inc()
             return
         try:
-            record = self.privacy.apply(record, d.capture)
+            if d.synthetic is None:  # a probe's text is the mirror's own, not a client's
+                record = self.privacy.apply(record, d.capture)
         except RedactionError as exc:
             log.error(
                 "the redactor failed on the %s record of pair %s: %s", role.value, d.pair_id, exc

@@ -39,6 +39,7 @@ from mirror.health import HealthConfig
 from mirror.kafka_sink import KafkaSinkConfig
 from mirror.limits import ServerLimits
 from mirror.privacy import PrivacyConfig
+from mirror.probes import ProbeConfig
 from mirror.rewrite import CandidateRewrite
 from mirror.routes import DEFAULT_PASSTHROUGH, parse_route
 from mirror.sampling import ShadowConfig
@@ -251,6 +252,10 @@ class MirrorSettings(CommonSettings):
         default_factory=lambda: ["server", "set-cookie"],
         description="incumbent response headers never passed to clients (as nginx's"
         " proxy_hide_header); [] passes them all",
+    )
+    probes: ProbeConfig = Field(
+        default_factory=ProbeConfig,
+        description="synthetic probes to both engines, scored by the evaluator (mirror/probes.py)",
     )
     data_plane: Literal["asgi", "protocol"] = Field(
         default="asgi",

@@ -185,3 +185,10 @@ EDGE_REJECTIONS = Counter(
     "Client connections or requests refused by the mirror's limits or routes, by reason.",
     ["reason"],
 )
+
+PROBES = Counter(
+    "shadow_ab_mirror_probes_total",
+    "Probe ticks (mirror/probes.py) by decision: sent to both engines, or skipped by the guard,"
+    " the shadow cap, load parity, or while draining.",
+    ["decision"],
+)

@@ -43,6 +43,9 @@ class Dispatch:
     guard: dict[str, Any] = field(default_factory=dict)
     capture: str = "full"
     """The capture level of this request's records (:mod:`mirror.privacy`)."""
+    synthetic: str | None = None
+    """``probe`` for the mirror's own probes (:mod:`mirror.probes`), None for a client's."""
+    probe_id: str | None = None
 
     @property
     def model(self) -> str | None:
@@ -97,6 +100,8 @@ def build_record(
         inflight_candidate=d.inflight_candidate,
         guard=d.guard,
     )
+    if d.synthetic is not None:
+        fields.update(synthetic=d.synthetic, probe_id=d.probe_id)
     if _trusted(deployment, d):
         # Every value is in the record's bounds by construction (times clamped at 0, counts
         # and HTTP status checked, UTC send time): skip pydantic's validation (tens of µs).
@@ -112,4 +117,5 @@ def _trusted(deployment: str, d: Dispatch) -> bool:
         and d.sent_at.utcoffset() == ZERO
         and (d.inflight_incumbent is None or 0 <= d.inflight_incumbent <= INT32_MAX)
         and (d.inflight_candidate is None or 0 <= d.inflight_candidate <= INT32_MAX)
+        and (d.probe_id is None or 0 < len(d.probe_id) <= 200)
     )

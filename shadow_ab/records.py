@@ -156,6 +156,12 @@ class ExchangeRecord(_Record):
     inflight_candidate: Count | None = None
     guard: dict[str, Any] = Field(default_factory=dict)
 
+    # Synthetic traffic (issue 12): the mirror's own probes, sent to both engines, never to a
+    # client; None for client traffic. ``probe_id`` is ``<probe set digest>:<probe id>``
+    # (shadow_ab/probes.py).
+    synthetic: Literal["probe"] | None = None
+    probe_id: Annotated[str, Field(min_length=1, max_length=200)] | None = None
+
     @field_validator("sent_at")
     @classmethod
     def _aware_utc(cls, v: datetime) -> datetime:

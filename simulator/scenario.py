@@ -143,10 +143,24 @@ class Truncate(_Strict):
 
 class Quality(_Strict):
     """Output quality knobs (``quality:``), besides ``divergence``: what a review must tell
-    apart, equivalent answers from worse ones."""
+    apart, equivalent answers from worse ones (probes answered wrongly, JSON broken, more
+    refusals: simulator/quality.py)."""
 
     kernels: Kernels = Kernels()
     truncate: Truncate = Truncate()
+    probe_accuracy: Annotated[float, Field(ge=0, le=1)] = 0.9
+    """Probability that a probe (a prompt of ``probe_set``) is answered correctly."""
+    broken_json: Annotated[float, Field(ge=0, le=1)] = 0.0
+    """Probability that an answer asked to be JSON (a JSON probe, or any request with
+    ``response_format`` JSON) is broken (cut in half: not JSON)."""
+    json_answers: bool = False
+    """Answer every request that asks for JSON (``response_format``) with valid JSON (an
+    instance of its schema, else ``{"answer": ...}``), broken at ``broken_json``; false: only
+    JSON probes, and other requests get the ordinary text (as before these knobs)."""
+    refusal: Annotated[float, Field(ge=0, le=1)] = 0.0
+    """Probability that any other answer is a refusal sentence instead."""
+    probe_set: str | None = None
+    """The probe set the simulator recognises (a JSONL path); null = the shipped one."""
 
 
 class _Schedule(_Strict):

@@ -32,6 +32,7 @@ from simulator.generate import (
 )
 from simulator.ledger import Ledger
 from simulator.metrics import EngineStats, drain_trt, render_trt_prometheus, render_vllm
+from simulator.quality import QualityAnswers, completion_of
 from simulator.scenario import Scenario
 from simulator.wire import (
     Framer,
@@ -93,6 +94,9 @@ class SimServer:
             crash_streak=crash_streak,
         )
         self.engine = Engine(scenario, self.faults, self.stats, rng=self.rng)
+        self.quality = QualityAnswers(
+            scenario.quality, random.Random(scenario.seed * 15485863 + restarts)
+        )
         self._seq_no = 0
         self.app = web.Application(client_max_size=64 * 1024 * 1024)
         self.app.router.add_post("/v1/chat/completions", self.chat)
@@ -288,6 +292,16 @@ class SimServer:
         pair_id: str | None,
     ) -> Completion:
         sc = self.scenario
+        checked = self.quality.answer(
+            {"response_format": req.response_format},
+            req.messages if isinstance(req, _Chat) else None,
+        )
+        if checked is not None:
+            # a probe, a JSON answer or a refusal (simulator/quality.py), in the ledger
+            self.ledger.write(
+                checked.event, request_id=request_id, pair_id=pair_id, **checked.fields
+            )
+            return completion_of(checked.text, req.output_budget, logprobs)
         start = prompt_state(sc.model, prompt, req.seed)
         natural = natural_length(start, sc.answers.min_tokens, sc.answers.max_tokens)
         max_model_tokens = max(1, sc.latency.max_model_len - prompt_tokens)

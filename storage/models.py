@@ -41,6 +41,7 @@ from sqlalchemy import (
     UniqueConstraint,
     Uuid,
     func,
+    text,
 )
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -131,6 +132,14 @@ class Exchange(Base):
     __table_args__ = (
         Index(None, "deployment", "sent_at"),
         Index(None, "deployment", "role", "sent_at"),
+        # the mirror's probes (issue 12), few among client traffic: migration 0006
+        Index(
+            "ix_exchanges_synthetic_deployment_sent_at",
+            "deployment",
+            "sent_at",
+            postgresql_where=text("synthetic IS NOT NULL"),
+            sqlite_where=text("synthetic IS NOT NULL"),
+        ),
         {"postgresql_partition_by": "RANGE (sent_at)"},
     )
 
@@ -164,6 +173,9 @@ class Exchange(Base):
     ingested_at: Mapped[datetime] = mapped_column(
         Timestamp, nullable=False, server_default=func.now()
     )
+    synthetic: Mapped[str | None] = mapped_column(String(16))
+    """``probe`` for the mirror's probes (never a client's request), else NULL."""
+    probe_id: Mapped[str | None] = mapped_column(String(200))
 
 
 class HealthSampleRow(Base):

@@ -69,6 +69,8 @@ EXCHANGE_COLUMNS = (
     "inflight_incumbent",
     "inflight_candidate",
     "guard",
+    "synthetic",
+    "probe_id",
 )
 EXCHANGE_KEY = ("pair_id", "role", "sent_at")
 # PostgreSQL types of EXCHANGE_COLUMNS, for binary COPY.
@@ -99,6 +101,8 @@ EXCHANGE_PG_TYPES = (
     "int4",
     "int4",
     "jsonb",
+    "text",
+    "text",
 )
 
 HEALTH_COLUMNS = (
@@ -246,6 +250,8 @@ def exchange_values(rec: ExchangeRecord, enc: Encoding = PLAIN) -> tuple[Any, ..
         rec.inflight_incumbent,
         rec.inflight_candidate,
         json(rec.guard),
+        rec.synthetic,
+        rec.probe_id,
     )
 
 

@@ -144,7 +144,12 @@ def _count_failures(
         day = epoch_bin(engine, x.sent_at, 86400)
         queries.append(
             select(x.role, day, func.count())
-            .where(x.deployment == deployment, in_ranges(x.sent_at, raw), _failed(timeout_s))
+            .where(
+                x.deployment == deployment,
+                x.synthetic.is_(None),
+                in_ranges(x.sent_at, raw),
+                _failed(timeout_s),
+            )
             .group_by(x.role, day)
         )
     if runs:
@@ -191,6 +196,7 @@ def shadow_timeout(conn: Connection, deployment: str, config: IncidentConfig) ->
             select(x.error)
             .where(
                 x.deployment == deployment,
+                x.synthetic.is_(None),
                 x.role == "candidate",
                 x.status == "timeout",
                 in_ranges(x.sent_at, raw),
@@ -314,7 +320,7 @@ def load_detection_input(
     if raw:
         totals_qs.append(
             select(x.role, sent_day, func.count(), func.min(x.sent_at), func.max(x.sent_at))
-            .where(x.deployment == deployment, in_ranges(x.sent_at, raw))
+            .where(x.deployment == deployment, x.synthetic.is_(None), in_ranges(x.sent_at, raw))
             .group_by(x.role, sent_day)
         )
     if runs:
@@ -341,6 +347,7 @@ def load_detection_input(
             )
             .where(
                 x.deployment == deployment,
+                x.synthetic.is_(None),
                 in_ranges(x.sent_at, event_split[1]),
                 or_(
                     x.status != "ok",
@@ -427,6 +434,7 @@ def load_detection_input(
                     select(x.role, sent_bin, func.count())
                     .where(
                         x.deployment == deployment,
+                        x.synthetic.is_(None),
                         in_ranges(x.sent_at, near),
                         in_ranges(x.sent_at, raw),
                     )

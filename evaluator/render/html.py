@@ -19,7 +19,7 @@ from evaluator.render.tables import (
     section_tables,
 )
 
-SECTION_ORDER = ("latency", "incidents", "divergence", "semantic")
+SECTION_ORDER = ("latency", "incidents", "divergence", "semantic", "quality")
 
 
 def _looks_numeric(text: str) -> bool:

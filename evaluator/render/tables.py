@@ -95,7 +95,7 @@ def is_table(value: Any) -> bool:
     return isinstance(value, list) and bool(value) and all(isinstance(v, Mapping) for v in value)
 
 
-SKIP_KEYS = frozenset({"measurements", "plots", "notes", "window", "deployment"})
+SKIP_KEYS = frozenset({"measurements", "plots", "notes", "window", "deployment", "detail"})
 """Section keys that are not tables (shown elsewhere or not at all)."""
 
 

@@ -199,12 +199,63 @@ def semantic_section(excess: float = 0.0) -> FakeSection:
     return FakeSection(ms, body)
 
 
+def quality_section(accuracy_delta: float = 0.0) -> FakeSection:
+    """Probe accuracy, JSON validity and refusal deltas (evaluator/quality.py) of a healthy
+    candidate unless told otherwise."""
+    ms = [
+        Measurement(
+            "quality.probe.accuracy_delta",
+            accuracy_delta,
+            Interval(accuracy_delta - 0.01, accuracy_delta + 0.01),
+            3000,
+            "share",
+        ),
+        Measurement("quality.json.validity_delta", 0.0, Interval(-0.005, 0.005), 600, "share"),
+        Measurement("quality.refusal.rate_delta", 0.0, Interval(-0.005, 0.005), 4000, "share"),
+    ]
+    body = {
+        "probe_set": {"name": "shipped:default", "digest": "0" * 12, "probes": 300},
+        "probes": {
+            "engines": {
+                role: {
+                    "overall": {"n": 1500, "k": 1350, "rate": 0.9, "low": 0.88, "high": 0.92},
+                    "by_day": [
+                        {
+                            "day": "2026-11-02",
+                            "n": 1500,
+                            "k": 1350,
+                            "rate": 0.9,
+                            "low": 0.88,
+                            "high": 0.92,
+                        }
+                    ],
+                    "by_week": [],
+                    "failed": 0,
+                }
+                for role in ("incumbent", "candidate")
+            },
+            "by_kind": [],
+            "delta": {
+                "value": accuracy_delta,
+                "low": accuracy_delta - 0.01,
+                "high": accuracy_delta + 0.01,
+                "n": 1500,
+            },
+            "unscored": 0,
+        },
+        "json": {},
+        "refusal": {},
+    }
+    return FakeSection(ms, body)
+
+
 def analyses(
     latency: FakeSection | None = None,
     incidents: FakeSection | None = None,
     divergence: FakeSection | None = None,
     calls: list[str] | None = None,
     semantic: FakeSection | None = None,
+    quality: FakeSection | None = None,
 ) -> Analyses:
     """An :class:`Analyses` returning these sections (recording the calls' order)."""
     log = calls if calls is not None else []
@@ -229,4 +280,9 @@ def analyses(
         log.append("semantic")
         return semantic or semantic_section()
 
-    return Analyses(incidents=inc, warmup=warm, latency=lat, divergence=div, semantic=sem)
+    def qual(*args: Any, **kw: Any) -> FakeSection:
+        return quality or quality_section()
+
+    return Analyses(
+        incidents=inc, warmup=warm, latency=lat, divergence=div, semantic=sem, quality=qual
+    )

@@ -198,6 +198,14 @@ def synthetic_aa(seed: int, pairs: int = 3000, exchanges: int = 20000) -> list[M
     out.append(
         Measurement("incidents.leak.excess_mb_per_hour", 0.0, Interval(-5.0, 5.0), 100, "MB/hour")
     )
+    # Quality (evaluator/quality.py): both engines answer probes, JSON and refusals alike.
+    for key, n in (
+        ("quality.probe.accuracy_delta", 3000),
+        ("quality.json.validity_delta", 600),
+        ("quality.refusal.rate_delta", 4000),
+    ):
+        d = float(rng.normal(0.0, 0.004))
+        out.append(Measurement(key, d, Interval(d - 0.012, d + 0.012), n, "share"))
     # Divergence: both sides differ from the incumbent at the same noise rate.
     noise = 0.01
     d_c, d_r = rng.binomial(pairs, noise), rng.binomial(pairs // 4, noise)

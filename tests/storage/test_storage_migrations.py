@@ -25,7 +25,8 @@ EXCHANGE_ROLLUP_TABLES = {  # 0004
     "exchange_rollup_hours",
 }
 SEMANTIC_TABLES = {"semantic_scores"}  # 0005
-HEAD = "0005"
+PROBE_COLUMNS = ("synthetic", "probe_id")  # 0006, on exchanges
+HEAD = "0006"
 
 
 def _tables(url: str) -> set[str]:
@@ -45,6 +46,14 @@ def _views(url: str) -> set[str]:
         engine.dispose()
 
 
+def _exchange_columns(url: str) -> set[str]:
+    engine = make_engine(url)
+    try:
+        return {c["name"] for c in inspect(engine).get_columns("exchanges")}
+    finally:
+        engine.dispose()
+
+
 def _diff(engine: Engine) -> list[object]:
     with engine.connect() as conn:
         ctx = MigrationContext.configure(
@@ -59,6 +68,10 @@ def _up_down_up(url: str) -> None:
     assert current(url) == head() == HEAD
     assert _tables(url) == TABLES | ROLLUP_TABLES | EXCHANGE_ROLLUP_TABLES | SEMANTIC_TABLES
     assert _views(url) == {"pairs"}
+    assert set(PROBE_COLUMNS) <= _exchange_columns(url)
+
+    downgrade(url, "0005")
+    assert not set(PROBE_COLUMNS) & _exchange_columns(url)
 
     downgrade(url, "0003")
     assert _tables(url) == TABLES | ROLLUP_TABLES

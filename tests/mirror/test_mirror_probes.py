@@ -1,0 +1,193 @@
+"""Probes (``probes:``, mirror/probes.py): the mirror's synthetic pairs go to both engines,
+marked in their records, within the shadow's budget, and the client's requests are unaffected.
+In-process mirror against two quick simulators, records in a list sink."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from mirror_helpers import FAST, MODEL, ListSink, normalize
+
+from mirror.app import Mirror
+from mirror.config import MirrorSettings, load_settings
+from mirror.errors import MirrorConfigError
+from mirror.probes import (
+    SENT,
+    SKIPPED_CAP,
+    SKIPPED_DRAINING,
+    SKIPPED_GUARD,
+    SKIPPED_LOAD_PARITY,
+    ProbeInjector,
+)
+from shadow_ab.dev.processes import RunningSim, running_sim
+from shadow_ab.probes import load_probe_set
+from shadow_ab.records import ExchangeRecord, Role
+
+
+@pytest.fixture(scope="module")
+def sims() -> Iterator[tuple[RunningSim, RunningSim]]:
+    with (
+        running_sim("vllm", "clean", overrides=FAST, ledger=False) as inc,
+        running_sim(
+            "vllm",
+            "clean",
+            overrides={**FAST, "quality": {"probe_accuracy": 0.5, "broken_json": 0.5}},
+        ) as cand,
+    ):
+        yield inc, cand
+
+
+def settings(sims: tuple[RunningSim, RunningSim], **over: Any) -> MirrorSettings:
+    inc, cand = sims
+    shadow = over.pop("shadow", {})
+    return load_settings(
+        None,
+        incumbent={"url": inc.base_url},
+        candidate={"url": cand.base_url, "flavor": "vllm"},
+        health_enabled=False,
+        database_url="sqlite:///unused.db",
+        guard={"enabled": False},
+        shadow={"rate": 1.0, **shadow},
+        **over,
+    )
+
+
+BODY = {
+    "model": MODEL,
+    "messages": [{"role": "user", "content": "tell me about the sea"}],
+    "max_tokens": 12,
+    "temperature": 0,
+    "stream": True,
+}
+
+
+async def traffic(mirror: Mirror, n: int, settle_s: float) -> list[bytes]:
+    await mirror.startup()
+    try:
+        transport = httpx.ASGITransport(app=mirror)
+        async with httpx.AsyncClient(transport=transport, base_url="http://mirror") as client:
+            bodies = []
+            for _ in range(n):
+                resp = await client.post("/v1/chat/completions", json=BODY)
+                assert resp.status_code == 200
+                bodies.append(resp.content)
+            await asyncio.sleep(settle_s)
+            return bodies
+    finally:
+        await mirror.shutdown()
+
+
+def test_probes_reach_both_engines_marked_and_the_client_is_unaffected(
+    sims: tuple[RunningSim, RunningSim],
+) -> None:
+    inc, cand = sims
+    direct = httpx.post(inc.base_url + "/v1/chat/completions", json=BODY, timeout=10).content
+    sink = ListSink()
+    mirror = Mirror(settings(sims, probes={"per_minute": 600, "seed": 3}), sink=sink)
+    bodies = asyncio.run(traffic(mirror, 10, settle_s=1.0))
+    # The client's bytes are the incumbent's, probes or not.
+    assert all(normalize(b) == normalize(direct) for b in bodies)
+
+    records = [r for r in sink.records if isinstance(r, ExchangeRecord)]
+    client = [r for r in records if r.synthetic is None]
+    probes = [r for r in records if r.synthetic == "probe"]
+    # Client traffic: every request recorded once per role, none marked.
+    assert sum(r.role is Role.INCUMBENT for r in client) == 10
+    assert all(r.probe_id is None for r in client)
+    # Probes: pairs of one incumbent and one candidate answer to the same probe, marked.
+    assert len(probes) >= 4
+    pairs: dict[Any, list[ExchangeRecord]] = defaultdict(list)
+    for r in probes:
+        pairs[r.pair_id].append(r)
+    shipped = load_probe_set()
+    for pair in pairs.values():
+        roles = sorted(r.role.value for r in pair)
+        if len(pair) < 2:  # the last probe may still be in flight at shutdown
+            assert pair[0].status.value in ("ok", "cancelled")
+            continue
+        assert roles == ["candidate", "incumbent"]
+        assert pair[0].probe_id == pair[1].probe_id
+        probe = shipped.lookup(pair[0].probe_id or "")
+        assert probe is not None
+        for r in pair:
+            assert r.status.value == "ok" and r.stream is False
+            assert r.request["messages"][-1]["content"] == probe.prompt
+            assert r.guard["decision"] == "probe"
+            assert r.output_text  # the simulator answered it
+    # No client pair holds a probe's record.
+    client_pairs = {r.pair_id for r in client}
+    assert not client_pairs & set(pairs)
+    # The candidate simulator's ledger says which answers it made wrong: the probe's check of
+    # each recorded answer agrees, answer by answer (simulator -> mirror -> record -> check).
+    drawn = {line["pair_id"]: line for line in cand.ledger() if line["event"] == "probe"}
+    answered = [r for r in probes if r.role is Role.CANDIDATE and r.status.value == "ok"]
+    assert answered and {str(r.pair_id) for r in answered} <= set(drawn)
+    for r in answered:
+        probe = shipped.lookup(r.probe_id or "")
+        assert probe is not None
+        line = drawn[str(r.pair_id)]
+        assert line["probe_id"] == r.probe_id and line["accuracy"] == 0.5
+        assert probe.check(r.output_text) is line["correct"]
+
+
+class _Guard:
+    def __init__(self, admit: bool) -> None:
+        self._admit = admit
+
+    def admit(self, u: float) -> bool:
+        return self._admit
+
+    def state(self) -> dict[str, Any]:
+        return {}
+
+
+def test_probes_take_the_shadow_budget_never_more(sims: tuple[RunningSim, RunningSim]) -> None:
+    """The guard, the shadow cap (a probe is two shadow requests) and load parity each turn a
+    probe away, as they would a client's shadow request; so does draining."""
+    sink = ListSink()
+    m = Mirror(settings(sims, probes={"per_minute": 1}), sink=sink)
+    inj = ProbeInjector(m, m.settings.probes)
+    assert inj.decide() == SENT
+    m.guard = _Guard(False)  # type: ignore[assignment]
+    assert inj.decide() == SKIPPED_GUARD
+    assert inj.tick() == []
+    m.guard = _Guard(True)  # type: ignore[assignment]
+
+    capped = Mirror(
+        settings(sims, probes={"per_minute": 1}, shadow={"max_concurrent": 1}), sink=sink
+    )
+    assert ProbeInjector(capped, capped.settings.probes).decide() == SKIPPED_CAP
+    m.shadows.inflight = m.settings.shadow.max_concurrent - 1
+    assert inj.decide() == SKIPPED_CAP
+    m.shadows.inflight = 0
+
+    parity = Mirror(
+        settings(sims, probes={"per_minute": 1}, shadow={"load_parity": 1.0}), sink=sink
+    )
+    parity._inflight[Role.CANDIDATE] = 3
+    assert ProbeInjector(parity, parity.settings.probes).decide() == SKIPPED_LOAD_PARITY
+
+    m.draining = True
+    assert inj.decide() == SKIPPED_DRAINING
+    assert sink.records == []
+
+
+def test_a_bad_probe_set_stops_the_mirror_at_start_naming_the_line(
+    sims: tuple[RunningSim, RunningSim], tmp_path: Path
+) -> None:
+    bad = tmp_path / "probes.jsonl"
+    bad.write_text(
+        '{"id": "a", "kind": "arithmetic", "prompt": "1+1?", "answer": "2"}\n'
+        '{"id": "b", "kind": "arithmetic", "prompt": "2+2?"}\n'
+    )
+    with pytest.raises(MirrorConfigError) as err:
+        settings(sims, probes={"per_minute": 1, "set": str(bad)})
+    assert "line 2" in str(err.value) and "answer" in str(err.value)
+    # Off, the set is not read (a missing file does not matter until probes are on).
+    assert settings(sims, probes={"set": str(tmp_path / "missing.jsonl")}).probes.per_minute == 0
