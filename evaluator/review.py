@@ -344,18 +344,9 @@ def data_extent(engine: Engine, deployment: str, window: Window | None = None) -
     their first and last send times and the days they span (:func:`days_spanned`)."""
     from evaluator.exchange_rollups import role_extent
 
-    with engine.connect() as conn:  # rolled-up hours from the exchange rollups, the rest raw
-        count, first, last = role_extent(conn, deployment, ("candidate",), window)
-    cond = [
-        Exchange.deployment == deployment,
-        Exchange.role == "candidate",
-        Exchange.synthetic.is_(None),  # the mirror's probes are not client traffic
-    ]
-    if window is not None:
-        cond += [Exchange.sent_at >= window[0], Exchange.sent_at < window[1]]
-    stmt = select(func.count(), func.min(Exchange.sent_at), func.max(Exchange.sent_at)).where(*cond)
+    # rolled-up hours from the exchange rollups, the rest raw; probes (synthetic) left out
     with engine.connect() as conn:
-        count, first, last = conn.execute(stmt).one()
+        count, first, last = role_extent(conn, deployment, ("candidate",), window)
     days = days_spanned(first, last) if first and last else 0.0
     return {
         "pairs": int(count or 0),
