@@ -3,7 +3,8 @@
     python bench/verdict_validity.py [--months 200] [--latency-months 24] [--leak-months 20]
                                      [--curve-months 100] [--latency-pairs 10000]
                                      [--resamples 999] [--kinds independent,clustered]
-                                     [--workers 2] [--quick] [--no-curves]
+                                     [--curve-latency-months 6] [--workers 2] [--quick]
+                                     [--no-curves | --curves-only]
 
 Generates months (``shadow_ab/dev/months.py`` for latency, errors, crashes and divergence;
 ``tests/evaluator/memory_months.py`` for memory: each module's docstring lists every assumption
@@ -156,6 +157,8 @@ def run(job: Job) -> tuple[Job, Traces]:
     if job.group == "leak":
         return job, _leak_traces(job)
     keys = LATENCY if job.group == "latency" else COUNTS
+    if job.group == "crash":  # the crash criterion alone (the power curve)
+        keys = ("incidents.crash.rate_ratio",)
     effects = EFFECTS.get(job.scenario, AA)
     shape = (job.shape or MonthShape(clustered=job.kind == "clustered")).with_effects(effects)
     traces = look_month(generate(shape, job.seed), _policy(keys), job.settings, old=job.old)
@@ -282,12 +285,12 @@ def curves(args: argparse.Namespace, settings: Settings) -> list[str]:
     for episodes in (0.1, 1.0, 3.0, 10.0):
         shape = MonthShape(clustered=True, crashes_per_day=episodes * base_loop)
         specs.append(
-            ("crash x3", f"clustered, {episodes:g} episodes/day", "counts", shape, settings, 1)
+            ("crash x3", f"clustered, {episodes:g} episodes/day", "crash", shape, settings, 0)
         )
     for restarts in (0.75, 10.0):
         shape = MonthShape(clustered=False, crashes_per_day=restarts)
         specs.append(
-            ("crash x3", f"independent, {restarts:g} crashes/day", "counts", shape, settings, 1)
+            ("crash x3", f"independent, {restarts:g} crashes/day", "crash", shape, settings, 0)
         )
     lat_months = args.curve_latency_months
     for day_sd, pairs in ((0.0, 4 * settings.latency_pairs), (0.04, 4 * settings.latency_pairs)):
@@ -298,7 +301,7 @@ def curves(args: argparse.Namespace, settings: Settings) -> list[str]:
         what = "independent" if day_sd == 0 else f"clustered (engine day sd {day_sd:g})"
         specs.append(("ttft x1.12", f"{what}, sample {pairs} pairs", "latency", shape, sized, 0))
     for i, (effect, _label, group, shape, sized, _) in enumerate(specs):
-        n = args.curve_months if group == "counts" else lat_months
+        n = args.curve_months if group == "crash" else lat_months
         scenario = "crash" if effect.startswith("crash") else "ttft"
         for seed in range(n):
             jobs.append(Job(group, f"curve{i}", scenario, seed, shape, sized, old=False))
@@ -306,7 +309,7 @@ def curves(args: argparse.Namespace, settings: Settings) -> list[str]:
     started = time.perf_counter()
     traces = run_all(jobs, args.workers)
     for i, (effect, label, group, _, _, col) in enumerate(specs):
-        n = args.curve_months if group == "counts" else lat_months
+        n = args.curve_months if group == "crash" else lat_months
         scenario = "crash" if effect.startswith("crash") else "ttft"
         real, aa = Tally(), Tally()
         for seed in range(n):
@@ -343,7 +346,8 @@ def main() -> None:
     settings = Settings(latency_pairs=args.latency_pairs, resamples=args.resamples)
     print(
         f"months: {args.months} (errors, crash, divergence), {args.latency_months} (latency:"
-        f" {args.latency_pairs} pairs, {args.resamples} resamples), {args.leak_months} (memory);"
+        f" {args.latency_pairs} pairs, {args.resamples} resamples), {args.leak_months} (memory),"
+        f" {args.curve_months} / {args.curve_latency_months} per crash / TTFT curve point;"
         f" {DAYS} daily looks each; rates in % of months [Wilson 95 % interval]"
     )
     for kind in [] if args.curves_only else args.kinds.split(","):

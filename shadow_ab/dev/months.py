@@ -33,8 +33,9 @@ What a generated month assumes (so a reader can question it):
   within 30 minutes of the previous one being one episode). *Independent*: restarts a Poisson
   process of ``crashes_per_day`` (0.75) per engine, each its own episode (two within 30 minutes,
   about 1 % of them, are not merged); *clustered*: crash-loop episodes, a Poisson process of
-  rate ``crashes_per_day / (1 + mean loop)`` (0.1 a day), each of 1 + Poisson(m) restarts with
-  m uniform in ``loop_restarts`` (4-9) per month and engine: the same restarts, far more spread.
+  rate ``crashes_per_day / (1 + mean loop)`` (0.1 a day; mean loop 6.5), each of 1 + Poisson(m)
+  restarts with m uniform in ``loop_restarts`` (4-9) per month and engine: the same restarts,
+  far more spread (identical engines have the same episode rate; their loop lengths differ).
   Days independent; one rate per engine over the month (no bad week). The effect multiplies the
   candidate's rate (of episodes when clustered) by ``crash_factor`` (3). At 0.1 episodes a day a
   month holds ~3 incumbent and ~9 candidate episodes: too few for any test to tell 3x from the
@@ -210,8 +211,11 @@ def _crashes(
     for role in ROLES:
         factor = shape.effects.crash_factor if role == "candidate" else 1.0
         if shape.clustered:
+            # episodes at the same rate for identical engines; each engine-month's loops of
+            # its own length (restarts per episode), the same mean
+            mean_loop = sum(shape.loop_restarts) / 2
             loop = rng.uniform(*shape.loop_restarts)
-            per_day = rng.poisson(factor * shape.crashes_per_day / (1 + loop), shape.days)
+            per_day = rng.poisson(factor * shape.crashes_per_day / (1 + mean_loop), shape.days)
             restarts[role] = np.array([(1 + rng.poisson(loop, e)).sum() for e in per_day])
             episodes[role] = per_day
         else:

@@ -75,13 +75,17 @@ def measurements(
     *,
     latency: bool = True,
     ttft: Measurement | None = None,
+    keys: frozenset[str] | None = None,
 ) -> list[Measurement]:
     """What the review measures at a look on ``day``, every interval at ``level`` (the
     latency bootstrap, the costly part, only with ``latency``; ``ttft``: its measurement
-    already computed at ``level`` by :func:`ttft_p95`)."""
+    already computed at ``level`` by :func:`ttft_p95`; ``keys``: only the count criteria
+    named, when given)."""
     out: list[Measurement] = []
     if latency:
         out.append(ttft or ttft_p95(month, day, (level,), settings)[level])
+    if keys is not None and not keys & {"errors.rate_ratio", "divergence.excess_rate"}:
+        return out + _crash(month, day, level) + _data(month, day)
 
     # errors.rate_ratio as the review's failure_comparison: failed / sent per UTC day, the
     # counts divided by the overdispersion of the per-day failures (bursts)
@@ -94,16 +98,7 @@ def measurements(
     failed_c, sent_c = (int(x.sum()) for x in per_day["candidate"])
     out.append(rate_measurement("errors.candidate_rate", failed_c, sent_c, level, "", ""))
 
-    # incidents.crash.rate_ratio as the review's incident_section: episodes (a crash loop is
-    # one) per observed day, overdispersion from the per-day counts; the zero budget is held
-    # against the candidate's incidents (restarts) per day
-    ones = np.ones(day)
-    ep_c, ep_i = (month.episodes[r][:day].astype(float) for r in ("candidate", "incumbent"))
-    c = compare_dispersed_rates(ep_c, ones, ep_i, ones, level)
-    n_c = month.cumulative("crashes", "candidate", day)
-    n_i = month.cumulative("crashes", "incumbent", day)
-    out.append(Measurement("incidents.crash.rate_ratio", c.ratio, c.interval, n_c + n_i, "ratio"))
-    out.append(rate_measurement("incidents.crash.candidate_rate", n_c, float(day), level, "", ""))
+    out += _crash(month, day, level)
 
     rng = np.random.default_rng(day)
     k1, n1 = divergence_counts(month, "candidate", day, rng)
@@ -117,8 +112,27 @@ def measurements(
             "share",
         )
     )
+    return out + _data(month, day)
+
+
+def _data(month: Month, day: int) -> list[Measurement]:
     pairs = month.cumulative("sent", "candidate", day)
-    return out + data_measurements({"pairs": pairs, "days": float(day)})
+    return data_measurements({"pairs": pairs, "days": float(day)})
+
+
+def _crash(month: Month, day: int, level: float) -> list[Measurement]:
+    """``incidents.crash.rate_ratio`` as the review's incident_section: episodes (a crash loop
+    is one) per observed day, overdispersion from the per-day counts; the zero budget is held
+    against the candidate's incidents (restarts) per day."""
+    out = []
+    ones = np.ones(day)
+    ep_c, ep_i = (month.episodes[r][:day].astype(float) for r in ("candidate", "incumbent"))
+    c = compare_dispersed_rates(ep_c, ones, ep_i, ones, level)
+    n_c = month.cumulative("crashes", "candidate", day)
+    n_i = month.cumulative("crashes", "incumbent", day)
+    out.append(Measurement("incidents.crash.rate_ratio", c.ratio, c.interval, n_c + n_i, "ratio"))
+    out.append(rate_measurement("incidents.crash.candidate_rate", n_c, float(day), level, "", ""))
+    return out
 
 
 def ttft_p95(
@@ -222,17 +236,20 @@ def look_month(
     """The month looked at every day: ``{"new": Trace, "old": Trace}``."""
     traces = {"new": Trace(), "old": Trace()} if old else {"new": Trace()}
     latency = any(c.key == "latency.ttft.p95.ratio" for c in policy.criteria)
+    keys = frozenset(c.key for c in policy.criteria)
     for day in range(1, month.shape.days + 1):
         look = policy.look(float(day))
         ttft = ttft_p95(month, day, (look.level, 0.95), settings) if latency else {}
         ms = measurements(
-            month, day, look.level, settings, latency=latency, ttft=ttft.get(look.level)
+            month, day, look.level, settings, latency=latency, ttft=ttft.get(look.level), keys=keys
         )
         verdict = decide(policy, ms)
         traces["new"].decisions.append(verdict.decision)
         traces["new"].outcomes.append([r.outcome for r in verdict.results])
         if old:
-            ms = measurements(month, day, 0.95, settings, latency=latency, ttft=ttft.get(0.95))
+            ms = measurements(
+                month, day, 0.95, settings, latency=latency, ttft=ttft.get(0.95), keys=keys
+            )
             decision, outcomes = old_decide(policy, ms, day)
             traces["old"].decisions.append(decision)
             traces["old"].outcomes.append(outcomes)
