@@ -90,12 +90,15 @@ def measurements(
     # errors.rate_ratio as the review's failure_comparison: failed / sent per UTC day, the
     # counts divided by the overdispersion of the per-day failures (bursts)
     per_day = {
-        r: (month.failed[r][:day].astype(float), month.sent[r][:day].astype(float))
+        r: (
+            month.failed[r][:day].astype(float).tolist(),
+            month.sent[r][:day].astype(float).tolist(),
+        )
         for r in ("candidate", "incumbent")
     }
     e = compare_dispersed_rates(*per_day["candidate"], *per_day["incumbent"], level)
     out.append(Measurement("errors.rate_ratio", e.ratio, e.interval, e.x1 + e.x2, "ratio"))
-    failed_c, sent_c = (int(x.sum()) for x in per_day["candidate"])
+    failed_c, sent_c = (round(sum(x)) for x in per_day["candidate"])
     out.append(rate_measurement("errors.candidate_rate", failed_c, sent_c, level, "", ""))
 
     out += _crash(month, day, level)
@@ -125,8 +128,10 @@ def _crash(month: Month, day: int, level: float) -> list[Measurement]:
     is one) per observed day, overdispersion from the per-day counts; the zero budget is held
     against the candidate's incidents (restarts) per day."""
     out = []
-    ones = np.ones(day)
-    ep_c, ep_i = (month.episodes[r][:day].astype(float) for r in ("candidate", "incumbent"))
+    ones = [1.0] * day
+    ep_c, ep_i = (
+        month.episodes[r][:day].astype(float).tolist() for r in ("candidate", "incumbent")
+    )
     c = compare_dispersed_rates(ep_c, ones, ep_i, ones, level)
     n_c = month.cumulative("crashes", "candidate", day)
     n_i = month.cumulative("crashes", "incumbent", day)
