@@ -45,8 +45,11 @@ check: install
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
+# Two workers (pytest-xdist): the suite waits on engines, Kafka and PostgreSQL as much as it
+# computes. `--dist loadgroup` keeps the real-engine tests in one worker (tests/conftest.py).
+TEST_WORKERS ?= 2
 test: services engines
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
 
 demo: install
 	$(BIN)/shadow-ab demo

@@ -2,6 +2,7 @@
 
     eval "$(shadow-ab services env)"
     python bench/ingest.py [--records N] [--batch-sizes 100,1000,5000] [--workers 1,2]
+                           [--decoder msgspec,pydantic] [--inflight 1,2]
                            [--gc tuned|default|both] [--fetch-partition-kb 8192] [--repeat R]
                            [--no-parts] [--profile]
 
@@ -24,15 +25,22 @@ binary COPY into PostgreSQL, offset commit after the store commit; ``tune_gc`` u
 ``--gc default``) in one fresh consumer group, into a fresh database, until every offset is
 committed; the row count is then checked to be exactly N.
 
+``--decoder`` and ``--inflight`` compare the ingester's decoders (``SHADOW_AB_INGEST_DECODER``)
+and batches in flight per worker (``SHADOW_AB_INGEST_INFLIGHT_BATCHES``) side by side; the
+"vs first" column is each row's rate over the first row's (list the old configuration first:
+``--decoder pydantic,msgspec --inflight 1,2``), measured in the same run on the same records.
+
 The measurement starts once every worker holds partitions (so joining the group and the
 rebalances as workers join are excluded; they are printed apart as "startup") and counts the
 records committed from then on ("records measured"). The CPU columns split the machine's CPU
 time over that window per record: the ingester workers, PostgreSQL, Kafka (java), every other
 process, and idle (including I/O wait); 2 cores give 2 CPU-seconds a second.
 
-Then (unless ``--no-parts``) it splits the time per record into its parts, each measured alone
-on the same records: fetching from Kafka (consumer poll only), decode + validation, and the
-store write (storage.write.write_exchanges: row building + COPY + commit).
+Then (unless ``--no-parts``) it measures the floors, each part alone on the same records, one
+after the other in the same run: fetching from Kafka (kafka-python's consumer poll only, for
+each ``--fetch-partition-kb``), decode + validation (each decoder), and the store write
+(storage.write.write_exchanges: row building + COPY + commit), with the records/s one core
+would reach doing only that part.
 ``--profile`` prints each worker's top functions (cProfile) for the 1,000 batch size.
 """
 
@@ -340,7 +348,9 @@ def ingest_once(
 # -- parts, each alone -------------------------------------------------------------------------
 
 
-def time_consume_only(bootstrap: str, topic: str, n: int) -> float:
+def time_consume_only(
+    bootstrap: str, topic: str, n: int, fetch_kb: int = 8192
+) -> tuple[float, float]:
     from kafka import KafkaConsumer
 
     consumer = KafkaConsumer(
@@ -350,19 +360,18 @@ def time_consume_only(bootstrap: str, topic: str, n: int) -> float:
         auto_offset_reset="earliest",
         enable_auto_commit=False,
         max_poll_records=5000,
-        max_partition_fetch_bytes=8 * 1024 * 1024,
+        max_partition_fetch_bytes=fetch_kb * 1024,
         fetch_max_bytes=64 * 1024 * 1024,
     )
+    consumer.partitions_for_topic(topic)  # metadata first: not part of the fetch
     got = 0
-    first = None
+    first, cpu = time.perf_counter(), time.process_time()
     while got < n:
         records = consumer.poll(timeout_ms=200)
-        if records and first is None:
-            first = time.perf_counter()
         got += sum(len(v) for v in records.values())
-    elapsed = time.perf_counter() - (first or 0)
+    elapsed, cpu = time.perf_counter() - first, time.process_time() - cpu
     consumer.close()
-    return elapsed
+    return elapsed, cpu
 
 
 def _write_all(engine: Any, chunks: list[list[ExchangeRecord]]) -> None:
@@ -370,10 +379,15 @@ def _write_all(engine: Any, chunks: list[list[ExchangeRecord]]) -> None:
         write_exchanges(engine, chunk)
 
 
-def per_record(fn: Callable[[], None], n: int) -> float:
-    start = time.perf_counter()
-    fn()
-    return (time.perf_counter() - start) / n
+def cpu_per_record(fn: Callable[[], None], n: int, rounds: int = 3) -> tuple[float, float]:
+    """(wall, this process's CPU) seconds per record of ``fn`` over ``n`` records, the best of
+    ``rounds`` rounds: on a shared machine the CPU time moves far less with load."""
+    best = (float("inf"), float("inf"))
+    for _ in range(rounds):
+        wall, cpu = time.perf_counter(), time.process_time()
+        fn()
+        best = min(best, ((time.perf_counter() - wall) / n, (time.process_time() - cpu) / n))
+    return best
 
 
 def main() -> None:
@@ -394,14 +408,30 @@ def main() -> None:
         default="8192",
         help="SHADOW_AB_INGEST_FETCH_PARTITION_KB values to compare, e.g. 1024,8192",
     )
+    parser.add_argument(
+        "--decoder",
+        default="msgspec",
+        help="SHADOW_AB_INGEST_DECODER values, e.g. pydantic,msgspec",
+    )
+    parser.add_argument(
+        "--inflight", default="2", help="SHADOW_AB_INGEST_INFLIGHT_BATCHES values, e.g. 1,2,3"
+    )
     parser.add_argument("--repeat", type=int, default=1, help="run each configuration N times")
     parser.add_argument("--parts", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument(
+        "--runs",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="--no-runs: only the parts (the floors), no ingester runs",
+    )
     args = parser.parse_args()
     n = args.records
     sizes = [int(s) for s in args.batch_sizes.split(",")]
     worker_counts = [int(w) for w in args.workers.split(",")]
     gcs = ["tuned", "default"] if args.gc == "both" else [args.gc]
     fetch_kbs = [int(k) for k in args.fetch_partition_kb.split(",")]
+    decoders = args.decoder.split(",")
+    inflights = [int(k) for k in args.inflight.split(",")]
 
     common = CommonSettings()
     bootstrap = common.kafka_bootstrap
@@ -429,21 +459,25 @@ def main() -> None:
         )
         print()
         print(
-            "| batch size | workers | gc | fetch KiB | records measured | avg record bytes"
-            " | startup s | seconds"
-            " | records/s | ratio to 10,000/s | CPU us/record: ingester / postgres / kafka / other"
-            " / idle |"
+            "| batch size | workers | decoder | in flight | gc | fetch KiB | records measured"
+            " | startup s | seconds | records/s | vs first | ratio to 10,000/s"
+            " | CPU us/record: ingester / postgres / kafka / other / idle |"
         )
-        print("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---|")
+        print("|---:|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|")
         runs = [
-            (size, workers, gc_mode, fetch_kb)
+            (size, workers, decoder, inflight, gc_mode, fetch_kb)
             for _ in range(args.repeat)
             for size in sizes
             for workers in worker_counts
+            for decoder in decoders
+            for inflight in inflights
             for gc_mode in gcs
             for fetch_kb in fetch_kbs
         ]
-        for i, (size, workers, gc_mode, fetch_kb) in enumerate(runs):
+        first_rate: float | None = None
+        for i, (size, workers, decoder, inflight, gc_mode, fetch_kb) in enumerate(
+            runs if args.runs else []
+        ):
             settings = IngestSettings(
                 kafka_bootstrap=bootstrap,
                 database_url=dbs.create(),
@@ -455,6 +489,8 @@ def main() -> None:
                 ingest_topic_dlq=dlq,
                 ingest_create_topics=False,
                 ingest_fetch_partition_kb=fetch_kb,
+                ingest_decoder=decoder,
+                ingest_inflight_batches=inflight,
             )
             startup, measured, seconds = ingest_once(
                 settings,
@@ -465,10 +501,11 @@ def main() -> None:
             )
             dbs.drop_all()
             rate = measured / seconds
+            first_rate = first_rate or rate
             print(
-                f"| {size:,} | {workers} | {gc_mode} | {fetch_kb:,} | {measured:,}"
-                f" | {mean_bytes:,.0f} | {startup:.2f} | {seconds:.2f} | {rate:,.0f}"
-                f" | {rate / GOAL:.2f} | "
+                f"| {size:,} | {workers} | {decoder} | {inflight} | {gc_mode} | {fetch_kb:,}"
+                f" | {measured:,} | {startup:.2f} | {seconds:.2f} | {rate:,.0f}"
+                f" | {rate / first_rate:.2f} | {rate / GOAL:.2f} | "
                 + " / ".join(f"{LAST_CPU[k] * 1e6:.0f}" for k in CPU_GROUPS)
                 + " |",
                 flush=True,
@@ -478,29 +515,57 @@ def main() -> None:
 
         # Where the time goes: each part alone, on the same records, microseconds per record.
         print()
-        consume_s = time_consume_only(bootstrap, topic, n)
+        consume = []
+        for kb in fetch_kbs:
+            wall, cpu = time_consume_only(bootstrap, topic, n, kb)
+            consume.append((kb, (wall / n, cpu / n)))
         if "tuned" in gcs:
             tune_gc()  # as the ingester runs
-        decoded: list[Any] = []
-        decode_us = per_record(lambda: decoded.extend(decode(v, "exchange") for _, v in values), n)
-        records = [r for r in decoded if isinstance(r, ExchangeRecord)]
-        assert len(records) == n
+        decodes = []
+        for name, fast in (("pydantic", False), ("msgspec", True)):
+            decoded: list[Any] = []
+
+            def run(f: bool = fast, out: list[Any] = decoded) -> None:
+                out[:] = [decode(v, "exchange", fast=f) for _, v in values]
+
+            decodes.append((name, cpu_per_record(run, n)))
+            records = [r for r in decoded if isinstance(r, ExchangeRecord)]
+            assert len(records) == n
         url = dbs.create()
         engine = make_engine(url)
         chunks = [records[i : i + 1000] for i in range(0, n, 1000)]
-        write_us = per_record(lambda: _write_all(engine, chunks), n)
+        wall = time.perf_counter()
+        cpu = time.process_time()
+        _write_all(engine, chunks)
+        write_us = ((time.perf_counter() - wall) / n, (time.process_time() - cpu) / n)
         engine.dispose()
         parts = [
-            ("Kafka fetch (consumer poll only)", consume_s / n),
-            ("decode + validate (ingester.decode, pydantic from JSON)", decode_us),
-            ("store write, batches of 1,000 (COPY + INSERT)", write_us),
+            *(
+                (f"Kafka fetch, {kb:,} KiB a partition (consumer poll only)", s)
+                for kb, s in consume
+            ),
+            *((f"decode + validate ({name})", s) for name, s in decodes),
+            ("store write, batches of 1,000 (rows + binary COPY + commit)", write_us),
         ]
-        total = sum(p for _, p in parts)
-        print("| part (alone, same records) | us/record | share | alone: records/s |")
+        print(
+            "| part (alone, same records) | wall us/record | this process's CPU us/record"
+            " | records/s a core gives it (by CPU) |"
+        )
         print("|---|---:|---:|---:|")
-        for name, sec in parts:
-            print(f"| {name} | {sec * 1e6:,.0f} | {sec / total:.0%} | {1 / sec:,.0f} |")
-        print(f"| sum (one core, no overlap) | {total * 1e6:,.0f} | 100% | {1 / total:,.0f} |")
+        for name, (wall_s, cpu_s) in parts:
+            rate = 1 / max(cpu_s, 1e-9)
+            print(f"| {name} | {wall_s * 1e6:,.0f} | {cpu_s * 1e6:,.0f} | {rate:,.0f} |")
+        fetch_cpu = min(c for _, (_, c) in consume)
+        for name, (_, cpu_s) in decodes:
+            total = fetch_cpu + cpu_s + write_us[1]
+            print(
+                f"| ingester CPU with {name}: fetch + decode + write (PostgreSQL's own CPU not"
+                f" included) | | {total * 1e6:,.0f} | {1 / total:,.0f} |"
+            )
+        print(
+            "| decode CPU, pydantic over msgspec | |"
+            f" {decodes[0][1][1] / decodes[1][1][1]:.2f}x | |"
+        )
     finally:
         dbs.drop_all()
         delete_topics(bootstrap, [topic, health, dlq])

@@ -2,7 +2,7 @@
 
     python bench/mirror_overhead.py [--duration 24 | --requests N] [--concurrency 1,32,128]
         [--repeat 3] [--max-tokens 32] [--quick] [--database-url URL] [--json PATH]
-        [--paths direct,mirror-off,mirror,mirror-slow,nginx,nginx-mirror]
+        [--paths direct,nginx,nginx-mirror,mirror,wire] [--no-install-nginx]
 
 Engines (``shadow-ab sim`` subprocesses, real HTTP on 127.0.0.1):
 
@@ -19,11 +19,16 @@ Paths, side by side in one run, each with its own keep-alive client session:
   direct sink on a temporary SQLite file (or ``--database-url``);
 - ``mirror-slow``: the same with the 10x slower candidate;
 - ``mirror-off``: the same mirror with shadow rate 0 (the serving path's own cost, for scale);
+- ``wire``, ``wire-slow``, ``wire-off``: the same three on the protocol data plane
+  (``data_plane: protocol``, mirror/wire.py); ``mirror*`` are the ASGI plane (the default).
+  Default paths: direct, nginx, nginx-mirror, mirror, wire (the old and the new design);
 - ``nginx``: a private Debian nginx (own prefix and config in a temp dir, free ports, one
   worker, ``proxy_buffering off``, upstream keep-alive) with ``proxy_pass`` only;
 - ``nginx-mirror``: the same plus nginx's ``mirror`` directive to the 10x slower candidate.
 
-nginx is installed with ``apt-get install -y nginx`` when absent (the bench says so first); it
+nginx is installed with ``apt-get install -y nginx-light`` when absent (the bench says so
+first; when it cannot be installed, or with ``--no-install-nginx``, the nginx paths are left
+out and the output says NGINX MISSING); it
 runs as its own master process with ``daemon off`` and never reads /etc/nginx's sites.
 
 Traffic (``shadow_ab.dev.traffic``, uniform mode): one fixed streaming greedy chat request shape,
@@ -103,13 +108,36 @@ SLOW_CANDIDATE = {
     "answers": ANSWERS,
 }
 
-PATHS = ("direct", "mirror-off", "mirror", "mirror-slow", "nginx", "nginx-mirror")
-MIRROR_PATHS = ("mirror-off", "mirror", "mirror-slow")
+PATHS = (
+    "direct",
+    "nginx",
+    "nginx-mirror",
+    "mirror-off",
+    "mirror",
+    "mirror-slow",
+    "wire-off",
+    "wire",
+    "wire-slow",
+)
+DEFAULT_PATHS = ("direct", "nginx", "nginx-mirror", "mirror", "wire")
+MIRROR_PATHS = ("mirror-off", "mirror", "mirror-slow", "wire-off", "wire", "wire-slow")
+NGINX_PATHS = ("nginx", "nginx-mirror")
+MIRRORS = {  # path: (data plane, shadow rate, slow candidate)
+    "mirror-off": ("asgi", 0.0, False),
+    "mirror": ("asgi", 1.0, False),
+    "mirror-slow": ("asgi", 1.0, True),
+    "wire-off": ("protocol", 0.0, False),
+    "wire": ("protocol", 1.0, False),
+    "wire-slow": ("protocol", 1.0, True),
+}
 LABELS = {
     "direct": "direct",
-    "mirror-off": "shadow-ab mirror, shadowing off",
-    "mirror": "shadow-ab mirror, candidate",
-    "mirror-slow": "shadow-ab mirror, 10x slow candidate",
+    "mirror-off": "mirror asgi (old), shadowing off",
+    "mirror": "mirror asgi (old), candidate",
+    "mirror-slow": "mirror asgi (old), 10x slow candidate",
+    "wire-off": "mirror protocol (new), shadowing off",
+    "wire": "mirror protocol (new), candidate",
+    "wire-slow": "mirror protocol (new), 10x slow candidate",
     "nginx": "nginx proxy_pass",
     "nginx-mirror": "nginx `mirror`, 10x slow candidate",
 }
@@ -197,17 +225,20 @@ def running_mirror(
     database_url: str | None,
     name: str,
     rate: float = 1.0,
+    data_plane: str = "asgi",
 ) -> Iterator[Proxy]:
-    """``shadow-ab mirror`` as a subprocess: shadow ``rate`` of requests (default every one),
-    guard off, direct sink."""
+    """``shadow-ab mirror`` as a subprocess on ``data_plane``: shadow ``rate`` of requests
+    (default every one), guard off, direct sink."""
     db = database_url or f"sqlite:///{workdir / (name + '.db')}"
     with dev_running_mirror(
         incumbent,
         candidate,
         database_url=db,
         deployment=f"bench-{name}",
+        startup_timeout=180.0,
         shadow={"rate": rate, "max_concurrent": 512, "timeout_s": 60.0},
         guard={"enabled": False},
+        data_plane=data_plane,
     ) as mirror:
         models = mirror.base_url + "/v1/models"
         mirror.wait_until(lambda: answers(models), f"answering {models}", 60.0, interval=0.1)
@@ -294,34 +325,47 @@ http {{
 """
 
 
-def nginx_binary() -> str:
-    """Debian's nginx, installed with apt-get when absent."""
-    found = shutil.which("nginx") or (
-        "/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else ""
-    )
+def _which_nginx() -> str:
+    return shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else "")
+
+
+def nginx_binary(install: bool = True) -> tuple[str, str | None]:
+    """Debian's nginx, installed with apt-get (``nginx-light``) when absent and ``install``:
+    (the binary, None), or ("", why there is none)."""
+    found = _which_nginx()
     if found:
-        return found
+        return found, None
+    if not install:
+        return "", "nginx is not installed (and --no-install-nginx was given)"
     print(
-        "nginx is not installed: installing Debian's nginx with `apt-get install -y nginx`"
-        " (the bench runs it as a private instance; /etc/nginx is left alone)",
+        "nginx is not installed: installing Debian's nginx-light with `apt-get install -y"
+        " nginx-light` (the bench runs it as a private instance; /etc/nginx is left alone)",
         file=sys.stderr,
         flush=True,
     )
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    cmd = ["apt-get", "install", "-y", "-q", "nginx"]
-    if subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL).returncode != 0:
-        subprocess.run(["apt-get", "update", "-q"], env=env, stdout=subprocess.DEVNULL)
-        subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, check=True)
-    found = shutil.which("nginx") or "/usr/sbin/nginx"
-    if not os.path.exists(found):
-        raise BenchError("apt-get install nginx did not give an nginx binary")
-    return found
+    cmd = ["apt-get", "install", "-y", "-q", "nginx-light"]
+    try:
+        if subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL).returncode != 0:
+            subprocess.run(["apt-get", "update", "-q"], env=env, stdout=subprocess.DEVNULL)
+            subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL)
+    except OSError as exc:
+        return "", f"nginx is not installed and apt-get could not run ({exc})"
+    found = _which_nginx()
+    if not found:
+        return "", (
+            "nginx is not installed and `apt-get install -y nginx-light` did not install it"
+            " (as root: apt-get update && apt-get install -y nginx-light)"
+        )
+    return found, None
 
 
 @contextlib.contextmanager
 def running_nginx(incumbent: str, candidate: str, workdir: Path) -> Iterator[tuple[Proxy, Proxy]]:
     """One private nginx master + worker: (proxy_pass server, mirror server)."""
-    binary = nginx_binary()
+    binary, why = nginx_binary()
+    if why is not None:
+        raise BenchError(why)
     prefix = workdir / "nginx"
     prefix.mkdir()
     prefix.chmod(0o755)  # workers run as nobody
@@ -519,7 +563,7 @@ def table(cells: dict[tuple[str, int], Cell], levels: list[int], paths: list[str
 def goal_lines(cells: dict[tuple[str, int], Cell]) -> list[str]:
     lines = []
     base = cells.get(("direct", GOAL_CONCURRENCY))
-    for path in ("mirror", "mirror-slow", "mirror-off"):
+    for path in ("mirror", "wire", "mirror-slow", "wire-slow", "mirror-off", "wire-off"):
         cell = cells.get((path, GOAL_CONCURRENCY))
         if base is None or cell is None:
             continue
@@ -532,6 +576,19 @@ def goal_lines(cells: dict[tuple[str, int], Cell]) -> list[str]:
             f" at concurrency {GOAL_CONCURRENCY}), {LABELS[path]}: p50 {d50:+.2f} ms,"
             f" p99 {d99:+.2f} ms -> {'MET' if met else 'NOT MET'}"
         )
+    nginx = cells.get(("nginx", GOAL_CONCURRENCY))
+    for path in ("mirror", "wire"):
+        cell = cells.get((path, GOAL_CONCURRENCY))
+        if cell is None or not cell.result().ok_rows:
+            continue
+        cpu = cell.proxy_cpu_s / len(cell.result().ok_rows) * 1000
+        line = (
+            f"Proxy CPU per request at concurrency {GOAL_CONCURRENCY}, {LABELS[path]}: {cpu:.2f} ms"
+        )
+        if nginx is not None and nginx.result().ok_rows:
+            ncpu = nginx.proxy_cpu_s / len(nginx.result().ok_rows) * 1000
+            line += f" vs nginx proxy_pass {ncpu:.2f} ms ({cpu / ncpu:.1f}x)"
+        lines.append(line)
     if not lines:
         lines.append(
             f"Goal (added TTFT p50 <= {GOAL_TTFT_P50_MS:g} ms and p99 <= {GOAL_TTFT_P99_MS:g} ms"
@@ -585,10 +642,19 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=None, help="requests per path and level")
     ap.add_argument("--repeat", type=int, default=3, help="interleaved rounds (drift control)")
     ap.add_argument("--max-tokens", type=int, default=32)
-    ap.add_argument("--paths", default=",".join(PATHS), help="which paths to run")
+    ap.add_argument(
+        "--paths",
+        default=",".join(DEFAULT_PATHS),
+        help=f"which paths to run, of {', '.join(PATHS)}",
+    )
     ap.add_argument("--database-url", default=None, help="the mirror's store (default: SQLite)")
     ap.add_argument("--json", type=Path, default=None, help="also write the cells' summaries")
     ap.add_argument("--quick", action="store_true", help="a short smoke run")
+    ap.add_argument(
+        "--no-install-nginx",
+        action="store_true",
+        help="do not apt-get install nginx-light when nginx is missing (its paths are left out)",
+    )
     args = ap.parse_args()
     if args.quick:
         args.duration, args.repeat = 3.0, 1
@@ -606,6 +672,13 @@ def main() -> None:
         notes.append(f"shadow-ab mirror paths skipped: {why}")
         wanted = [p for p in wanted if p not in MIRROR_PATHS]
 
+    if set(NGINX_PATHS) & set(wanted):
+        _, why = nginx_binary(install=not args.no_install_nginx)
+        if why is not None:
+            print(f"NGINX MISSING: {why}; the nginx paths are left out", file=sys.stderr)
+            notes.append(f"NGINX MISSING, nginx paths left out: {why}")
+            wanted = [p for p in wanted if p not in NGINX_PATHS]
+
     def progress(msg: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
@@ -614,33 +687,31 @@ def main() -> None:
     with contextlib.ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="shadow-ab-bench-")))
         progress("starting simulators")
-        inc = stack.enter_context(running_sim("vllm", "clean", overrides=INCUMBENT, ledger=False))
+        inc = stack.enter_context(
+            running_sim("vllm", "clean", overrides=INCUMBENT, ledger=False, startup_timeout=120.0)
+        )
         cand = stack.enter_context(
-            running_sim("trtllm", "clean", overrides=CANDIDATE, ledger=False)
+            running_sim("trtllm", "clean", overrides=CANDIDATE, ledger=False, startup_timeout=120.0)
         )
         slow = stack.enter_context(
-            running_sim("trtllm", "clean", overrides=SLOW_CANDIDATE, ledger=False)
+            running_sim(
+                "trtllm", "clean", overrides=SLOW_CANDIDATE, ledger=False, startup_timeout=120.0
+            )
         )
         targets: dict[str, Target] = {"direct": Target("direct", inc.base_url, None)}
-        if "mirror-off" in wanted:
-            progress("starting shadow-ab mirror (shadowing off)")
+        for path, (plane, rate, slow_cand) in MIRRORS.items():
+            if path not in wanted:
+                continue
+            progress(f"starting shadow-ab mirror: {LABELS[path]}")
+            cand_sim = slow if slow_cand else cand
             m = stack.enter_context(
-                running_mirror(inc.base_url, cand.base_url, tmp, args.database_url, "off", 0.0)
+                running_mirror(
+                    inc.base_url, cand_sim.base_url, tmp, args.database_url, path, rate, plane
+                )
             )
-            targets["mirror-off"] = Target("mirror-off", m.base_url, m.pid, m.metrics_url)
-        if "mirror" in wanted:
-            progress("starting shadow-ab mirror (candidate)")
-            m = stack.enter_context(
-                running_mirror(inc.base_url, cand.base_url, tmp, args.database_url, "mirror")
-            )
-            targets["mirror"] = Target("mirror", m.base_url, m.pid, m.metrics_url, [cand])
-        if "mirror-slow" in wanted:
-            progress("starting shadow-ab mirror (10x slow candidate)")
-            m = stack.enter_context(
-                running_mirror(inc.base_url, slow.base_url, tmp, args.database_url, "mirror-slow")
-            )
-            targets["mirror-slow"] = Target("mirror-slow", m.base_url, m.pid, m.metrics_url, [slow])
-        if {"nginx", "nginx-mirror"} & set(wanted):
+            settle = [cand_sim] if rate > 0 else []
+            targets[path] = Target(path, m.base_url, m.pid, m.metrics_url, settle)
+        if set(NGINX_PATHS) & set(wanted):
             progress("starting nginx")
             plain, mirrored = stack.enter_context(running_nginx(inc.base_url, slow.base_url, tmp))
             if "nginx" in wanted:

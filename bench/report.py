@@ -1,6 +1,8 @@
 """A month of mirrored pairs in PostgreSQL: how long the latency rollups and the report take.
 
     eval "$(shadow-ab services env)"; python bench/report.py [--pairs 10000000] [--days 30] [--keep]
+    python bench/report.py --pairs 10000000 --database shadow_ab_bench10m   # load once, keep
+    python bench/report.py --pairs 10000000 --database shadow_ab_bench10m   # review again, no load
 
 Needs `shadow-ab services up`. Creates a throw-away database on the local PostgreSQL server,
 migrates it, makes the daily partitions, and loads ``--pairs`` synthetic pairs (an incumbent and
@@ -28,15 +30,19 @@ goal (it stands in for a month of ingestion). ``--keep`` keeps the database and 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import cProfile
+import json
+import pstats
 import resource
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine, event, text
 from sqlalchemy.engine import make_url
 
 from evaluator.latency import analyze_latency
@@ -46,6 +52,16 @@ from storage.db import make_engine
 from storage.migrate import upgrade
 from storage.partitions import ensure_partitions
 
+ROLLUP_TABLES = (
+    "latency_rollups",
+    "latency_samples",
+    "latency_rollup_hours",
+    "exchange_counts",
+    "exchange_notables",
+    "exchange_parity",
+    "exchange_rollup_hours",
+)
+"""Tables holding a deployment's rollups (emptied before a timed run over a reused database)."""
 GOAL_S = 30.0
 GOAL_BYTES = 2 * 1024**3
 DEPLOYMENT = "bench-month"
@@ -105,39 +121,132 @@ def _load(engine: Engine, run: str, first: int, last: int, step_s: float) -> Non
         )
 
 
-def load_month(engine: Engine, pairs: int, days: int) -> tuple[float, float]:
-    """Load ``pairs`` pairs over ``days`` days; (seconds between pairs, load seconds)."""
-    ensure_partitions(engine, START, days_ahead=days + 1)
-    with engine.begin() as conn:
-        conn.execute(
+def _progress(engine: Engine) -> dict[str, Any]:
+    """The load's progress, kept as the database's comment ({} for a new database)."""
+    with engine.connect() as conn:
+        comment = conn.execute(
             text(
-                "INSERT INTO deployments (name, incumbent_engine, candidate_engine, model,"
-                " started_at) VALUES (:name, 'vllm', 'trtllm', 'bench', :start)"
-            ),
-            {"name": DEPLOYMENT, "start": START},
+                "SELECT shobj_description(oid, 'pg_database') FROM pg_database"
+                " WHERE datname = current_database()"
+            )
+        ).scalar()
+    return json.loads(comment) if comment else {}
+
+
+def _save_progress(engine: Engine, progress: dict[str, Any]) -> None:
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        name = conn.execute(text("SELECT current_database()")).scalar()
+        literal = json.dumps(progress).replace("'", "''")
+        conn.execute(text(f"COMMENT ON DATABASE \"{name}\" IS '{literal}'"))
+
+
+def load_month(engine: Engine, pairs: int, days: int) -> tuple[float, float, bool]:
+    """Load ``pairs`` pairs over ``days`` days, resuming a load cut short; (seconds between
+    pairs, load seconds, whether this run loaded anything)."""
+    progress = _progress(engine)
+    if progress and (progress["pairs"], progress["days"]) != (pairs, days):
+        sys.exit(
+            f"this database holds a load of {progress['pairs']:,} pairs over {progress['days']}"
+            " days: pass those, or another --database"
         )
     step_s = days * 86400 / pairs
+    if progress.get("loaded_days") == days:
+        return step_s, progress["load_s"], False
+    if not progress:
+        ensure_partitions(engine, START, days_ahead=days + 1)
+        with engine.begin() as conn:
+            conn.execute(
+                text(
+                    "INSERT INTO deployments (name, incumbent_engine, candidate_engine, model,"
+                    " started_at) VALUES (:name, 'vllm', 'trtllm', 'bench', :start)"
+                ),
+                {"name": DEPLOYMENT, "start": START},
+            )
+        progress = {"pairs": pairs, "days": days, "run": uuid.uuid4().hex[:8]}
+        progress.update(loaded_days=0, load_s=0.0, extra_hour=False)
+        _save_progress(engine, progress)
     per_day = pairs // days
-    run = uuid.uuid4().hex[:8]
-    t0 = time.perf_counter()
-    for d in range(days):
+    t0 = time.perf_counter() - progress["load_s"]
+    for d in range(progress["loaded_days"], days):
         lo = d * per_day
         hi = pairs if d == days - 1 else lo + per_day
-        _load(engine, run, lo, hi, step_s)
+        _load(engine, progress["run"], lo, hi, step_s)
+        progress.update(loaded_days=d + 1, load_s=time.perf_counter() - t0)
+        _save_progress(engine, progress)
         print(f"  loaded day {d + 1}/{days} ({hi:,} pairs, {time.perf_counter() - t0:.0f} s)")
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         conn.execute(text("ANALYZE exchanges"))
-    return step_s, time.perf_counter() - t0
+    progress["load_s"] = time.perf_counter() - t0
+    _save_progress(engine, progress)
+    return step_s, progress["load_s"], True
+
+
+def _load_extra_hour(engine: Engine, pairs: int, step_s: float) -> None:
+    """One more hour of pairs after the month, once per database."""
+    progress = _progress(engine)
+    if progress.get("extra_hour"):
+        return
+    per_hour = max(1, round(3600 / step_s))
+    _load(engine, uuid.uuid4().hex[:8], pairs, pairs + per_hour, step_s)
+    if progress:
+        progress["extra_hour"] = True
+        _save_progress(engine, progress)
+
+
+def _empty_rollups(engine: Engine) -> None:
+    """Forget the deployment's rollups, so the first refresh is timed from scratch."""
+    with engine.begin() as conn:
+        for table in ROLLUP_TABLES:
+            conn.execute(text(f"DELETE FROM {table} WHERE deployment = :d"), {"d": DEPLOYMENT})
+
+
+@contextlib.contextmanager
+def _profiled(engine: Engine, on: bool, top: int = 15) -> Iterator[None]:
+    """With ``on``: the slowest SQL statements (wall time in the driver, first line of each)
+    and the functions with the most cumulative time, printed after the block."""
+    if not on:
+        yield
+        return
+    spent: dict[str, list[float]] = {}
+
+    def before(conn: Any, cursor: Any, statement: str, *_: Any) -> None:
+        conn.info.setdefault("t0", []).append(time.perf_counter())
+
+    def after(conn: Any, cursor: Any, statement: str, *_: Any) -> None:
+        took = time.perf_counter() - conn.info["t0"].pop()
+        key = " ".join(statement.split())[:150]
+        spent.setdefault(key, []).append(took)
+
+    event.listen(engine, "before_cursor_execute", before)
+    event.listen(engine, "after_cursor_execute", after)
+    profile = cProfile.Profile()
+    profile.enable()
+    try:
+        yield
+    finally:
+        profile.disable()
+        event.remove(engine, "before_cursor_execute", before)
+        event.remove(engine, "after_cursor_execute", after)
+        total = sum(map(sum, spent.values()))
+        print(f"\nslowest SQL (seconds, calls, statement), {total:.1f} s in all:")
+        for key, times in sorted(spent.items(), key=lambda kv: -sum(kv[1]))[:top]:
+            print(f"  {sum(times):7.2f} {len(times):5d}  {key}")
+        print("\nPython, by cumulative time:")
+        pstats.Stats(profile).sort_stats("cumulative").print_stats(top)
 
 
 def _peak_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def _timed(name: str, fn: Callable[[], Any], rows: list[tuple[str, float, int]]) -> Any:
-    t0 = time.perf_counter()
+Row = tuple[str, float, float | None, int]
+"""step, wall seconds, this process's CPU seconds (None: not measured apart), peak RSS."""
+
+
+def _timed(name: str, fn: Callable[[], Any], rows: list[Row]) -> Any:
+    t0, c0 = time.perf_counter(), time.process_time()
     out = fn()
-    rows.append((name, time.perf_counter() - t0, _peak_bytes()))
+    rows.append((name, time.perf_counter() - t0, time.process_time() - c0, _peak_bytes()))
     print(f"  {name}: {rows[-1][1]:.1f} s")
     return out
 
@@ -147,6 +256,28 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=10_000_000)
     parser.add_argument("--days", type=int, default=30)
     parser.add_argument("--keep", action="store_true", help="keep the database, print its URL")
+    parser.add_argument(
+        "--database",
+        metavar="NAME",
+        help="load into (or reuse) this database and keep it; never the test database",
+    )
+    parser.add_argument(
+        "--window-days",
+        type=int,
+        metavar="K",
+        help="refresh and review only the month's first K days (the same hours at 1 M and 10 M"
+        " pairs: the review's cost against the pairs per hour)",
+    )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="print the review's slowest SQL statements and Python functions (cProfile)",
+    )
+    parser.add_argument(
+        "--reuse-rollups",
+        action="store_true",
+        help="with --database: keep the rollups a previous run made (time the review only)",
+    )
     args = parser.parse_args()
     sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]  # a TextIOWrapper
 
@@ -154,29 +285,40 @@ def main() -> None:
     if not server_url.startswith("postgresql"):
         sys.exit("SHADOW_AB_DATABASE_URL is not PostgreSQL: run `shadow-ab services up` first")
     admin = make_engine(server_url, isolation_level="AUTOCOMMIT")
-    name = f"shadow_bench_report_{uuid.uuid4().hex[:8]}"
+    name = args.database or f"shadow_bench_report_{uuid.uuid4().hex[:8]}"
+    if name == make_url(server_url).database:
+        sys.exit(f"--database {name} is SHADOW_AB_DATABASE_URL's own database: name another")
+    keep = args.keep or args.database is not None
     with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
+        exists = conn.execute(
+            text("SELECT 1 FROM pg_database WHERE datname = :n"), {"n": name}
+        ).scalar()
+        if not exists:
+            conn.execute(text(f'CREATE DATABASE "{name}"'))
     url = make_url(server_url).set(database=name).render_as_string(hide_password=False)
     engine: Engine | None = None
     try:
         upgrade(url)
         engine = make_engine(url)
         print(f"loading {args.pairs:,} pairs ({2 * args.pairs:,} exchanges) over {args.days} days")
-        step_s, load_s = load_month(engine, args.pairs, args.days)
-        end = START + timedelta(days=args.days)
+        step_s, load_s, loaded = load_month(engine, args.pairs, args.days)
+        if not loaded and not args.reuse_rollups:
+            _empty_rollups(engine)
+        end = START + timedelta(days=args.window_days or args.days)
         window = (START, end)
         now = end + timedelta(hours=2)  # every hour of the month closed
-        rows: list[tuple[str, float, int]] = []
+        rows: list[Row] = []
         first = _timed(
             "refresh_rollups, first run",
             lambda: refresh_rollups(engine, DEPLOYMENT, window, now=now),
             rows,
         )
         # one more hour of traffic after the month, then the incremental refresh
-        per_hour = max(1, round(3600 / step_s))
-        _load(engine, uuid.uuid4().hex[:8], args.pairs, args.pairs + per_hour, step_s)
-        longer = (START, end + timedelta(hours=1))
+        if args.window_days:  # a part of the month: no hour after it to append
+            longer = window
+        else:
+            _load_extra_hour(engine, args.pairs, step_s)
+            longer = (START, end + timedelta(hours=1))
         incr = _timed(
             "refresh_rollups, incremental (+1 hour)",
             lambda: refresh_rollups(engine, DEPLOYMENT, longer, now=now),
@@ -195,24 +337,34 @@ def main() -> None:
             review_note = f"build_review not available ({exc})"
         else:
             try:
-                _timed(
-                    "build_review (whole report)",
-                    lambda: build_review(engine, DEPLOYMENT, longer, default_policy()),
-                    rows,
-                )
+                with _profiled(engine, args.profile):
+                    review = _timed(
+                        "build_review (whole report)",
+                        lambda: build_review(engine, DEPLOYMENT, longer, default_policy()),
+                        rows,
+                    )
+                for stage, secs in review.timings.items():
+                    rows.append((f"  review stage: {stage}", secs, None, rows[-1][3]))
             except Exception as exc:  # report what failed, keep the other numbers
                 review_note = f"build_review failed: {type(exc).__name__}: {exc}"
 
         print()
         print(
-            f"{args.pairs:,} pairs over {args.days} days (+1 hour), loaded in {load_s:.0f} s;"
+            f"{args.pairs:,} pairs over {args.days} days"
+            f" ({f'first {args.window_days} days reviewed' if args.window_days else '+1 hour'}),"
+            f" loaded in {load_s:.0f} s{'' if loaded else ' (by an earlier run)'};"
             f" rollups: {first.hours_computed} hours first, {incr.hours_computed} incremental;"
             f" {section.tables['n']['pairs_sampled']:,} pairs sampled"
         )
-        print(f"{'step':42} {'seconds':>8} {'/ 30 s':>7} {'peak RSS':>9} {'/ 2 GB':>7}")
-        for step, secs, peak in rows:
+        # CPU: this process only (Python: analyses, bootstrap, rendering), not PostgreSQL's;
+        # on a shared machine wall seconds move with the load, CPU seconds much less
+        print(
+            f"{'step':42} {'seconds':>8} {'/ 30 s':>7} {'CPU s':>7} {'peak RSS':>9} {'/ 2 GB':>7}"
+        )
+        for step, secs, cpu, peak in rows:
+            cpu_text = "" if cpu is None else f"{cpu:.1f}"
             print(
-                f"{step:42} {secs:8.1f} {secs / GOAL_S:7.2f}"
+                f"{step:42} {secs:8.1f} {secs / GOAL_S:7.2f} {cpu_text:>7}"
                 f" {peak / 1024**2:7.0f}MB {peak / GOAL_BYTES:7.2f}"
             )
         if review_note:
@@ -220,7 +372,7 @@ def main() -> None:
     finally:
         if engine is not None:
             engine.dispose()
-        if args.keep:
+        if keep:
             print(f"kept: {make_url(url).render_as_string(hide_password=True)}")
         else:
             with admin.connect() as conn:

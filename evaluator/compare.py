@@ -15,9 +15,16 @@ Per pair:
 - ``edit_similarity``: 1 - normalized Levenshtein distance over the tokens (rapidfuzz);
 - ``first_divergence``: index of the first token that differs (the shorter length when one is a
   prefix of the other); None when the tokens agree;
-- ``near_tie``: at the first divergence, each side's token is among the other side's top-k
-  logprob alternatives (how vLLM's own tests judge two runs: a swap of near-equal candidates is
-  not an error); None when either side has no alternatives there or one side ended there;
+- ``margin`` and ``near_tie``: at the first divergence, how much more likely each side with
+  logprobs found its own token than the token the other side continued with (nats, from that
+  side's top alternatives; :func:`divergence_margin`); the pair's margin is the larger of the
+  sides'. A near tie is a margin within ``near_tie_nats`` (0.5 by default): the engines' choice
+  was a coin toss between near-equal tokens, which a change of kernels flips without being
+  worse. Membership in a top-k list is not the test (a token 5 nats down can still be in the
+  top 5). One side with logprobs is enough (the mirror asks the candidate and the replay for
+  them, never the client's request, so the incumbent usually has none). None when unknown: no
+  side has alternatives there, the divergence is where one side ended, or the other side's
+  token is not among the alternatives and the least listed is within ``near_tie_nats``;
 - ``finish_mismatch``, ``length_ratio`` (other / incumbent completion tokens) and, when the
   request asked for JSON (``response_format`` ``json_object`` / ``json_schema``), whether each
   side's text parses as JSON.
@@ -48,6 +55,8 @@ from shadow_ab.records import ExchangeRecord, TokenLogprob
 
 _TOKEN = re.compile(r"\w+|[^\w\s]", re.UNICODE)
 JSON_FORMATS = frozenset({"json_object", "json_schema"})
+NEAR_TIE_NATS = 0.5
+"""Default near-tie margin: the two tokens' logprobs within this many nats at the divergence."""
 
 
 @dataclass(frozen=True)
@@ -156,6 +165,11 @@ class PairDivergence:
     """Token counts (incumbent, other) on the comparison's basis."""
     divergent_tokens: tuple[str | None, str | None] = (None, None)
     """The two tokens at the first divergence (None where a side had ended)."""
+    margin: float | None = None
+    """Logprob margin at the first divergence (nats; :func:`divergence_margin`), the larger of
+    the sides'; a lower bound when ``margin_bound``. None when unknown."""
+    margin_bound: bool = False
+    """The margin is a lower bound: the other side's token was not among the alternatives."""
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -191,8 +205,109 @@ def near_tie_at(
     return b.token in a.top and a.token in b.top
 
 
-def compare_pair(incumbent: PairSide, other: PairSide) -> PairDivergence:
-    """The divergence metrics of ``other`` (candidate or replay) against ``incumbent``."""
+def common_prefix_len(a: str, b: str) -> int:
+    """Characters two strings share at their start."""
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+Margin = tuple[float, bool]
+"""(nats, is a lower bound)."""
+
+
+def side_margin(logprobs: Sequence[TokenLogprob], own: str, other: str) -> Margin | None:
+    """How much more likely this side found its token at the first character where ``own`` and
+    ``other`` differ than the token ``other`` continued with there, from this side's logprobs.
+
+    The token covering the first differing character is found by the tokens' character offsets
+    (they must concatenate to ``own``); the other side's token is the most likely alternative
+    there that ``other`` continues with (a prefix of ``other`` from that token's start). None
+    when the tokens do not spell ``own`` (byte-level pieces), when either text ends there (an
+    end of sequence is not among the alternatives) or when no alternatives were kept. When the
+    other's token is not among the alternatives, the margin is at least the distance to the
+    least listed one: a lower bound."""
+    if own == other:
+        return None
+    c = common_prefix_len(own, other)
+    if c >= len(own) or c >= len(other):
+        return None
+    start = 0
+    for lp in logprobs:
+        end = start + len(lp.token)
+        if end > c:
+            break
+        start = end
+    else:
+        return None
+    if not own.startswith(lp.token, start) or not lp.top:
+        return None
+    if "".join(t.token for t in logprobs) != own:
+        return None
+    rest = other[start:]
+    alts = [v for t, v in lp.top.items() if t and t != lp.token and rest.startswith(t)]
+    if alts:
+        return max(0.0, lp.logprob - max(alts)), False
+    listed = [v for t, v in lp.top.items() if t != lp.token]
+    if not listed:
+        return None
+    return max(0.0, lp.logprob - min(listed)), True
+
+
+def token_margin(own: TokenLogprob, other_token: str) -> Margin | None:
+    """As :func:`side_margin` for aligned tokens (digested tokens: no text to align on)."""
+    if not own.top:
+        return None
+    if other_token in own.top:
+        return max(0.0, own.logprob - own.top[other_token]), False
+    listed = [v for t, v in own.top.items() if t != own.token]
+    return (max(0.0, own.logprob - min(listed)), True) if listed else None
+
+
+def divergence_margin(
+    incumbent: PairSide, other: PairSide, first: int | None = None, *, digests: bool = False
+) -> Margin | None:
+    """The pair's margin at the first divergence: the larger of the sides' (each side with
+    logprobs judges from its own distribution); exact beats a bound of the same size. Texts
+    are aligned by characters; digested texts, or tokens that do not spell their text when both
+    sides have them, by token index ``first``."""
+    found: list[Margin] = []
+    a_lp, b_lp = incumbent.logprobs, other.logprobs
+    if not digests:
+        a, b = incumbent.text or "", other.text or ""
+        for lps, own, oth in ((a_lp, a, b), (b_lp, b, a)):
+            if lps:
+                m = side_margin(lps, own, oth)
+                if m is not None:
+                    found.append(m)
+    if not found and a_lp and b_lp and first is not None and first < min(len(a_lp), len(b_lp)):
+        # Digested tokens, or tokens that do not spell the text: align them by index.
+        for mine, theirs in ((a_lp[first], b_lp[first]), (b_lp[first], a_lp[first])):
+            m = token_margin(mine, theirs.token)
+            if m is not None:
+                found.append(m)
+    if not found:
+        return None
+    return max(found, key=lambda m: (m[0], not m[1]))
+
+
+def judge_margin(margin: Margin | None, near_tie_nats: float) -> bool | None:
+    """Near tie (True), not (False) or unknown (None: no margin, or a bound within reach)."""
+    if margin is None:
+        return None
+    value, bound = margin
+    if value > near_tie_nats:
+        return False
+    return None if bound else True
+
+
+def compare_pair(
+    incumbent: PairSide, other: PairSide, *, near_tie_nats: float = NEAR_TIE_NATS
+) -> PairDivergence:
+    """The divergence metrics of ``other`` (candidate or replay) against ``incumbent``; a near
+    tie is a logprob margin within ``near_tie_nats`` at the first divergence."""
     greedy = incumbent.greedy
     if not (incumbent.ok and other.ok):
         return PairDivergence(comparable=False, greedy=greedy)
@@ -207,15 +322,15 @@ def compare_pair(incumbent: PairSide, other: PairSide) -> PairDivergence:
     first = None if exact else first_difference(ta, tb)
     if not exact and first is None:
         first = len(ta)  # the texts differ only in spacing the tokenization drops
-    near = None
+    margin: Margin | None = None
     divergent: tuple[str | None, str | None] = (None, None)
     if first is not None:
         divergent = (
             ta[first] if first < len(ta) else None,
             tb[first] if first < len(tb) else None,
         )
-        if use_lp:
-            near = near_tie_at(incumbent.logprobs, other.logprobs, first)
+        margin = divergence_margin(incumbent, other, first, digests=digests[0])
+    near = judge_margin(margin, near_tie_nats)
     similarity = float(Levenshtein.normalized_similarity(ta, tb)) if (ta or tb) else 1.0
     fa, fb = incumbent.finish_reason, other.finish_reason
     na = incumbent.completion_tokens if incumbent.completion_tokens is not None else len(ta)
@@ -238,6 +353,8 @@ def compare_pair(incumbent: PairSide, other: PairSide) -> PairDivergence:
         json_valid_other=json_valid(other.text) if asked and not digests[0] else None,
         tokens=(len(ta), len(tb)),
         divergent_tokens=divergent,
+        margin=margin[0] if margin else None,
+        margin_bound=margin[1] if margin else False,
     )
 
 

@@ -657,7 +657,7 @@ def analyze_latency(
             ids = [(p, h) for p, h, k in zip(cols["pair_id"], hours, paired, strict=True) if k]
             rng = np.random.default_rng(config.seed)
             pick = [ids[i] for i in subsample(len(ids), config.pooled_max_pairs, rng)]
-            gaps = load_itl(engine, deployment, [p for p, _ in pick])
+            gaps = load_itl(engine, deployment, [p for p, _ in pick], [h for _, h in pick])
             both = [
                 (p, h) for p, h in pick if (p, "incumbent") in gaps and (p, "candidate") in gaps
             ]

@@ -26,9 +26,10 @@ from typing import Any
 
 from sqlalchemy import Engine, case, func, select
 
+from evaluator.exchange_rollups import in_ranges, split_window
 from evaluator.results import Window
 from evaluator.rollups import LOAD_EDGES, bucket_labels
-from storage.models import EXCHANGES
+from storage.models import EXCHANGE_COUNTS, EXCHANGE_PARITY, EXCHANGES
 
 
 @dataclass(frozen=True)
@@ -46,28 +47,74 @@ def _bucket(column: Any) -> Any:
 
 
 def load_parity(engine: Engine, deployment: str, window: Window) -> dict[str, Any]:
-    """The parity table of ``deployment`` over ``window`` (see the module docstring)."""
-    x = EXCHANGES.c
-    cond = (x.deployment == deployment, x.sent_at >= window[0], x.sent_at < window[1])
-    bucket = _bucket(x.inflight_incumbent)
-    by_bucket = (
-        select(bucket, func.count(), func.avg(x.inflight_incumbent), func.avg(x.inflight_candidate))
-        .where(
-            *cond,
-            x.role == "candidate",
-            x.inflight_incumbent.is_not(None),
-            x.inflight_candidate.is_not(None),
-        )
-        .group_by(bucket)
-    )
-    roles = select(x.role, func.count()).where(*cond).group_by(x.role)
-    state = x.guard["state"].as_string()
-    guard = select(state, func.count()).where(*cond, x.role == "candidate").group_by(state)
-    labels = bucket_labels(LOAD_EDGES)
+    """The parity table of ``deployment`` over ``window`` (see the module docstring): the
+    closed, rolled-up hours from the exchange rollups, the rest from the raw rows."""
+    x, p, c = EXCHANGES.c, EXCHANGE_PARITY.c, EXCHANGE_COUNTS.c
+    sums: dict[int, list[float]] = {}
+    counts: dict[str, int] = {}
+    guards: dict[str, int] = {}
+
+    def add(into: dict[Any, Any], key: Any, n: Any) -> None:
+        into[key] = into.get(key, 0) + int(n or 0)
+
     with engine.connect() as conn:
-        rows = sorted(conn.execute(by_bucket).all(), key=lambda r: int(r[0]))
-        counts = {str(r): int(n) for r, n in conn.execute(roles)}
-        guards = {str(s) if s is not None else "none": int(n) for s, n in conn.execute(guard)}
+        runs, raw = split_window(conn, deployment, (window[0], window[1]))
+        if raw:
+            in_raw = (x.deployment == deployment, in_ranges(x.sent_at, raw))
+            bucket = _bucket(x.inflight_incumbent)
+            by_bucket = (
+                select(
+                    bucket,
+                    func.count(),
+                    func.sum(x.inflight_incumbent),
+                    func.sum(x.inflight_candidate),
+                )
+                .where(
+                    *in_raw,
+                    x.role == "candidate",
+                    x.inflight_incumbent.is_not(None),
+                    x.inflight_candidate.is_not(None),
+                )
+                .group_by(bucket)
+            )
+            for b, n, a, cd in conn.execute(by_bucket):
+                acc = sums.setdefault(int(b), [0, 0.0, 0.0])
+                acc[0] += int(n)
+                acc[1] += float(a or 0)
+                acc[2] += float(cd or 0)
+            for r, n in conn.execute(select(x.role, func.count()).where(*in_raw).group_by(x.role)):
+                add(counts, str(r), n)
+            state = x.guard["state"].as_string()
+            guard = (
+                select(state, func.count()).where(*in_raw, x.role == "candidate").group_by(state)
+            )
+            for st, n in conn.execute(guard):
+                add(guards, str(st) if st is not None else "none", n)
+        if runs:
+            in_runs = (p.deployment == deployment, in_ranges(p.hour, runs))
+            rolled = (
+                select(p.kind, p.key, func.sum(p.n), func.sum(p.sum_incumbent))
+                .add_columns(func.sum(p.sum_candidate))
+                .where(*in_runs)
+                .group_by(p.kind, p.key)
+            )
+            for kind, key, n, a, cd in conn.execute(rolled):
+                if kind == "guard":
+                    add(guards, key, n)
+                    continue
+                acc = sums.setdefault(int(key), [0, 0.0, 0.0])
+                acc[0] += int(n)
+                acc[1] += float(a or 0)
+                acc[2] += float(cd or 0)
+            by_role = (
+                select(c.role, func.sum(c.n))
+                .where(c.deployment == deployment, in_ranges(c.minute, runs))
+                .group_by(c.role)
+            )
+            for r, n in conn.execute(by_role):
+                add(counts, str(r), n)
+    labels = bucket_labels(LOAD_EDGES)
+    rows = [(b, n, a / n, cd / n) for b, (n, a, cd) in sorted(sums.items()) if n]
     parsed = [
         (labels[int(b)], int(n), None if a is None else float(a), None if c is None else float(c))
         for b, n, a, c in rows

@@ -65,6 +65,7 @@ KEY_PATTERNS: tuple[str, ...] = (
     r"divergence\.(candidate_rate|noise_rate|excess_rate)",
     r"divergence\.edit_similarity\.mean",
     r"divergence\.(finish_mismatch|json_invalid)\.excess",
+    r"divergence\.(hard_excess_rate|near_tie_share|length_shift)",
     r"data\.(pairs|days)",
 )
 """Every measurement key a criterion may name (see :mod:`evaluator.results`)."""
@@ -93,6 +94,7 @@ def example_keys() -> list[str]:
         "divergence.excess_rate",
         "divergence.edit_similarity.mean",
         "divergence.finish_mismatch.excess",
+        "divergence.hard_excess_rate",
         "data.pairs",
     ]
 

@@ -23,12 +23,15 @@ from typing import Any
 import click
 from sqlalchemy import select
 
+from evaluator.compare import NEAR_TIE_NATS
 from evaluator.errors import EvaluatorError
 from evaluator.policy import Policy, load_policy, parse_policy
 from evaluator.render import FORMATS, render
 from evaluator.review import (
+    Analyses,
     Review,
     build_review,
+    default_analyses,
     deployment_info,
     resolve_window,
 )
@@ -98,6 +101,16 @@ def summary_line(review: Review, target: str) -> str:
     )
 
 
+def _analyses(near_tie_nats: float, api_url: str) -> Analyses | None:
+    """The default analyses, with the divergence options when they differ from the defaults."""
+    if near_tie_nats == NEAR_TIE_NATS and not api_url:
+        return None
+    from evaluator.divergence import DivergenceConfig
+
+    config = DivergenceConfig(near_tie_nats=near_tie_nats, api_base_url=api_url)
+    return default_analyses(divergence_config=config)
+
+
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--deployment", "-d", required=True, help="The deployment to review.")
 @click.option(
@@ -130,6 +143,20 @@ def summary_line(review: Review, target: str) -> str:
 )
 @click.option("--no-store", is_flag=True, help="Do not keep the review in the reports table.")
 @click.option(
+    "--near-tie-nats",
+    type=click.FloatRange(min=0.0, max=20.0),
+    default=NEAR_TIE_NATS,
+    show_default=True,
+    help="A divergence is a near tie when the logprob margin at its first token is within this.",
+)
+@click.option(
+    "--api-url",
+    metavar="URL",
+    default="",
+    help="The query API's address, for the report's links to each worst pair's side-by-side"
+    " view (default: links relative to the API's root, /v1/deployments/...).",
+)
+@click.option(
     "--progress/--no-progress", default=True, show_default=True, help="Progress bar on stderr."
 )
 @url_option
@@ -142,6 +169,8 @@ def report(
     fmt: str,
     output: Path | None,
     no_store: bool,
+    near_tie_nats: float,
+    api_url: str,
     progress: bool,
     database_url: str | None,
 ) -> None:
@@ -164,6 +193,7 @@ def report(
                         bar,
                         store=not no_store,
                         with_html=fmt == "html" or not no_store,
+                        analyses=_analyses(near_tie_nats, api_url),
                     )
             except EvaluatorError as exc:
                 raise click.UsageError(str(exc)) from None

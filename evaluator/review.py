@@ -312,12 +312,10 @@ def days_spanned(first: datetime, last: datetime) -> float:
 def data_extent(engine: Engine, deployment: str, window: Window | None = None) -> dict[str, Any]:
     """How much mirrored traffic the window holds: candidate exchanges (one per mirrored pair),
     their first and last send times and the days they span (:func:`days_spanned`)."""
-    cond = [Exchange.deployment == deployment, Exchange.role == "candidate"]
-    if window is not None:
-        cond += [Exchange.sent_at >= window[0], Exchange.sent_at < window[1]]
-    stmt = select(func.count(), func.min(Exchange.sent_at), func.max(Exchange.sent_at)).where(*cond)
-    with engine.connect() as conn:
-        count, first, last = conn.execute(stmt).one()
+    from evaluator.exchange_rollups import role_extent
+
+    with engine.connect() as conn:  # rolled-up hours from the exchange rollups, the rest raw
+        count, first, last = role_extent(conn, deployment, ("candidate",), window)
     days = days_spanned(first, last) if first and last else 0.0
     return {
         "pairs": int(count or 0),
@@ -325,6 +323,15 @@ def data_extent(engine: Engine, deployment: str, window: Window | None = None) -
         "first": _iso(first),
         "last": _iso(last),
     }
+
+
+def _refreshed_extent(engine: Engine, deployment: str, window: Window) -> dict[str, Any]:
+    """Roll up the window's hours not rolled up yet (latency and exchange rollups, so every
+    later stage reads rollups, not rows), then :func:`data_extent`."""
+    from evaluator.rollups import refresh_rollups
+
+    refresh_rollups(engine, deployment, window)
+    return data_extent(engine, deployment, window)
 
 
 def last_shadow_send(engine: Engine, deployment: str) -> datetime:
@@ -454,7 +461,7 @@ def build_review(
     stages = _Stages(progress, clock)
     info = deployment_info(engine, deployment)
     window = (as_utc(window[0]), as_utc(window[1]))
-    data = stages.run("data", lambda: data_extent(engine, deployment, window))
+    data = stages.run("data", lambda: _refreshed_extent(engine, deployment, window))
     if data["pairs"] == 0:
         raise EmptyWindow(
             f"deployment {deployment!r} has no mirrored pairs between {window[0].isoformat()}"

@@ -15,6 +15,9 @@
   the hours within the grace period (late rows from a lagging ingester) are recomputed by every
   refresh. Work goes in chunks of at most a day of hours, one transaction per chunk.
 
+It also refreshes the exchange rollups (:mod:`evaluator.exchange_rollups`: per-minute counts and
+notable exchanges, for incident detection, the data extent and the divergence day table).
+
 Readers: :func:`load_sketches` (rolled-up hours plus, for the window's partial edge hours and
 for warm-up exclusions, the same aggregation run over the raw rows of just that range),
 :func:`load_sample` (each hour's first k sampled pairs, k proportional to the hour's pairs, up
@@ -456,6 +459,12 @@ def refresh_rollups(
                 closed_before=closed_before,
                 sample_per_hour=sample_per_hour,
             )
+    # the rest of the review's reads (incident detection, data extent, divergence day counts)
+    from evaluator.exchange_rollups import refresh_exchange_rollups
+
+    refresh_exchange_rollups(
+        engine, deployment, first, last, closed_before=closed_before, recompute=recompute
+    )
     if progress:
         progress("rollups", 1.0)
     return RefreshResult(len(todo), len(done), len(runs))
@@ -648,22 +657,36 @@ def load_sample(
 
 
 def load_itl(
-    engine: Engine, deployment: str, pair_ids: Sequence[uuid.UUID]
+    engine: Engine,
+    deployment: str,
+    pair_ids: Sequence[uuid.UUID],
+    hours: Sequence[datetime] | None = None,
 ) -> dict[tuple[uuid.UUID, str], list[float]]:
-    """ITL gaps of the given pairs' incumbent and candidate ok exchanges (by primary key)."""
+    """ITL gaps of the given pairs' incumbent and candidate ok exchanges (by primary key).
+    ``hours``: each pair's sample hour; the pairs are then read a UTC day at a time, bounded by
+    ``sent_at`` so PostgreSQL looks in that day's partitions only (without it every partition
+    of the table is searched for every chunk of ids: a scan that grows with the rows)."""
     out: dict[tuple[uuid.UUID, str], list[float]] = {}
     t = EXCHANGES
+    by_day: dict[datetime | None, list[uuid.UUID]] = {}
+    for i, pid in enumerate(pair_ids):
+        day = None if hours is None else floor_hour(hours[i]).replace(hour=0)
+        by_day.setdefault(day, []).append(pid)
     with engine.connect() as conn:
-        for start in range(0, len(pair_ids), 500):
-            chunk = list(pair_ids[start : start + 500])
-            stmt = select(t.c.pair_id, t.c.role, t.c.itl_s).where(
-                t.c.pair_id.in_(chunk),
-                t.c.role.in_(("incumbent", "candidate")),
-                t.c.deployment == deployment,
-                t.c.status == "ok",
-            )
-            for pid, role, itl in conn.execute(stmt):
-                out[(pid, role)] = list(itl or [])
+        for day, ids in by_day.items():
+            for start in range(0, len(ids), 500):
+                chunk = list(ids[start : start + 500])
+                cond = [
+                    t.c.pair_id.in_(chunk),
+                    t.c.role.in_(("incumbent", "candidate")),
+                    t.c.deployment == deployment,
+                    t.c.status == "ok",
+                ]
+                if day is not None:  # the candidate is sent just after: an hour of margin
+                    cond += [t.c.sent_at >= day - HOUR, t.c.sent_at < day + 24 * HOUR + HOUR]
+                stmt = select(t.c.pair_id, t.c.role, t.c.itl_s).where(*cond)
+                for pid, role, itl in conn.execute(stmt):
+                    out[(pid, role)] = list(itl or [])
     return out
 
 

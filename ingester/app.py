@@ -24,6 +24,7 @@ from ingester.steps import (
     Decode,
     Runner,
     Step,
+    ThreadRunner,
     WriteBatch,
 )
 
@@ -61,9 +62,13 @@ def build_processor(
 ) -> StreamProcessor:
     """The processor with its steps, over an existing consumer, producer and store engine.
 
-    ``runner`` is where batch writes run (default: inline, in the processor's thread).
+    ``runner`` is where batch writes run (default: ``settings.ingest_inflight_batches`` writer
+    threads, or inline in the processor's thread when that is 1).
     """
     clock = clock or SystemClock()
+    inflight = settings.ingest_inflight_batches
+    if runner is None and inflight > 1:
+        runner = ThreadRunner(inflight)
     sink = StoreSink(engine)
     dead_letters = DeadLetters(producer, settings.ingest_topic_dlq)
     expected = {
@@ -78,14 +83,14 @@ def build_processor(
             rng=rng or random.Random(),
         )
         commit = CommitOffsets(consumer, lambda offsets: processor.committed(offsets), clock)
-        write = WriteBatch(sink, dead_letters, commit, clock, backoff, runner)
+        write = WriteBatch(sink, dead_letters, commit, clock, backoff, runner, inflight)
         accumulate = Accumulate(
             write,
             clock,
             max_size=settings.ingest_batch_size,
             max_wait_s=settings.ingest_batch_timeout_ms / 1000,
         )
-        return Decode(accumulate, expected)
+        return Decode(accumulate, expected, fast=settings.ingest_decoder == "msgspec")
 
     processor = StreamProcessor(
         consumer,

@@ -35,6 +35,12 @@ def load_settings(**overrides: Any) -> IngestSettings:
     help="Consumer processes in the group; each takes some of the partitions. 2 on 2 cores.",
 )
 @click.option(
+    "--inflight-batches",
+    "ingest_inflight_batches",
+    type=int,
+    help="Batches each worker writes at once while fetching the next (1: inline).",
+)
+@click.option(
     "--metrics-port", "ingest_metrics_port", type=int, help="Prometheus port on 127.0.0.1 (0=off)."
 )
 @click.option("--exchanges-topic", "ingest_topic_exchanges", help="Topic of exchange records.")
@@ -68,6 +74,7 @@ _FLAGS = {
     "ingest_batch_size": "--batch-size",
     "ingest_batch_timeout_ms": "--batch-timeout-ms",
     "ingest_workers": "--workers",
+    "ingest_inflight_batches": "--inflight-batches",
     "ingest_metrics_port": "--metrics-port",
     "ingest_topic_exchanges": "--exchanges-topic",
     "ingest_topic_health": "--health-topic",

@@ -37,6 +37,19 @@ class IngestSettings(CommonSettings):
         le=1024 * 1024,
         description="most a Kafka fetch brings per partition (KiB); see ingester.clients",
     )
+    ingest_inflight_batches: int = Field(
+        default=2,
+        ge=1,
+        le=16,
+        description=(
+            "batches a worker writes at once on writer threads while it fetches and decodes the"
+            " next (1: write inline); offsets are still committed in order, after the store"
+        ),
+    )
+    ingest_decoder: Literal["msgspec", "pydantic"] = Field(
+        default="msgspec",
+        description="msgspec: validate by schema in C, pydantic for anything it is unsure of",
+    )
     ingest_metrics_port: int = Field(
         default=0, ge=0, le=65535, description="serve Prometheus /metrics here; 0 = off"
     )

@@ -20,8 +20,10 @@ Kafka has acknowledged its dead letters.
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, wait
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from ingester import metrics
@@ -143,10 +145,9 @@ class CommitOffsets:
 
 
 class Runner(Protocol):
-    """Where a batch write runs. The ingester writes inline: a writer thread overlapping the
-    next batch's fetch and decode was measured slower on 2 cores (GIL contention with psycopg's
-    COPY row encoding; measured with ``bench/ingest.py --writer both`` as of commit 305d903).
-    To use both cores, run more processes instead: ``shadow-ab ingest --workers 2``."""
+    """Where a batch write runs: inline (:class:`InlineRunner`, one batch at a time) or on
+    writer threads (:class:`ThreadRunner`, several batches in flight: the store's COPY and
+    commit of one batch overlap the next batches' fetch and decode)."""
 
     def submit(self, fn: Callable[[], None]) -> Future[None]: ...
 
@@ -165,14 +166,39 @@ class InlineRunner:
         return future
 
 
+class ThreadRunner:
+    """Runs writes on ``threads`` writer threads (each with its own store connection from the
+    engine's pool); psycopg waits for the server without the GIL, so the processor's thread
+    fetches and decodes meanwhile. Idle threads end with the process."""
+
+    def __init__(self, threads: int) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="ingest-writer")
+
+    def submit(self, fn: Callable[[], None]) -> Future[None]:
+        return self._pool.submit(fn)
+
+
+@dataclass
+class _Slot:
+    """One batch handed to the writer and not yet handed on to the commit step."""
+
+    batch: Batch
+    future: Future[None] | None = None
+    attempts: int = 0
+    retry_at: float = 0.0
+    written: bool = False
+
+
 class WriteBatch:
     """Write a batch's records, send its dead letters, then hand its offsets on.
 
-    One batch at a time: while it is being written (by ``runner``) or waiting to be
-    retried, ``submit`` raises :class:`MessageRejected`, so the caller pauses consumption
-    instead of piling up batches. While the store is away
-    (:class:`~ingester.errors.TransientError`) the batch is retried with backoff on ``poll``.
-    Offsets are handed on only after a successful write.
+    Up to ``max_inflight`` batches at a time (written by ``runner``: inline, one at a time, or
+    on writer threads). When that many are being written or waiting to be retried, ``submit``
+    raises :class:`MessageRejected`, so the caller pauses consumption instead of piling up
+    batches. While the store is away (:class:`~ingester.errors.TransientError`) a batch is
+    retried with backoff on ``poll``. Offsets are handed on only after a successful write, and
+    in the order the batches came: a batch written early waits for the ones before it, so a
+    committed offset never passes a record that is not in the store.
     """
 
     def __init__(
@@ -183,66 +209,91 @@ class WriteBatch:
         clock: Clock,
         backoff: Backoff,
         runner: Runner | None = None,
+        max_inflight: int = 1,
     ) -> None:
+        if max_inflight < 1:
+            raise ValueError(f"max_inflight must be >= 1, got {max_inflight}")
         self.sink = sink
         self.dead_letters = dead_letters
         self.next_step = next_step
         self.clock = clock
         self.backoff = backoff
         self.runner: Runner = runner or InlineRunner()
-        self.pending: Batch | None = None
-        self.inflight: Future[None] | None = None
-        self.attempts = 0
-        self.retry_at = 0.0
+        self.max_inflight = max_inflight
+        self.slots: deque[_Slot] = deque()
 
     @property
     def busy(self) -> bool:
-        return self.pending is not None
+        """Whether ``submit`` would refuse a batch now."""
+        return len(self.slots) >= self.max_inflight
+
+    @property
+    def pending_messages(self) -> int:
+        """Messages in batches handed to the writer and not yet handed on."""
+        return sum(slot.batch.size for slot in self.slots)
+
+    @property
+    def pending(self) -> Batch | None:
+        """The oldest batch not yet handed on (the one the next commit waits for)."""
+        return self.slots[0].batch if self.slots else None
+
+    @property
+    def attempts(self) -> int:
+        """Failed attempts so far to write the oldest batch."""
+        return self.slots[0].attempts if self.slots else 0
+
+    @property
+    def retry_at(self) -> float:
+        """When the oldest batch is retried (the clock's time; 0 when it is not waiting)."""
+        return self.slots[0].retry_at if self.slots else 0.0
 
     def submit(self, batch: Batch) -> None:
-        if self.pending is not None:
-            self._check()
-            if self.pending is not None:
-                raise MessageRejected()
-        self.pending = batch
-        self.attempts = 0
-        self._start()
+        self._check()
+        if len(self.slots) >= self.max_inflight:
+            raise MessageRejected()
+        slot = _Slot(batch)
+        self.slots.append(slot)
+        self._start(slot)
+        self._check()
 
     def poll(self) -> None:
         self._check()
-        if (
-            self.pending is not None
-            and self.inflight is None
-            and self.clock.monotonic() >= self.retry_at
-        ):
-            self._start()
+        now = self.clock.monotonic()
+        for slot in self.slots:
+            if not slot.written and slot.future is None and now >= slot.retry_at:
+                self._start(slot)
+        self._check()
         self.next_step.poll()
 
     def join(self, timeout_s: float) -> bool:
         deadline = self.clock.monotonic() + timeout_s
-        while self.pending is not None:
+        while self.slots:
             now = self.clock.monotonic()
             if now >= deadline:
                 return False
-            if self.inflight is not None:
-                wait([self.inflight], timeout=deadline - now)
+            running = [s.future for s in self.slots if s.future is not None]
+            if running:
+                wait(running, timeout=deadline - now, return_when=FIRST_COMPLETED)
                 self._check()
                 continue
-            if now < self.retry_at:
-                self.clock.sleep(min(self.retry_at, deadline) - now)
+            due = min(s.retry_at for s in self.slots if not s.written)
+            if now < due:
+                self.clock.sleep(min(due, deadline) - now)
                 continue
-            self._start()
+            for slot in self.slots:
+                if not slot.written and now >= slot.retry_at:
+                    self._start(slot)
+            self._check()
         return self.next_step.join(max(0.0, deadline - self.clock.monotonic()))
 
     def close(self) -> None:
         self.next_step.close()
 
-    def _start(self) -> None:
-        batch = self.pending
-        if batch is None or self.inflight is not None:
+    def _start(self, slot: _Slot) -> None:
+        if slot.future is not None or slot.written:
             return
-        self.inflight = self.runner.submit(lambda: self._timed_write(batch))
-        self._check()
+        batch = slot.batch
+        slot.future = self.runner.submit(lambda: self._timed_write(batch))
 
     def _timed_write(self, batch: Batch) -> None:
         started = self.clock.monotonic()
@@ -250,39 +301,45 @@ class WriteBatch:
         metrics.BATCH_WRITE_SECONDS.observe(self.clock.monotonic() - started)
 
     def _check(self) -> None:
-        """Act on a finished write: hand the offsets on, schedule a retry, or raise."""
-        future, batch = self.inflight, self.pending
-        if future is None or batch is None or not future.done():
-            return
-        self.inflight = None
-        exc = future.exception()
-        if isinstance(exc, TransientError):
-            self.attempts += 1
-            delay = self.backoff.delay(self.attempts)
-            self.retry_at = self.clock.monotonic() + delay
-            cause = "dlq" if isinstance(exc, DeadLetterUnavailable) else "store"
-            metrics.STORE_RETRIES.labels(cause=cause).inc()
-            metrics.PAUSED.set(1)
-            log.warning(
-                "batch of %d not written (attempt %d, %s); retrying in %.2fs: %s",
-                batch.size,
-                self.attempts,
-                type(exc).__name__,
-                delay,
-                exc,
-            )
-            return
-        if exc is not None:
-            raise exc
-        metrics.BATCH_SIZE.observe(batch.size)
-        metrics.PAUSED.set(0)
-        if self.attempts:
-            log.info(
-                "store is back: batch of %d written after %d retries", batch.size, self.attempts
-            )
-        self.pending = None
-        self.attempts = 0
-        self.next_step.submit(batch.offsets)
+        """Act on finished writes (schedule a retry, or raise), then hand on the offsets of the
+        written batches at the head of the line."""
+        for slot in self.slots:
+            future = slot.future
+            if future is None or not future.done():
+                continue
+            slot.future = None
+            exc = future.exception()
+            if isinstance(exc, TransientError):
+                slot.attempts += 1
+                delay = self.backoff.delay(slot.attempts)
+                slot.retry_at = self.clock.monotonic() + delay
+                cause = "dlq" if isinstance(exc, DeadLetterUnavailable) else "store"
+                metrics.STORE_RETRIES.labels(cause=cause).inc()
+                metrics.PAUSED.set(1)
+                log.warning(
+                    "batch of %d not written (attempt %d, %s); retrying in %.2fs: %s",
+                    slot.batch.size,
+                    slot.attempts,
+                    type(exc).__name__,
+                    delay,
+                    exc,
+                )
+                continue
+            if exc is not None:
+                raise exc
+            slot.written = True
+            metrics.BATCH_SIZE.observe(slot.batch.size)
+            if slot.attempts:
+                log.info(
+                    "store is back: batch of %d written after %d retries",
+                    slot.batch.size,
+                    slot.attempts,
+                )
+        while self.slots and self.slots[0].written:
+            done = self.slots.popleft()
+            self.next_step.submit(done.batch.offsets)
+        if not any(slot.attempts and not slot.written for slot in self.slots):
+            metrics.PAUSED.set(0)
 
     def _write(self, batch: Batch) -> None:
         # The store first, then every dead letter of the batch (poison and records the store
@@ -387,8 +444,8 @@ class Accumulate:
     @property
     def pending_messages(self) -> int:
         """Messages here and in the writer that are not written yet."""
-        batches = (self.current, self.ready, self.next_step.pending)
-        return sum(b.size for b in batches if b is not None)
+        batches = (self.current, self.ready)
+        return sum(b.size for b in batches if b is not None) + self.next_step.pending_messages
 
     def _report(self) -> None:
         metrics.PENDING_MESSAGES.set(self.pending_messages)
@@ -413,15 +470,19 @@ class Accumulate:
 class Decode:
     """First step: turn a raw message into a record or a :class:`Poison` and pass it on."""
 
-    def __init__(self, next_step: Step[Decoded], expected_kinds: dict[str, str]) -> None:
+    def __init__(
+        self, next_step: Step[Decoded], expected_kinds: dict[str, str], *, fast: bool = True
+    ) -> None:
         self.next_step = next_step
         self.expected_kinds = expected_kinds
         """topic -> record kind allowed on it ("exchange" or "health")."""
+        self.fast = fast
+        """Try the msgspec decoder first (:mod:`ingester.fastdecode`); pydantic alone if not."""
 
     def submit(self, message: Message) -> None:
         kind = self.expected_kinds.get(message.topic)
         try:
-            result: Record | Poison = decode(message.value, kind)
+            result: Record | Poison = decode(message.value, kind, fast=self.fast)
         except Exception as exc:  # a bug a message trips: that message alone is poison
             log.exception("decoding a message at %s/%d@%d failed", *_where(message))
             result = Poison(PoisonReason.DECODE_FAILED, f"{type(exc).__name__}: {exc}")
@@ -445,7 +506,9 @@ __all__ = [
     "Accumulate",
     "CommitOffsets",
     "Decode",
+    "InlineRunner",
     "MessageRejected",
     "Step",
+    "ThreadRunner",
     "WriteBatch",
 ]

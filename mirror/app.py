@@ -66,7 +66,14 @@ from mirror.headers import (
 from mirror.privacy import Privacy, RedactionError
 from mirror.problem import PROBLEM_JSON, problem_body
 from mirror.recording import ERROR_BODY_KEEP, Dispatch, build_record, error_text, status_of
-from mirror.rewrite import INCLUDE_USAGE, candidate_request, stored_request, with_stream_usage
+from mirror.rewrite import (
+    INCLUDE_USAGE,
+    ask_top_logprobs,
+    candidate_request,
+    replay_request,
+    stored_request,
+    with_stream_usage,
+)
 from mirror.routes import Router, canonical_path, quoted
 from mirror.sampling import Sampler
 from mirror.shadow import Shadows
@@ -131,6 +138,46 @@ class _Request:
         self.gone = False
 
 
+class Prepared:
+    """A generate request made ready for the incumbent (:meth:`Mirror._prepare`): the URL,
+    the record stub, the body and headers it gets, and the shadow tasks already fired."""
+
+    __slots__ = (
+        "body",
+        "chat",
+        "d",
+        "raw_headers",
+        "shadow_active",
+        "shadows",
+        "strip",
+        "t_ready",
+        "url",
+    )
+
+    def __init__(
+        self,
+        *,
+        url: yarl.URL,
+        d: Dispatch,
+        body: bytes,
+        raw_headers: list[tuple[bytes, bytes]],
+        strip: bool,
+        chat: bool,
+        t_ready: float,
+        shadow_active: bool,
+        shadows: list[asyncio.Task[None]],
+    ) -> None:
+        self.url = url
+        self.d = d
+        self.body = body
+        self.raw_headers = raw_headers
+        self.strip = strip
+        self.chat = chat
+        self.t_ready = t_ready
+        self.shadow_active = shadow_active
+        self.shadows = shadows
+
+
 def _json_object(body: bytes) -> dict[str, Any] | None:
     try:
         obj = orjson.loads(body)
@@ -186,6 +233,8 @@ class Mirror:
         self.sink = sink
         self.incumbent_session = incumbent_session
         self.candidate_session = candidate_session
+        self.replay_session: aiohttp.ClientSession | None = None
+        """Replays' own pool to the incumbent (``shadow.replay_pool: separate``)."""
         self.guard = guard or InterferenceGuard(settings.guard)
         self.sampler = sampler or Sampler(settings.shadow)
         self._clock = clock
@@ -323,6 +372,13 @@ class Mirror:
             self.incumbent_session = self._session(self.settings.incumbent, raw=True)
         if self.candidate_session is None:
             self.candidate_session = self._session(self.settings.candidate, raw=False)
+        shadow = self.settings.shadow
+        if (
+            self.replay_session is None
+            and shadow.replay_rate > 0
+            and shadow.replay_pool == "separate"
+        ):
+            self.replay_session = self._session(self.settings.incumbent, raw=True)
         if self.settings.health_enabled:
             self._start_health()
         _tune_gc()
@@ -441,17 +497,10 @@ class Mirror:
 
     # -- the hot path -------------------------------------------------------------------------
 
-    async def _generate(
-        self, scope: Scope, receive: Receive, send: Send, endpoint: Endpoint, route: str
-    ) -> None:
-        try:
-            body = await self._read_body(scope, receive)
-        except _TooLarge:
-            self._m_decision[SKIPPED_TOO_LARGE].inc()
-            await self._too_large(send, route)
-            return
-        except _ClientGone:
-            return
+    def _prepare(self, scope: Scope, body: bytes, endpoint: Endpoint, route: str) -> Prepared:
+        """Everything of a generate request before the incumbent is asked, shared by both data
+        planes: the pair id, the shadow decision (counted), the shadow requests fired, the
+        incumbent's body, headers and record stub (:class:`Prepared`)."""
         t_ready = self._clock()
         pair = uuid.uuid4()
         pid = str(pair).encode()
@@ -507,6 +556,9 @@ class Mirror:
             cand_body, cand_rewrites = candidate_request(
                 parsed, chat=chat, rewrite=self.settings.candidate.rewrite
             )
+            cand_body, cand_rewrites = ask_top_logprobs(
+                cand_body, cand_rewrites, chat=chat, k=self.settings.shadow.top_logprobs
+            )
             common = {
                 "pair_id": pair,
                 "endpoint": endpoint,
@@ -526,10 +578,19 @@ class Mirror:
                 and self.shadows.inflight < self.settings.shadow.max_concurrent
             ):
                 m.REPLAYS.inc()
-                replay_body = inc_request if inc_request is not None else parsed
+                sc = self.settings.shadow
+                replay_body, replay_rewrites = replay_request(
+                    inc_request if inc_request is not None else parsed,
+                    inc_rewrites,
+                    chat=chat,
+                    top_logprobs=sc.top_logprobs,
+                    delay_s=sc.replay_delay_s,
+                    pool="separate" if self.replay_session is not None else "shared",
+                    cache_salt=uuid.uuid4().hex if sc.replay_cache_salt else None,
+                )
                 shadows.append(
                     self.shadows.fire(
-                        Role.REPLAY, route, replay_body, inc_rewrites, sh_headers, common
+                        Role.REPLAY, route, replay_body, replay_rewrites, sh_headers, common
                     )
                 )
 
@@ -547,6 +608,30 @@ class Mirror:
             guard=guard_state,
             capture=capture,
         )
+        return Prepared(
+            url=self._url(self.inc_url, _path_qs(scope, route)),
+            d=d,
+            body=inc_body,
+            raw_headers=up_headers,
+            strip=strip,
+            chat=chat,
+            t_ready=t_ready,
+            shadow_active=self.shadows.inflight > 0,
+            shadows=shadows,
+        )
+
+    async def _generate(
+        self, scope: Scope, receive: Receive, send: Send, endpoint: Endpoint, route: str
+    ) -> None:
+        try:
+            body = await self._read_body(scope, receive)
+        except _TooLarge:
+            self._m_decision[SKIPPED_TOO_LARGE].inc()
+            await self._too_large(send, route)
+            return
+        except _ClientGone:
+            return
+        p = self._prepare(scope, body, endpoint, route)
         state = _Request()
         me = asyncio.current_task()
         watcher = asyncio.create_task(self._watch(receive, me, state)) if me else None
@@ -554,21 +639,21 @@ class Mirror:
             await self._incumbent(
                 send,
                 route=route,
-                url=self._url(self.inc_url, _path_qs(scope, route)),
-                d=d,
-                body=inc_body,
-                headers=_str_headers(up_headers),
-                strip=strip,
-                chat=chat,
-                t_ready=t_ready,
-                shadow_active=self.shadows.inflight > 0,
+                url=p.url,
+                d=p.d,
+                body=p.body,
+                headers=_str_headers(p.raw_headers),
+                strip=p.strip,
+                chat=p.chat,
+                t_ready=p.t_ready,
+                shadow_active=p.shadow_active,
                 state=state,
             )
         except asyncio.CancelledError:
             if not state.gone or me is None:
                 raise
             me.uncancel()
-            for t in shadows:
+            for t in p.shadows:
                 t.cancel()
         finally:
             state.done = True
@@ -693,18 +778,52 @@ class Mirror:
             status, error = Status.CANCELLED, "the client disconnected"
             raise
         finally:
-            self._inflight[role] -= 1
-            self._m_inflight[role].dec()
-            self._m_requests(route, client_code or 499).inc()
-            if not complete and status is Status.OK:
-                status = Status.CONNECTION_ERROR
-            trace = stream_trace(stash, t0, chat=chat) if sse else None
-            outcome = self._outcome(trace, parts, chat, t0, last_t, status)
-            if status is Status.HTTP_ERROR and parts:
-                error = error_text(b"".join(parts)[:ERROR_BODY_KEEP])
-            if status is Status.OK:
-                self.guard.observe(outcome.ttft_s, outcome.e2e_s, shadow_active)
-            self._finish(d, status, outcome, http_status, error)
+            self._settle(
+                d,
+                route=route,
+                client_code=client_code,
+                status=status if complete or status is not Status.OK else Status.CONNECTION_ERROR,
+                http_status=http_status,
+                error=error,
+                stash=stash if sse else None,
+                parts=parts,
+                chat=chat,
+                t0=t0,
+                last_t=last_t,
+                shadow_active=shadow_active,
+            )
+
+    def _settle(
+        self,
+        d: Dispatch,
+        *,
+        route: str,
+        client_code: int,
+        status: Status,
+        http_status: int | None,
+        error: str | None,
+        stash: list[tuple[float, bytes]] | None,
+        parts: list[bytes],
+        chat: bool,
+        t0: float,
+        last_t: float | None,
+        shadow_active: bool,
+    ) -> None:
+        """The end of an incumbent exchange, on either data plane (after the client's answer
+        is complete): in-flight count and request metric, the stream parsed into its record
+        (``stash``: an SSE stream's chunks with their arrival times), the guard fed, the
+        record handed to the sink."""
+        role = d.role
+        self._inflight[role] -= 1
+        self._m_inflight[role].dec()
+        self._m_requests(route, client_code or 499).inc()
+        trace = stream_trace(stash, t0, chat=chat) if stash is not None else None
+        outcome = self._outcome(trace, parts, chat, t0, last_t, status)
+        if status is Status.HTTP_ERROR and parts:
+            error = error_text(b"".join(parts)[:ERROR_BODY_KEEP])
+        if status is Status.OK:
+            self.guard.observe(outcome.ttft_s, outcome.e2e_s, shadow_active)
+        self._finish(d, status, outcome, http_status, error)
 
     async def _release(self, send: Send, hider: UsageHider | None, t: float) -> None:
         """The end of a stream whose usage event was hidden: what the hider still holds goes

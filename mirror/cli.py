@@ -60,6 +60,12 @@ log = logging.getLogger("mirror")
     " dispatch); requests past it are not shadowed (skipped_load_parity).",
 )
 @click.option(
+    "--data-plane",
+    type=click.Choice(["asgi", "protocol"]),
+    help="The client's path: asgi (uvicorn + aiohttp, the default) or protocol (raw"
+    " transports, mirror/wire.py).",
+)
+@click.option(
     "--health-only",
     is_flag=True,
     help="Run only the health sampler (serving /metrics and /healthz on --host/--port).",
@@ -214,7 +220,12 @@ def serve(settings: MirrorSettings, sink: RecordSink, *, health_only: bool = Fal
         admin_config = uvicorn.Config(
             mirror_app.admin, lifespan="off", timeout_graceful_shutdown=1, **common
         )
-        main, admin = uvicorn.Server(config), _admin_server(admin_config)
+        main: Any = uvicorn.Server(config)
+        if settings.data_plane == "protocol":
+            from mirror.wire import WireServer
+
+            main = WireServer(mirror_app)
+        admin = _admin_server(admin_config)
         log.info(
             "clients on %s:%d, admin (/metrics, /healthz) on %s:%d",
             settings.host,
@@ -224,6 +235,8 @@ def serve(settings: MirrorSettings, sink: RecordSink, *, health_only: bool = Fal
         )
         with asyncio.Runner(loop_factory=config.get_loop_factory()) as runner:
             runner.run(_serve_both(main, client_sock, admin, admin_sock))
+        for sig in (signal.SIGTERM, signal.SIGINT):  # the loop's handlers are gone with it
+            signal.signal(sig, _ignore_late_signal)
 
 
 @contextlib.contextmanager

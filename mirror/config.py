@@ -252,6 +252,12 @@ class MirrorSettings(CommonSettings):
         description="incumbent response headers never passed to clients (as nginx's"
         " proxy_hide_header); [] passes them all",
     )
+    data_plane: Literal["asgi", "protocol"] = Field(
+        default="asgi",
+        description="the client's path: 'asgi' (uvicorn + aiohttp) or 'protocol' (raw asyncio"
+        " transports with httptools, each incumbent chunk written to the client as it arrives:"
+        " mirror/wire.py; measured in bench/mirror_overhead.py)",
+    )
 
     @field_validator("routes")
     @classmethod

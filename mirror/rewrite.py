@@ -12,6 +12,9 @@ with the names of the rewrites, which go into ``ExchangeRecord.rewrites``):
 - :func:`with_stream_usage`: ``include_usage`` for the incumbent's stream too; the mirror then
   hides the usage chunk from a client that did not ask for it (and gives the finish chunks back
   the ``system_fingerprint`` vLLM moved onto it: :class:`mirror.sse.UsageHider`).
+- :func:`with_top_logprobs`: top logprobs for the candidate and the replay where the client did
+  not ask for them (``logprobs``): the evaluator's near-tie margin needs the alternatives at the
+  first divergence. Never applied to the client's request.
 - :func:`stored_request`: the body as kept in the store, without credential-like fields
   (headers -- Authorization, API keys, cookies -- are never stored at all).
 
@@ -30,6 +33,8 @@ INCLUDE_USAGE = "stream_options.include_usage"
 MAX_TOKENS = "max_tokens"
 MODEL = "model"
 CREDENTIAL = "credential"
+LOGPROBS = "logprobs"
+CACHE_SALT = "cache_salt"
 
 SECRET_FIELDS = CREDENTIAL_KEYS
 """Top-level body fields never stored (compared case-insensitively); deeper ones are removed
@@ -130,6 +135,53 @@ def candidate_request(
             out = usage
             done.append(INCLUDE_USAGE)
     return out, done
+
+
+def with_top_logprobs(body: dict[str, Any], *, chat: bool, k: int) -> dict[str, Any] | None:
+    """A copy of a request that asks for ``k`` top logprobs per token, or None when it already
+    asks for alternatives. Chat: ``logprobs: true`` and ``top_logprobs`` (vLLM refuses
+    ``top_logprobs`` without ``logprobs``); completions: ``logprobs: k`` (vLLM and TensorRT-LLM
+    both take an integer there, at most 20 on vLLM by default)."""
+    if chat:
+        top = body.get("top_logprobs")
+        if body.get("logprobs") is True and isinstance(top, int) and top > 0:
+            return None
+        return {**body, "logprobs": True, "top_logprobs": k}
+    lp = body.get("logprobs")
+    if isinstance(lp, int) and not isinstance(lp, bool) and lp > 0:
+        return None
+    return {**body, "logprobs": k}
+
+
+def ask_top_logprobs(
+    body: dict[str, Any], rewrites: list[str], *, chat: bool, k: int | None
+) -> tuple[dict[str, Any], list[str]]:
+    """``body`` with :func:`with_top_logprobs` applied (rewrite ``logprobs``) when ``k`` is
+    set and the request did not ask for alternatives; else unchanged."""
+    asked = with_top_logprobs(body, chat=chat, k=k) if k else None
+    if asked is None:
+        return body, rewrites
+    return asked, [*rewrites, LOGPROBS]
+
+
+def replay_request(
+    body: dict[str, Any],
+    rewrites: list[str],
+    *,
+    chat: bool,
+    top_logprobs: int | None,
+    delay_s: float,
+    pool: str,
+    cache_salt: str | None = None,
+) -> tuple[dict[str, Any], list[str]]:
+    """The replay's body (the incumbent's, with top logprobs and an optional ``cache_salt``)
+    and its rewrites, which also record how it was sent apart from the original
+    (``replay_delay:<s>``, ``replay_pool:<separate|shared>``)."""
+    out, done = ask_top_logprobs(body, rewrites, chat=chat, k=top_logprobs)
+    if cache_salt is not None:
+        out = {**out, "cache_salt": cache_salt}
+        done = [*done, CACHE_SALT]
+    return out, [*done, f"replay_delay:{delay_s:g}", f"replay_pool:{pool}"]
 
 
 def stored_request(body: dict[str, Any]) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import random
 from collections.abc import Callable
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -61,6 +62,32 @@ class ShadowConfig(BaseModel):
         default=0,
         ge=0,
         description="candidate requests in flight allowed beyond load_parity * incumbent's",
+    )
+    replay_delay_s: float = Field(
+        default=1.0,
+        ge=0.0,
+        le=60.0,
+        description="a replay waits this long before it is sent, so it is not batched with the"
+        " request it repeats and measures the incumbent's run-to-run variation (recorded as the"
+        " replay's rewrite replay_delay:<s>); 0: sent at once",
+    )
+    replay_pool: Literal["separate", "shared"] = Field(
+        default="separate",
+        description="separate: replays use their own connection pool to the incumbent (recorded"
+        " as replay_pool:separate); shared: the clients' pool",
+    )
+    replay_cache_salt: bool = Field(
+        default=False,
+        description="add a random cache_salt to each replay (vLLM >= 0.9) so it cannot reuse the"
+        " original's prefix cache (recorded as cache_salt); only for an incumbent that accepts it",
+    )
+    top_logprobs: int | None = Field(
+        default=5,
+        ge=1,
+        le=20,
+        description="the candidate and the replay (never the client's request) are asked for this"
+        " many top logprobs per token where the request did not ask for them (recorded as the"
+        " rewrite logprobs), for the near-tie margin; null: never",
     )
 
     def parity_allows(self, inflight_candidate: int, inflight_incumbent: int) -> bool:

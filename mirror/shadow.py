@@ -7,9 +7,13 @@ the pair's tasks). It awaits nothing in this module: a shadow request that is sl
 hangs changes what the sink records, never what or when the client is answered. The one await
 on the shadow is :meth:`Shadows.drain`, at shutdown, once the server takes no more requests.
 
-A shadow request ends within ``shadow.timeout_s`` (a timeout is recorded, not raised); its
-answer is read whole (a stream's chunks are kept with their arrival times and parsed at the
-end, :func:`mirror.trace.stream_trace`) and becomes one record handed to the sink.
+A replay waits ``shadow.replay_delay_s`` before it is sent and goes through its own connection
+pool (``shadow.replay_pool``), so it is not batched with the request it repeats: the noise floor
+is the incumbent's run-to-run variation, not an echo of one batch (a replay cancelled while it
+waits was never sent and is not recorded). A shadow request ends within ``shadow.timeout_s``
+(a timeout is recorded, not raised); its answer is read whole (a stream's chunks are kept with
+their arrival times and parsed at the end, :func:`mirror.trace.stream_trace`) and becomes one
+record handed to the sink.
 """
 
 from __future__ import annotations
@@ -88,6 +92,14 @@ class Shadows:
             session, url, engine = mirror.candidate_session, mirror.cand_url, mirror.cand_engine
         else:
             session, url, engine = mirror.incumbent_session, mirror.inc_url, mirror.inc_engine
+            session = mirror.replay_session or session
+            delay = mirror.settings.shadow.replay_delay_s
+            if delay > 0:  # not in the original's batch: the incumbent's own run-to-run noise
+                try:
+                    await asyncio.sleep(delay)
+                except asyncio.CancelledError:
+                    self.inflight -= 1  # never sent: no exchange to record
+                    raise
         assert session is not None, "the mirror's lifespan has not started"
         chat = common["endpoint"] is Endpoint.CHAT
         clock = mirror._clock

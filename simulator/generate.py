@@ -27,6 +27,9 @@ TOP_K_MAX = 20
 _MASK = (1 << 64) - 1
 _GOLDEN = 0x9E3779B97F4A7C15
 _DEPART = 0xD1B54A32D192ED03
+NEAR_TIE_GAP = 0.25
+"""Nats: a near-tie departure happens only where the reference's top two tokens are this close
+(the first such position at or after the drawn one), so it is a near tie by margin too."""
 _TAIL_WEIGHT = 4.0
 """Probability mass of the rest of the vocabulary, as a multiple of the last candidate's."""
 
@@ -117,6 +120,16 @@ class Departure:
 
     position: int
     near_tie: bool
+    rejoin: bool = False
+    """After the departing token, go on as the reference does (the ``kernels`` knob)."""
+    max_gap: float = NEAR_TIE_GAP
+    """Near ties: the largest gap (nats) between the reference's top two tokens to depart at."""
+
+
+def top_gap(state: int) -> float:
+    """Nats between the reference's top two tokens at ``state``."""
+    lps = logprobs_profile(state, 2)
+    return lps[0] - lps[1]
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,9 +205,14 @@ def decode(
     sampling = rng is not None and temperature > 0.0
     k = top_k or 0
     for pos in range(length):
-        if departure is not None and pos == departure.position:
+        if (
+            departure is not None
+            and info is None
+            and pos >= departure.position
+            and (not departure.near_tie or top_gap(state) <= departure.max_gap)
+        ):
             tok, info = _depart(state, departure.near_tie, pos)
-            idx = tok.id - ID_OFFSET
+            idx = ranked(state, 1)[0] if departure.rejoin else tok.id - ID_OFFSET
             tokens.append(Token(tok.id, tok.text, tok.logprob, tok.top[:k]))
         elif sampling:
             assert rng is not None

@@ -14,7 +14,10 @@ interleave. Every line carries::
 Fault lines add ``kind``, ``fault_id`` (stable across restarts), ``start``/``end`` (simulated
 Unix seconds; ``end`` null when open-ended) and ``params``. Divergence lines add
 ``request_id``, ``pair_id`` (the ``x-shadow-pair-id`` request header, if sent), ``choice``,
-``position``, ``near_tie``, ``reference_token``, ``token``, ``visible`` and the prompt's hash.
+``position``, ``near_tie``, ``reference_token``, ``token``, ``visible``, ``knob`` (``divergence``
+or ``kernels``: a flip that rejoins the reference) and the prompt's hash. Truncation lines
+(``quality.truncate``) add ``request_id``, ``pair_id``, ``choice``, ``kept`` and ``of`` (tokens
+kept of the answer's length) and ``finish``.
 
 :func:`summarize` groups a ledger's lines into incidents, divergences and restarts for tests
 that check an evaluator found exactly what was injected.
@@ -106,6 +109,7 @@ class Injected:
     divergences: list[dict[str, Any]] = field(default_factory=list)
     restarts: list[dict[str, Any]] = field(default_factory=list)
     starts: list[dict[str, Any]] = field(default_factory=list)
+    truncations: list[dict[str, Any]] = field(default_factory=list)
 
     def of_kind(self, kind: str) -> list[Incident]:
         return [i for i in self.incidents if i.kind == kind]
@@ -141,6 +145,8 @@ def summarize(lines: list[dict[str, Any]]) -> Injected:
             out.restarts.append(line)
         elif event == "start":
             out.starts.append(line)
+        elif event == "truncation":
+            out.truncations.append(line)
     for i, incident in enumerate(out.incidents):
         restarting = incident.kind == "crash" or incident.params.get("restart") is True
         if restarting:

@@ -105,6 +105,50 @@ class Divergence(_Strict):
         return min(1.0, self.p + self.p_per_hour * max(0.0, sim_elapsed_s) / 3600.0)
 
 
+class Kernels(_Strict):
+    """``quality.kernels``: the candidate runs other kernels (fusion, precision) on the same
+    weights. Greedy answers flip where the model's top two tokens are nearly tied, and the
+    answer says the same thing: many divergences, no quality loss."""
+
+    p: Annotated[float, Field(ge=0, le=1)] = 0.0
+    """Probability that a greedy answer flips one near tie."""
+    max_gap: Annotated[float, Field(gt=0)] = 0.25
+    """A flip happens only where the reference's top two logprobs are within this many nats
+    (the first such position from a uniform draw on), so it is a near tie by margin."""
+    hard_share: Annotated[float, Field(ge=0, le=1)] = 0.0
+    """Share of flips that are hard instead: a token outside the reference's top-k."""
+    rejoin: bool = True
+    """After the flipped token the answer goes on as the reference does (an equivalent
+    continuation: same length, same finish); false: it goes on from the flipped prefix."""
+
+
+class Truncate(_Strict):
+    """``quality.truncate``: the candidate cuts answers short (one part of a *worse* engine)."""
+
+    p: Annotated[float, Field(ge=0, le=1)] = 0.0
+    """Share of answers cut."""
+    keep_min: Annotated[float, Field(gt=0, le=1)] = 0.3
+    keep_max: Annotated[float, Field(gt=0, le=1)] = 0.7
+    """A cut answer keeps a uniform fraction in [keep_min, keep_max] of its tokens (at least 1)."""
+    finish: Literal["length", "stop"] = "length"
+    """The finish reason a cut answer reports: ``length`` (as if out of budget) or ``stop``
+    (an early end of sequence, seen only as a length shift)."""
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Truncate:
+        if self.keep_max < self.keep_min:
+            raise ValueError("quality.truncate.keep_max must be >= keep_min")
+        return self
+
+
+class Quality(_Strict):
+    """Output quality knobs (``quality:``), besides ``divergence``: what a review must tell
+    apart, equivalent answers from worse ones."""
+
+    kernels: Kernels = Kernels()
+    truncate: Truncate = Truncate()
+
+
 class _Schedule(_Strict):
     """When a fault happens: exactly one of ``at_s``, ``every_s`` or ``rate_per_hour``."""
 
@@ -254,6 +298,7 @@ class Scenario(_Strict):
     memory: Memory = Memory()
     divergence: Divergence = Divergence()
     faults: list[Fault] = Field(default_factory=list)
+    quality: Quality = Quality()
 
     @property
     def accelerated(self) -> bool:

@@ -23,6 +23,7 @@ from simulator.engine import Engine, Job, Sequence
 from simulator.faults import FaultRuntime
 from simulator.generate import (
     Completion,
+    Departure,
     answer_length,
     choose_departure,
     complete,
@@ -304,6 +305,33 @@ class SimServer:
                 position_min=sc.divergence.position_min,
                 position_max=sc.divergence.position_max,
             )
+        kernels, cut = sc.quality.kernels, sc.quality.truncate
+        knob = "divergence"
+        if departure is None and temperature == 0.0 and kernels.p > 0.0:
+            length, _ = answer_length(
+                natural, req.output_budget, req.min_tokens, req.ignore_eos, max_model_tokens
+            )
+            flip = choose_departure(
+                self.rng, p=kernels.p, near_tie_share=1.0 - kernels.hard_share, length=length
+            )
+            if flip is not None:
+                knob = "kernels"
+                departure = Departure(
+                    flip.position, flip.near_tie, rejoin=kernels.rejoin, max_gap=kernels.max_gap
+                )
+        max_tokens = req.output_budget
+        truncated: tuple[int, int] | None = None
+        if cut.p > 0.0 and self.rng.random() < cut.p:
+            length, _ = answer_length(
+                natural, req.output_budget, req.min_tokens, req.ignore_eos, max_model_tokens
+            )
+            keep = max(1, round(length * self.rng.uniform(cut.keep_min, cut.keep_max)))
+            if keep < length:
+                truncated = (keep, length)
+                if cut.finish == "length":
+                    max_tokens = keep
+                else:
+                    natural = keep
         rng = None
         if temperature > 0.0:
             seed = f"{req.seed}:{start}:{choice}" if req.seed is not None else self.rng.random()
@@ -311,7 +339,7 @@ class SimServer:
         result = complete(
             start,
             natural=natural,
-            max_tokens=req.output_budget,
+            max_tokens=max_tokens,
             min_tokens=req.min_tokens,
             ignore_eos=req.ignore_eos,
             max_model_tokens=max_model_tokens,
@@ -322,6 +350,16 @@ class SimServer:
             rng=rng,
             departure=departure,
         )
+        if truncated is not None:
+            self.ledger.write(
+                "truncation",
+                request_id=request_id,
+                pair_id=pair_id,
+                choice=choice,
+                kept=len(result.tokens),
+                of=truncated[1],
+                finish=result.finish_reason,
+            )
         info = result.departure
         if info is not None:
             self.ledger.write(
@@ -338,6 +376,7 @@ class SimServer:
                 reference_top=list(info.reference_top),
                 top=list(info.top),
                 visible=result.visible_departure,
+                knob=knob,
                 model=sc.model,
                 seed=req.seed,
                 prompt_sha256=hashlib.sha256(prompt.encode()).hexdigest(),

@@ -340,3 +340,85 @@ DROPS: Table = Base.metadata.tables["drops"]
 LATENCY_ROLLUPS: Table = Base.metadata.tables["latency_rollups"]
 LATENCY_ROLLUP_HOURS: Table = Base.metadata.tables["latency_rollup_hours"]
 LATENCY_SAMPLES: Table = Base.metadata.tables["latency_samples"]
+
+
+# --- Exchange rollups (evaluator/exchange_rollups.py; migration 0004_i15_month) ---------------
+
+
+class ExchangeCount(Base):
+    """Exchanges of one role sent in one UTC minute: how many, how many failed (``status`` in
+    ``evaluator.incidents.model.FAILED_STATUSES``), the first and last ``sent_at``. Incident
+    detection's sent counts, the data extent and the divergence day table read these instead of
+    counting the raw rows."""
+
+    __tablename__ = "exchange_counts"
+
+    deployment: Mapped[str] = mapped_column(String(200), primary_key=True)
+    minute: Mapped[datetime] = mapped_column(Timestamp, primary_key=True)
+    role: Mapped[str] = mapped_column(String(16), primary_key=True)
+    n: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    n_failed: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    first_sent: Mapped[datetime] = mapped_column(Timestamp, nullable=False)
+    last_sent: Mapped[datetime] = mapped_column(Timestamp, nullable=False)
+
+
+class ExchangeNotable(Base):
+    """An exchange incident detection may need: not ``ok``, or slow past the hour's floors
+    (TTFT or one inter-token gap of at least ``stall_floor_s``, E2E of at least
+    ``e2e_floor_s``), with the columns detection reads (``max_itl_s``: the longest gap)."""
+
+    __tablename__ = "exchange_notables"
+
+    deployment: Mapped[str] = mapped_column(String(200), primary_key=True)
+    sent_at: Mapped[datetime] = mapped_column(Timestamp, primary_key=True)
+    pair_id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True)
+    role: Mapped[str] = mapped_column(String(16), primary_key=True)
+    engine: Mapped[str] = mapped_column(String(200), nullable=False)
+    status: Mapped[str] = mapped_column(String(32), nullable=False)
+    http_status: Mapped[int | None] = mapped_column(Integer)
+    error: Mapped[str | None] = mapped_column(Text)
+    ttft_s: Mapped[float | None] = mapped_column(Float)
+    e2e_s: Mapped[float | None] = mapped_column(Float)
+    max_itl_s: Mapped[float | None] = mapped_column(Float)
+
+
+class ExchangeRollupHour(Base):
+    """Which hours of a deployment have their exchange counts and notables rolled up, with the
+    floors the notables were kept at; an hour not yet ``closed`` is recomputed by the next
+    refresh and read raw until then."""
+
+    __tablename__ = "exchange_rollup_hours"
+
+    deployment: Mapped[str] = mapped_column(String(200), primary_key=True)
+    hour: Mapped[datetime] = mapped_column(Timestamp, primary_key=True)
+    n_exchanges: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    n_notable: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    stall_floor_s: Mapped[float] = mapped_column(Float, nullable=False)
+    e2e_floor_s: Mapped[float] = mapped_column(Float, nullable=False)
+    closed: Mapped[bool] = mapped_column(Boolean, nullable=False)
+    computed_at: Mapped[datetime] = mapped_column(
+        Timestamp, nullable=False, server_default=func.now()
+    )
+
+
+class ExchangeParity(Base):
+    """The candidate's exchanges of one hour by load bucket (``kind`` ``load``, ``key`` the
+    bucket index of ``inflight_incumbent``: count and the sums of both in-flight counts) and by
+    the guard's state (``kind`` ``guard``, ``key`` the state or ``none``: count): the load
+    parity table (``evaluator.parity``) without a pass over the rows."""
+
+    __tablename__ = "exchange_parity"
+
+    deployment: Mapped[str] = mapped_column(String(200), primary_key=True)
+    hour: Mapped[datetime] = mapped_column(Timestamp, primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16), primary_key=True)
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    n: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    sum_incumbent: Mapped[float] = mapped_column(Float, nullable=False)
+    sum_candidate: Mapped[float] = mapped_column(Float, nullable=False)
+
+
+EXCHANGE_COUNTS: Table = Base.metadata.tables["exchange_counts"]
+EXCHANGE_PARITY: Table = Base.metadata.tables["exchange_parity"]
+EXCHANGE_NOTABLES: Table = Base.metadata.tables["exchange_notables"]
+EXCHANGE_ROLLUP_HOURS: Table = Base.metadata.tables["exchange_rollup_hours"]

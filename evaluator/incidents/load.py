@@ -25,6 +25,7 @@ from sqlalchemy import (
     select,
 )
 
+from evaluator.exchange_rollups import Range, in_ranges, split_window
 from evaluator.incidents.model import (
     FAILED_STATUSES,
     ROLES,
@@ -40,7 +41,7 @@ from evaluator.incidents.model import (
 )
 from evaluator.rates import observed_intervals
 from storage.errors import translate
-from storage.models import EXCHANGES, HEALTH_SAMPLES
+from storage.models import EXCHANGE_COUNTS, EXCHANGE_NOTABLES, EXCHANGES, HEALTH_SAMPLES
 
 
 def epoch_bin(engine: Engine, column: Any, bin_s: int) -> Any:
@@ -127,16 +128,43 @@ def _failed(timeout_s: float) -> Any:
 
 
 def _count_failures(
-    engine: Engine, conn: Connection, in_window: tuple[Any, ...], timeout_s: float
+    engine: Engine,
+    conn: Connection,
+    deployment: str,
+    split: tuple[list[Range], list[Range]],
+    timeout_s: float,
 ) -> Counter[tuple[str, int]]:
-    x = EXCHANGES.c
-    day = epoch_bin(engine, x.sent_at, 86400)
-    q = (
-        select(x.role, day, func.count())
-        .where(*in_window, _failed(timeout_s))
-        .group_by(x.role, day)
-    )
-    return Counter({(role, int(d)): int(n) for role, d, n in conn.execute(q)})
+    """Failed exchanges per (role, day): the rolled-up hours' failed counts and censored
+    incumbent answers (notables), the raw rows elsewhere."""
+    runs, raw = split
+    x, c, n = EXCHANGES.c, EXCHANGE_COUNTS.c, EXCHANGE_NOTABLES.c
+    out: Counter[tuple[str, int]] = Counter()
+    queries = []
+    if raw:
+        day = epoch_bin(engine, x.sent_at, 86400)
+        queries.append(
+            select(x.role, day, func.count())
+            .where(x.deployment == deployment, in_ranges(x.sent_at, raw), _failed(timeout_s))
+            .group_by(x.role, day)
+        )
+    if runs:
+        day = epoch_bin(engine, c.minute, 86400)
+        queries.append(
+            select(c.role, day, func.sum(c.n_failed))
+            .where(c.deployment == deployment, in_ranges(c.minute, runs))
+            .group_by(c.role, day)
+        )
+        day = epoch_bin(engine, n.sent_at, 86400)
+        censored = and_(n.role == "incumbent", n.status == "ok", n.e2e_s >= timeout_s)
+        queries.append(
+            select(n.role, day, func.count())
+            .where(n.deployment == deployment, in_ranges(n.sent_at, runs), censored)
+            .group_by(n.role, day)
+        )
+    for q in queries:
+        for role, d, k in conn.execute(q):
+            out[(role, int(d))] += int(k or 0)
+    return +out
 
 
 DEFAULT_SHADOW_TIMEOUT_S = 120.0
@@ -150,12 +178,25 @@ def shadow_timeout(conn: Connection, deployment: str, config: IncidentConfig) ->
     else the mirror's default."""
     if config.shadow_timeout_s is not None:
         return float(config.shadow_timeout_s)
-    x = EXCHANGES.c
+    n = EXCHANGE_NOTABLES.c  # every timeout of a rolled-up hour is there
     error = conn.execute(
-        select(x.error)
-        .where(x.deployment == deployment, x.role == "candidate", x.status == "timeout")
+        select(n.error)
+        .where(n.deployment == deployment, n.role == "candidate", n.status == "timeout")
         .limit(1)
     ).scalar()
+    if error is None:
+        _, raw = split_window(conn, deployment, None)
+        x = EXCHANGES.c
+        error = conn.execute(
+            select(x.error)
+            .where(
+                x.deployment == deployment,
+                x.role == "candidate",
+                x.status == "timeout",
+                in_ranges(x.sent_at, raw),
+            )
+            .limit(1)
+        ).scalar()
     match = _TIMEOUT_RE.search(error or "")
     return float(match.group(1)) if match else DEFAULT_SHADOW_TIMEOUT_S
 
@@ -257,46 +298,79 @@ def load_detection_input(
         .where(h.deployment == deployment, h.ts >= lo, h.ts < hi)
         .group_by(h.engine, mem_bin)
     )
-    x = EXCHANGES.c
-    in_window = (x.deployment == deployment, x.sent_at >= lo, x.sent_at < hi)
-    # Per role: an index-only scan of (deployment, role, sent_at), parallel on PostgreSQL.
-    sent_day = epoch_bin(engine, x.sent_at, 86400)
-    totals_q = (
-        select(x.role, sent_day, func.count(), func.min(x.sent_at), func.max(x.sent_at))
-        .where(*in_window)
-        .group_by(x.role, sent_day)
-    )
-    itl = max_itl(engine)
+    x, c, nt = EXCHANGES.c, EXCHANGE_COUNTS.c, EXCHANGE_NOTABLES.c
     with translate(), engine.connect() as conn:
         timeout_s = shadow_timeout(conn, deployment, config)
-    events_q = (
-        select(
-            x.engine,
-            x.role,
-            x.sent_at,
-            x.status,
-            x.http_status,
-            x.error,
-            x.ttft_s,
-            x.e2e_s,
-            itl.label("max_itl"),
+        # The closed, rolled-up hours are read from the exchange rollups, the rest raw
+        # (evaluator/exchange_rollups.py); the notables only while the thresholds are at or
+        # above the floors they were kept at.
+        runs, raw = split_window(conn, deployment, (lo, hi))
+        event_split = split_window(
+            conn, deployment, (lo, hi), stall_s=config.hang_stall_s, timeout_s=timeout_s
         )
-        .where(
-            x.deployment == deployment,
-            x.sent_at >= lo,
-            x.sent_at < hi,
-            or_(
-                x.status != "ok",
-                x.ttft_s >= config.hang_stall_s,
-                x.e2e_s >= timeout_s,
-                # A gap that long makes the whole answer at least that long: the cheap test
-                # first, the per-row array scan only for the few that pass it.
-                and_(x.e2e_s >= config.hang_stall_s, gap_at_least(engine, config.hang_stall_s)),
-            ),
+    # Per role: an index-only scan of (deployment, role, sent_at), parallel on PostgreSQL.
+    sent_day = epoch_bin(engine, x.sent_at, 86400)
+    totals_qs = []
+    if raw:
+        totals_qs.append(
+            select(x.role, sent_day, func.count(), func.min(x.sent_at), func.max(x.sent_at))
+            .where(x.deployment == deployment, in_ranges(x.sent_at, raw))
+            .group_by(x.role, sent_day)
         )
-        .order_by(x.sent_at)
-        .limit(max_events + 1)
-    )
+    if runs:
+        minute_day = epoch_bin(engine, c.minute, 86400)
+        totals_qs.append(
+            select(c.role, minute_day, func.sum(c.n), func.min(c.first_sent), func.max(c.last_sent))
+            .where(c.deployment == deployment, in_ranges(c.minute, runs))
+            .group_by(c.role, minute_day)
+        )
+    itl = max_itl(engine)
+    events_qs = []
+    if event_split[1]:
+        events_qs.append(
+            select(
+                x.engine,
+                x.role,
+                x.sent_at,
+                x.status,
+                x.http_status,
+                x.error,
+                x.ttft_s,
+                x.e2e_s,
+                itl.label("max_itl"),
+            )
+            .where(
+                x.deployment == deployment,
+                in_ranges(x.sent_at, event_split[1]),
+                or_(
+                    x.status != "ok",
+                    x.ttft_s >= config.hang_stall_s,
+                    x.e2e_s >= timeout_s,
+                    # A gap that long makes the whole answer at least that long: the cheap test
+                    # first, the per-row array scan only for the few that pass it.
+                    and_(x.e2e_s >= config.hang_stall_s, gap_at_least(engine, config.hang_stall_s)),
+                ),
+            )
+            .order_by(x.sent_at)
+            .limit(max_events + 1)
+        )
+    if event_split[0]:
+        events_qs.append(
+            select(nt.engine, nt.role, nt.sent_at, nt.status, nt.http_status, nt.error)
+            .add_columns(nt.ttft_s, nt.e2e_s, nt.max_itl_s)
+            .where(
+                nt.deployment == deployment,
+                in_ranges(nt.sent_at, event_split[0]),
+                or_(  # the same test as the raw rows', on the notables' columns
+                    nt.status != "ok",
+                    nt.ttft_s >= config.hang_stall_s,
+                    nt.e2e_s >= timeout_s,
+                    and_(nt.e2e_s >= config.hang_stall_s, nt.max_itl_s >= config.hang_stall_s),
+                ),
+            )
+            .order_by(nt.sent_at)
+            .limit(max_events + 1)
+        )
     with translate(), engine.connect() as conn:
         health = [
             HealthPoint(r[0], r[1], r[2], bool(r[3]), r[4], r[5], r[6], r[7], r[8], iteration=r[9])
@@ -322,15 +396,19 @@ def load_detection_input(
         sent = SentCounts(60.0, by_role=True)
         role_sent: Counter[str] = Counter()
         sent_by_day: Counter[tuple[str, int]] = Counter()
-        for role, day, n, first, last in conn.execute(totals_q):
-            role_sent[role] += int(n)
-            sent_by_day[(role, int(day))] += int(n)
-            key = sent.key("", role)
-            a, b = unix_s(first), unix_s(last)
-            old = sent.extent.get(key, (a, b))
-            sent.extent[key] = (min(a, old[0]), max(b, old[1]))
-            sent.totals[key] = sent.totals.get(key, 0) + int(n)
-        events = [_censored(r, timeout_s) for r in conn.execute(events_q)]
+        for totals_q in totals_qs:
+            for role, day, k, first, last in conn.execute(totals_q):
+                role_sent[role] += int(k)
+                sent_by_day[(role, int(day))] += int(k)
+                key = sent.key("", role)
+                a, b = unix_s(first), unix_s(last)
+                old = sent.extent.get(key, (a, b))
+                sent.extent[key] = (min(a, old[0]), max(b, old[1]))
+                sent.totals[key] = sent.totals.get(key, 0) + int(k)
+        rows = [r for q in events_qs for r in conn.execute(q)]
+        if len(events_qs) > 1:
+            rows.sort(key=lambda r: r[2])
+        events = [_censored(r, timeout_s) for r in rows[: max_events + 1]]
         # Exchanges sent per minute, only around failures (where an error burst could be).
         ranges = spans_around(
             burst_candidates(events, config),
@@ -341,20 +419,38 @@ def load_detection_input(
         )
         counted: dict[str, Counter[int]] = defaultdict(Counter)
         if ranges:
-            sent_bin = epoch_bin(engine, x.sent_at, 60)
-            near = or_(*(and_(x.sent_at >= utc_at(a), x.sent_at < utc_at(b)) for a, b in ranges))
-            bins_q = (
-                select(x.role, sent_bin, func.count())
-                .where(x.deployment == deployment, near)
-                .group_by(x.role, sent_bin)
-            )
-            for role, b, n in conn.execute(bins_q):
-                counted[sent.key("", role)][int(b)] += int(n)
+            near = [(utc_at(a), utc_at(b)) for a, b in ranges]  # whole minutes
+            bins_qs = []
+            if raw:
+                sent_bin = epoch_bin(engine, x.sent_at, 60)
+                bins_qs.append(
+                    select(x.role, sent_bin, func.count())
+                    .where(
+                        x.deployment == deployment,
+                        in_ranges(x.sent_at, near),
+                        in_ranges(x.sent_at, raw),
+                    )
+                    .group_by(x.role, sent_bin)
+                )
+            if runs:
+                minute_bin = epoch_bin(engine, c.minute, 60)
+                bins_qs.append(
+                    select(c.role, minute_bin, func.sum(c.n))
+                    .where(
+                        c.deployment == deployment,
+                        in_ranges(c.minute, near),
+                        in_ranges(c.minute, runs),
+                    )
+                    .group_by(c.role, minute_bin)
+                )
+            for bins_q in bins_qs:
+                for role, b, k in conn.execute(bins_q):
+                    counted[sent.key("", role)][int(b)] += int(k)
         binned = SentCounts.from_bins(counted, 60.0)
         sent.bins = binned.bins
         truncated = len(events) > max_events
         if truncated:
-            failed_by_day = _count_failures(engine, conn, in_window, timeout_s)
+            failed_by_day = _count_failures(engine, conn, deployment, event_split, timeout_s)
         else:
             failed_by_day = Counter(
                 (e.role, int(unix_s(e.sent_at) // 86400))

@@ -33,7 +33,7 @@ def _looks_numeric(text: str) -> bool:
 
 
 def table_html(t: Table) -> Markup:
-    """A table; numeric cells right-aligned, outcome cells coloured."""
+    """A table; numeric cells right-aligned, outcome cells coloured, ``link`` cells links."""
     head = "".join(f"<th>{escape(c)}</th>" for c in t.columns)
     body = []
     for row in t.rows:
@@ -41,6 +41,10 @@ def table_html(t: Table) -> Markup:
         for col, value in zip(t.columns, row, strict=True):
             cls = value if col == "outcome" else ("num" if _looks_numeric(value) else "")
             attr = f' class="{escape(cls)}"' if cls else ""
+            if col == "link" and value.startswith(("/", "https://", "http://")):
+                # the query API's pair view (the divergence section's worst pairs)
+                cells.append(f'<td><a href="{escape(value)}">side by side</a></td>')
+                continue
             cells.append(f"<td{attr}>{escape(value)}</td>")
         body.append("<tr>" + "".join(cells) + "</tr>")
     return Markup(f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>")

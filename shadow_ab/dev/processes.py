@@ -483,12 +483,17 @@ def running_mirror(
     ``shadow={"rate": 0.5, "replay_rate": 0.1}``, ``deployment="exp1"``,
     ``candidate={"rewrite": {"model": "m"}}`` (merged with the URLs), ``health_enabled=False``.
     ``health_only=True`` runs ``shadow-ab mirror --health-only`` (the sampler and its /metrics).
+    ``SHADOW_AB_DEV_DATA_PLANE`` (``asgi``, ``protocol``) picks the client path's data plane
+    when ``overrides`` do not (to run a whole test folder on one).
     The admin endpoints are on another free port (``mirror.admin_url``; the sampler's on its
     one port).
     """
     with tempfile.TemporaryDirectory(prefix="shadow-ab-mirror-test-") as tmp:
         workdir = Path(tmp)
         settings: dict[str, Any] = dict(overrides)
+        plane = os.environ.get("SHADOW_AB_DEV_DATA_PLANE")
+        if plane and not health_only:  # run a test folder on another data plane
+            settings.setdefault("data_plane", plane)
         settings["incumbent"] = {**settings.get("incumbent", {}), "url": incumbent_url}
         settings["candidate"] = {**settings.get("candidate", {}), "url": candidate_url}
         if kafka is None and database_url is None:

@@ -142,8 +142,16 @@ def divergence_section(excess: float = 0.0) -> FakeSection:
             "share",
         ),
         Measurement(
+            "divergence.hard_excess_rate",
+            excess,
+            Interval(excess - 0.005, excess + 0.005),
+            4000,
+            "share",
+        ),
+        Measurement(
             "divergence.finish_mismatch.excess", 0.0, Interval(-0.002, 0.002), 4000, "share"
         ),
+        Measurement("divergence.length_shift", 0.0, Interval(-0.01, 0.01), 4000, "log ratio"),
     ]
     edges = [i / 10 for i in range(11)]
     body = {

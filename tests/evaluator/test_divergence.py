@@ -1,7 +1,12 @@
-"""Per-pair divergence on hand-made pairs and on the simulator's own departures (near ties)."""
+"""Per-pair divergence on hand-made pairs and on the simulator's own departures (near ties by
+logprob margin), and the margin read from real vLLM 0.32 answers and the simulator's
+TensorRT-LLM flavor."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import orjson
 import pytest
 from factories import exchange
 
@@ -13,8 +18,10 @@ from evaluator.compare import (
     near_tie_at,
     text_tokens,
 )
+from mirror.trace import Outcome, chat_logprobs, completion_logprobs, parse_body, stream_trace
 from shadow_ab.records import TokenLogprob
-from simulator.generate import Departure, Token, decode, prompt_state
+from simulator.generate import NEAR_TIE_GAP, Departure, Token, decode, prompt_state
+from simulator.wire import Framer
 
 GREEDY = {"temperature": 0.0, "max_tokens": 64}
 
@@ -120,8 +127,12 @@ def test_simulator_departures_are_judged_as_injected(seed: int, near: bool) -> N
     d = compare_pair(
         side(text_a, logprobs=_as_logprobs(ref)), side(text_b, logprobs=_as_logprobs(dep))
     )
-    assert d.diverged and d.first_divergence == position
+    # A near tie departs at the first position at or after the drawn one where the reference's
+    # top two are within NEAR_TIE_GAP nats (a near tie by margin, too).
+    assert d.diverged and d.first_divergence == info.position
+    assert info.position == position if not near else info.position >= position
     assert d.near_tie is near
+    assert d.margin is not None and (d.margin <= NEAR_TIE_GAP if near else d.margin > 0.5)
     assert d.divergent_tokens == (info.reference_token, info.token)
 
 
@@ -154,3 +165,109 @@ def test_tokenization_helpers() -> None:
     assert text_tokens("Hi, there!  ok") == ["Hi", ",", "there", "!", "ok"]
     assert first_difference(["a", "b"], ["a", "b"]) is None
     assert first_difference(["a"], ["a", "b"]) == 1
+
+
+def test_margin_from_one_side_only() -> None:
+    # The mirror asks only the candidate (and the replay) for logprobs: the incumbent has none.
+    cand = [
+        TokenLogprob(token="The", logprob=-0.1, top={"The": -0.1}),
+        TokenLogprob(token=" dog", logprob=-0.7, top={" dog": -0.7, " cat": -0.9, " cow": -4.0}),
+        TokenLogprob(token=" ran", logprob=-0.2, top={" ran": -0.2}),
+    ]
+    d = compare_pair(side("The cat sat"), side("The dog ran", logprobs=cand))
+    assert d.token_basis == "text" and d.first_divergence == 1
+    assert d.margin == pytest.approx(0.2) and not d.margin_bound and d.near_tie is True
+    assert (
+        compare_pair(
+            side("The cat sat"), side("The dog ran", logprobs=cand), near_tie_nats=0.1
+        ).near_tie
+        is False
+    )
+    # The incumbent's token is not among the alternatives: at least 3.3 nats, a hard divergence.
+    d = compare_pair(side("The bird sat"), side("The dog ran", logprobs=cand))
+    assert d.margin == pytest.approx(3.3) and d.margin_bound and d.near_tie is False
+    # A bound within the near-tie margin decides nothing.
+    short = [
+        cand[0],
+        TokenLogprob(token=" dog", logprob=-0.7, top={" dog": -0.7, " cow": -0.9}),
+        cand[2],
+    ]
+    d = compare_pair(side("The bird sat"), side("The dog ran", logprobs=short))
+    assert d.margin_bound and d.near_tie is None
+
+
+def test_margin_is_the_larger_sides() -> None:
+    inc = lps(["The", " cat", " sat"], [{"The": -0.1}, {" cat": -0.1, " dog": -0.2}, {}])
+    oth = [
+        TokenLogprob(token="The", logprob=-0.1, top={"The": -0.1}),
+        TokenLogprob(token=" dog", logprob=-0.1, top={" dog": -0.1, " cat": -1.6}),
+        TokenLogprob(token=" ran", logprob=-0.1, top={}),
+    ]
+    d = compare_pair(side("The cat sat", logprobs=inc), side("The dog ran", logprobs=oth))
+    assert d.margin == pytest.approx(1.5) and d.near_tie is False
+
+
+def test_margin_unknown_where_a_side_ended_or_tokens_do_not_spell_the_text() -> None:
+    cand = lps(["The", " cat", " sat", " down"], [{}, {}, {}, {" down": -0.1, "!": -0.2}])
+    d = compare_pair(side("The cat sat"), side("The cat sat down", logprobs=cand))
+    assert d.diverged and d.margin is None and d.near_tie is None  # the incumbent ended there
+    bytes_tokens = lps(["The", " c", "bytes:\\x61", "t"], [{}, {}, {"x": -0.1, "y": -0.2}, {}])
+    d = compare_pair(side("The cow"), side("The cat", logprobs=bytes_tokens))
+    assert d.margin is None
+
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "vllm-0.32.0"
+
+
+def _fixture_outcome(name: str, chat: bool) -> Outcome:
+    raw = orjson.loads((FIXTURES / f"{name}.json").read_bytes())
+    if "sse" in raw:
+        body = "".join(e + "\n\n" for e in raw["sse"]).encode()
+        return stream_trace([(1.0, body)], 0.0, chat=chat).outcome()
+    return parse_body(orjson.dumps(raw["json"]), chat=chat, e2e_s=1.0)
+
+
+@pytest.mark.parametrize(
+    ("name", "chat"),
+    [
+        ("chat-logprobs", True),
+        ("chat-stream-logprobs", True),
+        ("cmpl-logprobs", False),
+        ("cmpl-stream-logprobs", False),
+    ],
+)
+def test_margin_on_real_vllm_answers(name: str, chat: bool) -> None:
+    """Real vLLM 0.32 answers (recorded): the tokens spell the text, the sampled token leads its
+    alternatives, and a departure to the runner-up is judged by the recorded gap."""
+    out = _fixture_outcome(name, chat)
+    assert out.output_text and out.logprobs
+    assert "".join(t.token for t in out.logprobs) == out.output_text
+    j = 1
+    chosen = out.logprobs[j]
+    runner = max((v, t) for t, v in chosen.top.items() if t != chosen.token)
+    prefix = "".join(t.token for t in out.logprobs[:j])
+    other = prefix + runner[1] + " and more"
+    assert not out.output_text.startswith(prefix + runner[1])
+    d = compare_pair(side(other), side(out.output_text, logprobs=out.logprobs))
+    assert d.margin == pytest.approx(chosen.logprob - runner[0]) and not d.margin_bound
+    assert d.near_tie is (d.margin <= 0.5)
+
+
+@pytest.mark.parametrize("chat", [True, False])
+def test_margin_on_the_simulators_tensorrt_llm_answers(chat: bool) -> None:
+    """The simulator's TensorRT-LLM flavor frames logprobs its own way (no sampled token first,
+    completions' top_logprobs a plain dict): the mirror's parser and the margin read it too."""
+    start = prompt_state("sim", "a prompt", 3)
+    ref, _ = decode(start, 24, top_k=5)
+    dep, info = decode(start, 24, top_k=5, departure=Departure(6, True))
+    assert info is not None
+    framer = Framer("trtllm", "chat" if chat else "completions", "m", stream=False, seq_no=1)
+    if chat:
+        parsed = chat_logprobs(framer.chat_logprobs(dep, 5))
+    else:
+        parsed = completion_logprobs(framer.completion_logprobs(dep, 5, 0))
+    text = "".join(t.text for t in dep)
+    assert "".join(t.token for t in parsed) == text
+    d = compare_pair(side("".join(t.text for t in ref)), side(text, logprobs=parsed))
+    assert d.first_divergence is not None and d.near_tie is True
+    assert d.margin is not None and d.margin <= NEAR_TIE_GAP

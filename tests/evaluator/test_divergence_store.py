@@ -8,11 +8,13 @@ from typing import Any
 
 import pytest
 from factories import exchange
-from sqlalchemy import Engine
+from sqlalchemy import Engine, func, literal, select, tablesample
 
-from evaluator.divergence import DivergenceConfig, analyze_divergence
+from api.redact import redact
+from evaluator.divergence import DivergenceConfig, analyze_divergence, sample_pair_ids
 from shadow_ab.records import ExchangeRecord, TokenLogprob
 from simulator.generate import Departure, decode, prompt_state
+from storage.models import EXCHANGES
 from storage.write import write_exchanges
 
 T0 = datetime(2026, 11, 30, 22, 0, tzinfo=UTC)  # two UTC days: 22:00 .. 02:00
@@ -53,8 +55,11 @@ def build() -> tuple[list[ExchangeRecord], set[str], set[str]]:
         ref, _ = decode(start, 24, top_k=5)
         out.append(_rec(pid, "incumbent", sent, ref))
         if k % 5 == 0:
-            tie = k % 10 == 0
-            dep, _ = decode(start, 24, top_k=5, departure=Departure(4 + k % 13, tie))
+            tie = k % 10 == 5  # the replayed (even) pairs' departures are hard ones
+            dep, info = decode(start, 24, top_k=5, departure=Departure(4 + k % 13, tie))
+            if info is None:  # no near tie (by margin) after the drawn position: from the start
+                dep, info = decode(start, 24, top_k=5, departure=Departure(0, tie))
+            assert info is not None
             out.append(_rec(pid, "candidate", sent, dep))
             diverged.add(str(pid))
             if tie:
@@ -64,7 +69,8 @@ def build() -> tuple[list[ExchangeRecord], set[str], set[str]]:
         if k % 2 == 0:
             replay = ref
             if k % 40 == 0:
-                replay, _ = decode(start, 24, top_k=5, departure=Departure(10, True))
+                replay, info = decode(start, 24, top_k=5, departure=Departure(0, True))
+                assert info is not None
             out.append(_rec(pid, "replay", sent + timedelta(seconds=2), replay))
     return out, diverged, near
 
@@ -87,9 +93,14 @@ def test_rates_noise_floor_and_examples(store: Engine) -> None:
     assert excess.value == pytest.approx(N_DIVERGED / N_PAIRS - 5 / N_REPLAY)
     assert cand.interval is not None and cand.interval.contains(0.2)
     assert excess.interval is not None and 0 < excess.interval.low < 0.15 < excess.interval.high
+    assert excess.n == N_REPLAY  # paired: the triads (every replayed pair has a candidate)
     assert m["divergence.near_tie_share"].value == 0.5
     hard = m["divergence.hard_excess_rate"]
-    assert hard.value == pytest.approx(20 / N_PAIRS - 0.0)  # replay departures are near ties
+    # On the triads (even k): the candidate's 20 departures there are hard, the replay's 5 are
+    # near ties by margin.
+    assert hard.value == pytest.approx(20 / N_REPLAY - 0.0)
+    assert hard.interval is not None and 0.1 < hard.interval.low < 0.2 < hard.interval.high
+    assert m["divergence.length_shift"].value == 0.0
     assert m["divergence.finish_mismatch.excess"].value == 0.0
     assert m["divergence.json_invalid.excess"].value is None  # no request asked for JSON
     sim = m["divergence.edit_similarity.mean"]
@@ -103,6 +114,15 @@ def test_rates_noise_floor_and_examples(store: Engine) -> None:
     assert sum(d["histograms"]["edit_similarity"]["candidate"]) == N_PAIRS
     days = [(r["day"], r["candidate"]["pairs"]) for r in d["per_day"]]
     assert days == [("2026-11-30", 100), ("2026-12-01", 100)]
+    assert sum(r["triads"]["n"] for r in d["per_day"]) == N_REPLAY
+    assert {r["candidate"]["near_tie_share"] for r in d["per_day"]} == {0.5}
+    worst = d["worst_pairs"]
+    assert worst[0]["kind"] == "hard" and worst[0]["pair_id"] in diverged
+    assert worst[0]["link"] == f"/v1/deployments/{DEP}/pairs/{worst[0]['pair_id']}?format=html"
+    assert worst[0]["incumbent_text"] != worst[0]["candidate_text"]
+    # The excerpts are content: the query API nulls them for a token without the scope.
+    redacted, had_content = redact(d)
+    assert had_content and redacted["worst_pairs"][0]["candidate_text"] is None
 
 
 def test_sample_is_bounded_per_day(store: Engine) -> None:
@@ -140,3 +160,44 @@ def test_large_days_sample_blocks_on_postgresql(store: Engine) -> None:
     else:  # the smallest pair ids
         assert first["pairs_sampled"] == 20
     assert again == first  # reproducible
+
+
+def test_postgresql_block_sample_spans_the_day(pg_engine: Engine) -> None:
+    """TABLESAMPLE SYSTEM then LIMIT kept the first sampled blocks in table order (rows written
+    in time order: the day's first hours); ordered by pair id it spans the whole day."""
+    day = datetime(2026, 11, 2, tzinfo=UTC)
+    n = 12_000
+    pad = "lorem ipsum " * 30
+    records = [
+        exchange(
+            deployment=DEP,
+            role="candidate",
+            engine="trtllm@candidate",
+            pair_id=uuid.uuid4(),
+            sent_at=day + timedelta(seconds=k * 86_400 / n),
+            output_text=pad,
+            request={"temperature": 0.0},
+        )
+        for k in range(n)
+    ]
+    for i in range(0, n, 200):  # batches in time order, as an ingester writes them
+        write_exchanges(pg_engine, records[i : i + 200])
+    sent = {r.pair_id: r.sent_at for r in records}
+
+    def late_share(ids: list[Any]) -> float:
+        return sum((sent[i] - day).total_seconds() >= 12 * 3600 for i in ids) / len(ids)
+
+    lo, hi = day, day + timedelta(days=1)
+    with pg_engine.connect() as conn:
+        conn.exec_driver_sql("ANALYZE exchanges")
+        ids = sample_pair_ids(conn, DEP, "candidate", lo, hi, 100, n)
+        s = tablesample(EXCHANGES, func.system(2 * 100 / n * 100), name="s", seed=literal(7)).c
+        unordered = conn.execute(
+            select(s.pair_id).where(s.deployment == DEP, s.sent_at >= lo, s.sent_at < hi).limit(100)
+        ).scalars()
+        before = late_share(list(unordered))
+    assert len(ids) == 100
+    hours = sorted((sent[i] - day).total_seconds() / 3600 for i in ids)
+    assert hours[-1] - hours[0] > 16, hours
+    assert 0.2 < late_share(ids) < 0.8, hours
+    assert before < 0.1  # the same block sample without the ordering: the day's first half

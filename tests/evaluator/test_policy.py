@@ -21,7 +21,11 @@ def test_default_policy_loads_and_covers_kayentas_blind_spots() -> None:
     keys = {c.key for c in policy.criteria}
     assert "latency.e2e.spread_ratio" in keys  # variance increase with the same median
     assert "errors.rate_ratio" in keys  # sparse error counts, judged on an exact interval
-    assert "divergence.excess_rate" in keys
+    # Quality, not token identity: hard (non-near-tie) divergence, finish and length are
+    # judged; the exact-match excess is information (a change of kernels flips near ties).
+    assert "divergence.excess_rate" not in keys
+    assert {"divergence.hard_excess_rate", "divergence.finish_mismatch.excess"} <= keys
+    assert "divergence.length_shift" in keys
     assert policy.min_pairs > 0 and policy.min_days > 0
     assert load_policy(None) == policy == load_policy("default")
 

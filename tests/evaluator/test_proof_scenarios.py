@@ -18,6 +18,7 @@ Each run is short (seconds of traffic; small answers; time-compressed fault sche
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
@@ -299,7 +300,7 @@ def test_divergence_rate_inside_its_interval(tmp_path: Path) -> None:
         _scenario("clean"),
         _scenario("clean", drift),
         requests=200,
-        replay_rate=0.3,
+        replay_rate=1.0,  # the excess is judged on triads (requests with a replay too)
     ) as run:
         review = run.review()
         pairs = run.pairs()
@@ -314,6 +315,60 @@ def test_divergence_rate_inside_its_interval(tmp_path: Path) -> None:
     assert m["divergence.noise_rate"].value == 0  # clean incumbent: replays match exactly
     excess = m["divergence.excess_rate"]
     assert excess.interval is not None and excess.interval.low > 0.02
-    rule = next(r for r in review.verdict.results if r.criterion.key == "divergence.excess_rate")
+    # Half the departures are hard (a token outside the reference's top-k): the default
+    # policy's hard excess fails.
+    rule = next(
+        r for r in review.verdict.results if r.criterion.key == "divergence.hard_excess_rate"
+    )
     assert rule.outcome is Outcome.FAIL
+    assert review.verdict.decision is Decision.NO_GO
+
+
+QUALITY_KEYS = (
+    "divergence.hard_excess_rate",
+    "divergence.finish_mismatch.excess",
+    "divergence.length_shift",
+)
+
+
+def test_different_kernels_are_not_no_go_on_quality(tmp_path: Path) -> None:
+    """A candidate on other kernels: many greedy answers differ, each at a near tie, and go on
+    as the incumbent's do. The exact-match excess is large (information), the quality criteria
+    do not fail."""
+    kernels = {"quality": {"kernels": {"p": 0.5}}}
+    with shadow_run(
+        tmp_path, _scenario("clean"), _scenario("clean", kernels), requests=140, replay_rate=1.0
+    ) as run:
+        review = run.review()
+    flips = run.candidate.diverged_pairs(visible_only=True)
+    assert len(flips) > 30 and {d["knob"] for d in flips.values()} == {"kernels"}
+    m = by_key(review)
+    assert m["divergence.excess_rate"].interval is not None
+    assert m["divergence.excess_rate"].interval.low > 0.2  # many divergences...
+    assert m["divergence.near_tie_share"].value == 1.0  # ...every one a near tie by margin
+    assert m["divergence.hard_excess_rate"].value == 0.0
+    assert m["divergence.length_shift"].value == 0.0
+    assert m["divergence.finish_mismatch.excess"].value == 0.0
+    judged = {r.criterion.key: r.outcome for r in review.verdict.results}
+    assert {judged[k] for k in QUALITY_KEYS} <= {Outcome.PASS, Outcome.INCONCLUSIVE}
+    assert review.verdict.decision is not Decision.NO_GO, review.verdict.reason
+
+
+def test_truncated_answers_are_no_go_on_what_they_touch(tmp_path: Path) -> None:
+    """A candidate that cuts 40 % of its answers short (finish "length"): NO-GO on the hard
+    excess, the finish-reason mismatch and the length shift, whose interval holds the ledger's
+    own shift."""
+    truncate = {"quality": {"truncate": {"p": 0.4, "finish": "length"}}}
+    with shadow_run(
+        tmp_path, _scenario("clean"), _scenario("clean", truncate), requests=140, replay_rate=1.0
+    ) as run:
+        review = run.review()
+    cuts = run.candidate.truncations
+    assert len(cuts) > 20
+    m = by_key(review)
+    shift = m["divergence.length_shift"]
+    truth = sum(math.log(c["kept"] / c["of"]) for c in cuts) / shift.n
+    assert shift.interval is not None and shift.interval.contains(truth), (shift, truth)
+    judged = {r.criterion.key: r.outcome for r in review.verdict.results}
+    assert {k: judged[k] for k in QUALITY_KEYS} == dict.fromkeys(QUALITY_KEYS, Outcome.FAIL)
     assert review.verdict.decision is Decision.NO_GO

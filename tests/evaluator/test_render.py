@@ -70,7 +70,7 @@ def test_html_is_self_contained(html: str) -> None:
 
 def test_html_shows_the_verdict_and_every_figure(html: str) -> None:
     assert 'class="banner NO-GO"' in html
-    assert "divergence.excess_rate" in html  # the failing criterion, with its reason
+    assert "divergence.hard_excess_rate" in html  # the failing criterion, with its reason
     # judged at the look's level (day 7 of a 30-day plan), which the page states
     assert re.search(r"whole 1 - \d\.\de-\d\d interval", html) and "widened" in html
     assert "Sequential plan: look 7 of 30" in html
@@ -101,7 +101,7 @@ def test_markdown_has_the_same_content(review_body: dict[str, Any]) -> None:
     rows = [line for line in criteria.splitlines() if line.startswith("| ")]
     assert rows[0].startswith("| outcome | criterion | value | interval | level | n | reason |")
     assert "Sequential plan: look 7 of 30" in md
-    assert any(r.startswith("| FAIL | divergence.excess_rate <= 0.02") for r in rows)
+    assert any(r.startswith("| FAIL | divergence.hard_excess_rate <= 0.02") for r in rows)
     assert "weekly p95 (plotted)" in md and "2026-W46" in md
     assert "incident timeline (plotted)" in md
     assert "latency: by day" in md
@@ -155,3 +155,14 @@ def test_tables_flatten_nested_rows() -> None:
     table = make_table("t", [row], max_rows=1)
     assert table.rows == [["ttft", "0.08", "1 [0.9, 1.1]"]]
     assert make_table("t", [row, row], max_rows=1).note == "first 1 of 2 rows"
+
+
+def test_worst_pairs_link_to_the_pair_view() -> None:
+    from evaluator.render.html import table_html
+    from evaluator.render.tables import make_table
+
+    rows = [{"pair_id": "ab", "kind": "hard", "link": "/v1/deployments/d/pairs/ab?format=html"}]
+    cell = str(table_html(make_table("divergence: worst pairs", rows)))
+    assert '<a href="/v1/deployments/d/pairs/ab?format=html">side by side</a>' in cell
+    plain = str(table_html(make_table("t", [{"link": "javascript:alert(1)"}])))
+    assert "<a " not in plain  # only paths and http(s) URLs become links

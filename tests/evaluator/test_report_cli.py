@@ -189,3 +189,15 @@ def test_the_deployments_stored_policy_is_used(store_url: str) -> None:
     body = orjson.loads(result.stdout)
     assert body["policy"]["min_pairs"] == 10
     assert body["policy"]["notes"] == ["kept with the deployment"]
+
+
+def test_divergence_options_reach_the_report(store_url: str) -> None:
+    args = ["-d", DEP, "--database-url", store_url, "--format", "json", "--no-store"]
+    args += ["--no-progress", "--near-tie-nats", "0.1", "--api-url", "https://api.example/"]
+    result = CliRunner().invoke(report, args)
+    assert result.exit_code == 0, result.stderr
+    div = orjson.loads(result.stdout)["sections"]["divergence"]
+    assert div["config"]["near_tie_nats"] == 0.1
+    assert all(p["link"].startswith("https://api.example/v1/") for p in div["worst_pairs"])
+    bad = CliRunner().invoke(report, [*args[:-4], "--near-tie-nats", "-1"])
+    assert bad.exit_code == 2 and "near-tie-nats" in bad.stderr

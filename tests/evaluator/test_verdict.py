@@ -203,12 +203,26 @@ def synthetic_aa(seed: int, pairs: int = 3000, exchanges: int = 20000) -> list[M
     d_c, d_r = rng.binomial(pairs, noise), rng.binomial(pairs // 4, noise)
     p_c, p_r = d_c / pairs, d_r / (pairs // 4)
     se = np.sqrt(p_c * (1 - p_c) / pairs + max(p_r, 1 / pairs) / (pairs // 4))
-    for key in ("divergence.excess_rate", "divergence.finish_mismatch.excess"):
+    for key in (
+        "divergence.excess_rate",
+        "divergence.hard_excess_rate",
+        "divergence.finish_mismatch.excess",
+    ):
         out.append(
             Measurement(
                 key, p_c - p_r, Interval(p_c - p_r - 2 * se, p_c - p_r + 2 * se), pairs, "share"
             )
         )
+    shift = rng.normal(0.0, 0.005)  # the same answer lengths, up to noise
+    out.append(
+        Measurement(
+            "divergence.length_shift",
+            shift,
+            Interval(shift - 0.01, shift + 0.01),
+            pairs,
+            "log ratio",
+        )
+    )
     return out + data(pairs=pairs, days=30)
 
 

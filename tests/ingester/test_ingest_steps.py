@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,7 +19,7 @@ from ingester.clock import ManualClock
 from ingester.decode import PoisonReason
 from ingester.errors import DeadLetterUnavailable, StoreRejected
 from ingester.sink import StoreSink
-from ingester.steps import Accumulate, Decode, MessageRejected, WriteBatch
+from ingester.steps import Accumulate, Decode, MessageRejected, ThreadRunner, WriteBatch
 from storage.errors import SchemaMissing, StoreError, StoreUnavailable
 
 EX, HE = "t.exchanges", "t.health"
@@ -282,10 +283,10 @@ def test_a_record_tripping_the_decoder_is_poison_alone(monkeypatch: pytest.Monke
 
     real = steps.decode
 
-    def fragile(value: bytes | None, kind: str | None = None) -> Any:
+    def fragile(value: bytes | None, kind: str | None = None, **options: Any) -> Any:
         if value == b"trips":
             raise KeyError("boom")
-        return real(value, kind)
+        return real(value, kind, **options)
 
     monkeypatch.setattr(steps, "decode", fragile)
     p = Pipeline(batch_size=3)
@@ -325,3 +326,104 @@ def test_a_store_refusing_everything_sends_no_dead_letters_before_stopping() -> 
     with pytest.raises(StoreRejected):
         p.submit_exchange(2)
     assert p.letters.sent == [] and p.commits.offsets == []
+
+
+class HeldRunner:
+    """A runner whose writes run only when the test says (``run(i)``): writes that finish out
+    of order, as on writer threads."""
+
+    def __init__(self) -> None:
+        self.jobs: list[tuple[Any, Future[None]]] = []
+
+    def submit(self, fn: Any) -> Future[None]:
+        future: Future[None] = Future()
+        self.jobs.append((fn, future))
+        return future
+
+    def run(self, i: int) -> None:
+        fn, future = self.jobs[i]
+        try:
+            fn()
+        except BaseException as exc:
+            future.set_exception(exc)
+        else:
+            future.set_result(None)
+
+
+def _inflight_pipeline(max_inflight: int) -> tuple[Pipeline, HeldRunner]:
+    p = Pipeline(batch_size=2)
+    runner = HeldRunner()
+    backoff = Backoff(initial_s=1.0, cap_s=8.0, rng=random.Random(1))
+    sink = StoreSink(None, p.store.write_exchanges, p.store.write_health)
+    p.write = WriteBatch(sink, p.letters, p.commits, p.clock, backoff, runner, max_inflight)
+    p.acc = Accumulate(p.write, p.clock, max_size=2, max_wait_s=1.0)
+    p.decode = Decode(p.acc, {EX: "exchange", HE: "health"})
+    return p, runner
+
+
+def test_batches_in_flight_commit_in_order_whatever_order_they_finish() -> None:
+    p, runner = _inflight_pipeline(max_inflight=3)
+    for i in range(6):
+        p.submit_exchange(i)
+    assert len(runner.jobs) == 3 and p.write.busy  # three batches handed to the writer
+    for i in range(6, 10):  # a fourth waits in Accumulate, a fifth fills up behind it
+        p.submit_exchange(i)
+    with pytest.raises(MessageRejected):  # then the caller must pause
+        p.submit_exchange(10)
+    runner.run(2)
+    runner.run(1)
+    p.decode.poll()
+    assert len(p.store.rows) == 4 and p.commits.offsets == []  # batch 1 not written yet
+    runner.run(0)
+    p.decode.poll()
+    assert p.commits.offsets == [
+        {Partition(EX, 0): 2},
+        {Partition(EX, 0): 4},
+        {Partition(EX, 0): 6},
+    ]
+    assert len(runner.jobs) == 5  # the waiting batches went to the writer at once
+
+
+def test_a_failed_batch_in_flight_holds_back_later_commits_until_its_retry() -> None:
+    p, runner = _inflight_pipeline(max_inflight=2)
+    p.store.down = True
+    for i in range(2):
+        p.submit_exchange(i)
+    runner.run(0)  # batch 1: store down
+    p.store.down = False
+    for i in range(2, 4):
+        p.submit_exchange(i)
+    runner.run(1)  # batch 2 written
+    p.decode.poll()
+    assert p.write.attempts == 1 and p.commits.offsets == []
+    assert len(p.store.rows) == 2 and p.write.busy
+    p.clock.now = p.write.retry_at
+    p.decode.poll()
+    assert len(runner.jobs) == 3  # batch 1 again
+    runner.run(2)
+    assert p.write.join(1.0)
+    assert len(p.store.rows) == 4
+    assert p.commits.offsets == [{Partition(EX, 0): 2}, {Partition(EX, 0): 4}]
+
+
+def test_writer_threads_write_every_batch_and_commit_in_order() -> None:
+    p = Pipeline(batch_size=5)
+    backoff = Backoff(initial_s=1.0, cap_s=8.0, rng=random.Random(1))
+    sink = StoreSink(None, p.store.write_exchanges, p.store.write_health)
+    p.write = WriteBatch(sink, p.letters, p.commits, p.clock, backoff, ThreadRunner(3), 3)
+    p.acc = Accumulate(p.write, p.clock, max_size=5, max_wait_s=1.0)
+    p.decode = Decode(p.acc, {EX: "exchange", HE: "health"})
+    sent = 0
+    while sent < 200:
+        try:
+            p.submit_exchange(sent, partition=sent % 2)
+            sent += 1
+        except MessageRejected:
+            p.decode.poll()
+    assert p.acc.join(10.0)
+    assert len(p.store.rows) == 200
+    last = [max(c.get(Partition(EX, k), -1) for c in p.commits.offsets) for k in (0, 1)]
+    assert last == [199, 200]  # offsets alternate between the partitions
+    for k in (0, 1):
+        seen = [c[Partition(EX, k)] for c in p.commits.offsets if Partition(EX, k) in c]
+        assert seen == sorted(seen)

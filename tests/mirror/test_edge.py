@@ -35,14 +35,18 @@ LIMITS = {
 WAIT = 60.0  # socket timeouts: far beyond every limit above
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="module", params=["asgi", "protocol"])
 def edge(
-    engines: tuple[RunningSim, RunningSim], tmp_path_factory: pytest.TempPathFactory
+    engines: tuple[RunningSim, RunningSim],
+    tmp_path_factory: pytest.TempPathFactory,
+    request: pytest.FixtureRequest,
 ) -> Iterator[RunningMirror]:
+    """The limits on each data plane (mirror/protocol.py, mirror/wire.py)."""
     db = tmp_path_factory.mktemp("mirror-edge") / "records.db"
     with running_mirror(
         engines[0].base_url,
         engines[1].base_url,
+        data_plane=request.param,
         database_url=f"sqlite:///{db}",
         deployment="edge-test",
         health_enabled=False,
@@ -184,15 +188,18 @@ def test_idle_keep_alive_connections_are_closed(edge: RunningMirror) -> None:
     assert answer.startswith(b"HTTP/1.1 200 ") and answer.count(b"HTTP/1.1 ") == 1
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="module", params=["asgi", "protocol"])
 def capped(
-    engines: tuple[RunningSim, RunningSim], tmp_path_factory: pytest.TempPathFactory
+    engines: tuple[RunningSim, RunningSim],
+    tmp_path_factory: pytest.TempPathFactory,
+    request: pytest.FixtureRequest,
 ) -> Iterator[RunningMirror]:
     """A mirror whose deadlines are long, so held connections stay until the test lets go."""
     db = tmp_path_factory.mktemp("mirror-cap") / "records.db"
     with running_mirror(
         engines[0].base_url,
         engines[1].base_url,
+        data_plane=request.param,
         database_url=f"sqlite:///{db}",
         health_enabled=False,
         limits={**LIMITS, "header_timeout_s": 600.0, "idle_timeout_s": 600.0},

@@ -30,6 +30,10 @@ CASES: dict[str, tuple[dict[str, Any], set[str]]] = {
         {"faults": [{"kind": "hang", "every_s": 3.0, "duration_s": 2.9}]},
         {"timeout", "ok"},
     ),
+    "hangs-protocol": (  # the same, on the protocol data plane (mirror/wire.py)
+        {"faults": [{"kind": "hang", "every_s": 3.0, "duration_s": 2.9}]},
+        {"timeout", "ok"},
+    ),
     "crashes": (
         _deep_merge(
             SLOW,
@@ -50,6 +54,10 @@ CASES: dict[str, tuple[dict[str, Any], set[str]]] = {
         {"ok"},
     ),
 }
+
+
+PLANES = {"hangs-protocol": "protocol"}
+"""The data plane of a case (default: the mirror's, or SHADOW_AB_DEV_DATA_PLANE's)."""
 
 
 def bodies() -> list[tuple[str, dict[str, Any]]]:
@@ -101,8 +109,9 @@ def setups(
                 drain_timeout_s=3.0,
                 health_enabled=False,
                 startup_timeout=120.0,
+                **({"data_plane": PLANES[case]} if case in PLANES else {}),
             )
-            for cand, db in zip(candidates, dbs, strict=True)
+            for case, cand, db in zip(CASES, candidates, dbs, strict=True)
         ]
         with entered_together(*mirrors) as running:
             yield {
@@ -147,7 +156,7 @@ def test_candidate_trouble_does_not_reach_the_client(
     assert len(by_role["candidate"]) == len(bodies())
     if case == "crashes":
         assert "connection_error" in statuses and statuses <= expected_status
-    elif case == "hangs":
+    elif case.startswith("hangs"):
         assert "timeout" in statuses and statuses <= expected_status
     else:
         assert statuses == expected_status

@@ -17,9 +17,12 @@ from mirror.headers import (
 )
 from mirror.rewrite import (
     CandidateRewrite,
+    ask_top_logprobs,
     candidate_request,
+    replay_request,
     stored_request,
     with_stream_usage,
+    with_top_logprobs,
 )
 from mirror.sampling import Sampler, ShadowConfig, header_draw
 
@@ -154,3 +157,34 @@ def test_candidate_header_overrides_replace_the_clients() -> None:
     extra = [("authorization", "Bearer candidate")]
     assert override_headers(client, extra) == [("x-a", "1"), ("authorization", "Bearer candidate")]
     assert override_headers(client, []) is client
+
+
+def test_top_logprobs_asked_where_the_request_did_not() -> None:
+    chat = {"model": "m", "messages": [], "temperature": 0}
+    assert with_top_logprobs(chat, chat=True, k=5) == {**chat, "logprobs": True, "top_logprobs": 5}
+    bare = {**chat, "logprobs": True}  # logprobs without alternatives: alternatives added
+    assert with_top_logprobs(bare, chat=True, k=5) == {**bare, "top_logprobs": 5}
+    asked = {**chat, "logprobs": True, "top_logprobs": 2}
+    assert with_top_logprobs(asked, chat=True, k=5) is None  # the client's own choice kept
+    cmpl = {"model": "m", "prompt": "p"}
+    assert with_top_logprobs(cmpl, chat=False, k=5) == {**cmpl, "logprobs": 5}
+    assert with_top_logprobs({**cmpl, "logprobs": 0}, chat=False, k=5) == {**cmpl, "logprobs": 5}
+    assert with_top_logprobs({**cmpl, "logprobs": 3}, chat=False, k=5) is None
+    assert chat == {"model": "m", "messages": [], "temperature": 0}  # never mutated
+    body, done = ask_top_logprobs(chat, ["model"], chat=True, k=None)
+    assert body is chat and done == ["model"]  # off
+    body, done = replay_request(
+        cmpl,
+        ["stream_options.include_usage"],
+        chat=False,
+        top_logprobs=4,
+        delay_s=1.5,
+        pool="shared",
+    )
+    assert body == {**cmpl, "logprobs": 4}
+    assert done == [
+        "stream_options.include_usage",
+        "logprobs",
+        "replay_delay:1.5",
+        "replay_pool:shared",
+    ]

@@ -19,15 +19,19 @@ from mirror_helpers import MODEL, StandInEngine, normalize, pair_key, post, rows
 from shadow_ab.dev.processes import RunningMirror, RunningSim, free_port, http_get, running_mirror
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="module", params=["asgi", "protocol"])
 def served(
-    engines: tuple[RunningSim, RunningSim], tmp_path_factory: pytest.TempPathFactory
+    engines: tuple[RunningSim, RunningSim],
+    tmp_path_factory: pytest.TempPathFactory,
+    request: pytest.FixtureRequest,
 ) -> Iterator[RunningMirror]:
+    """The mirror on each data plane (mirror/wire.py is the protocol one)."""
     inc, cand = engines
     db = tmp_path_factory.mktemp("mirror-serving") / "records.db"
     with running_mirror(
         inc.base_url,
         cand.base_url,
+        data_plane=request.param,
         database_url=f"sqlite:///{db}",
         deployment="serving-test",
         max_body_bytes=64 * 1024,
@@ -273,7 +277,8 @@ def test_records_land_in_the_store_without_credentials(
 
     key2 = pair_key(h2["x-shadow-pair-id"], served.database_url)
     found2 = {r["role"]: r for r in wait_rows(served.database_url, 2, "pair_id = :p", p=key2)}
-    assert found2["candidate"]["rewrites"] == '["max_tokens"]'  # explicit, as vLLM's default
+    # max_tokens explicit, as vLLM's default; top logprobs for the near-tie margin
+    assert found2["candidate"]["rewrites"] == '["max_tokens","logprobs"]'
     assert found2["incumbent"]["rewrites"] == "[]"
     assert found2["incumbent"]["ttft_s"] is None and found2["incumbent"]["e2e_s"] > 0
 

@@ -139,7 +139,12 @@ def test_candidate_rewrites_are_recorded(
     assert inc.rewrites == ["stream_options.include_usage"]
     assert cand.model == "trt-engine-model"
     if drop:
-        assert cand.rewrites == ["model", "drop:guided_choice", "stream_options.include_usage"]
+        assert cand.rewrites == [
+            "model",
+            "drop:guided_choice",
+            "stream_options.include_usage",
+            "logprobs",  # top logprobs for the near-tie margin (shadow.top_logprobs)
+        ]
         assert cand.status is Status.OK and "guided_choice" not in cand.request
         assert cand.ttft_s is not None and cand.completion_tokens == 6
         assert cand.output_text == inc.output_text  # greedy, same model: an A/A pair
@@ -178,3 +183,55 @@ def test_the_client_path_never_awaits_the_shadow() -> None:
         if isinstance(node, ast.Await) and waits_on_shadow(node.value)
     ]
     assert awaited == []
+
+    # The protocol data plane (mirror/wire.py) imports nothing of mirror.shadow, and awaits
+    # nothing named shadow (it cancels the pair's shadow tasks when the client leaves).
+    import mirror.wire
+
+    wire = ast.parse(inspect.getsource(mirror.wire))
+    assert not [
+        n for n in ast.walk(wire) if isinstance(n, ast.ImportFrom) and n.module == "mirror.shadow"
+    ]
+    assert [
+        ast.unparse(n)
+        for n in ast.walk(wire)
+        if isinstance(n, ast.Await) and waits_on_shadow(n.value)
+    ] == []
+
+
+def test_replay_sent_apart_and_shadows_asked_for_logprobs(
+    engines: tuple[RunningSim, RunningSim],
+) -> None:
+    """A replay waits ``replay_delay_s`` and uses its own pool (so it is not batched with the
+    request it repeats), and says so in its rewrites; the candidate and the replay are asked for
+    top logprobs, the client's request never is."""
+    s = settings(
+        engines,
+        shadow={"replay_rate": 1.0, "replay_delay_s": 0.3, "replay_cache_salt": True},
+    )
+    sink = ListSink()
+    mirror = Mirror(s, sink=sink)
+    responses = asyncio.run(drive(mirror, [(chat(i), {}) for i in range(3)], concurrent=False))
+    assert all(r.status_code == 200 for r in responses)
+    assert "logprobs" not in responses[0].json()["choices"][0] or (
+        responses[0].json()["choices"][0]["logprobs"] is None
+    )
+    assert (
+        mirror.replay_session is not None and mirror.replay_session is not mirror.incumbent_session
+    )
+    records = [r for r in sink.records if isinstance(r, ExchangeRecord)]
+    by = {(str(r.pair_id), r.role): r for r in records}
+    for resp in responses:
+        pid = resp.headers["x-shadow-pair-id"]
+        inc, cand, rep = (by[(pid, role)] for role in (Role.INCUMBENT, Role.CANDIDATE, Role.REPLAY))
+        assert (rep.sent_at - inc.sent_at).total_seconds() >= 0.3
+        assert rep.rewrites == [
+            "logprobs",
+            "cache_salt",
+            "replay_delay:0.3",
+            "replay_pool:separate",
+        ]
+        assert "logprobs" in cand.rewrites and "logprobs" not in inc.rewrites
+        assert inc.logprobs is None and "logprobs" not in inc.request
+        assert cand.logprobs and rep.logprobs and len(cand.logprobs[0].top) >= 5
+        assert rep.request["top_logprobs"] == 5 and rep.output_text == inc.output_text

@@ -8,6 +8,7 @@ import random
 import pytest
 
 from simulator.generate import (
+    NEAR_TIE_GAP,
     TOP_K_MAX,
     Departure,
     answer_length,
@@ -16,11 +17,12 @@ from simulator.generate import (
     decode,
     logprobs_profile,
     natural_length,
+    next_state,
     prompt_state,
     ranked,
     top_choice,
 )
-from simulator.vocab import PIECES
+from simulator.vocab import ID_OFFSET, PIECES
 
 START = prompt_state("m", "Tell me about rivers.", 7)
 
@@ -77,9 +79,13 @@ def test_vocabulary_pieces_are_distinct() -> None:
 def test_near_tie_departure_swaps_the_top_two(pos: int) -> None:
     ref, _ = decode(START, 30, top_k=TOP_K_MAX)
     cand, info = decode(START, 30, top_k=TOP_K_MAX, departure=Departure(pos, near_tie=True))
-    assert info is not None and info.position == pos and info.near_tie
+    # At the first position from ``pos`` on where the reference's top two are within
+    # NEAR_TIE_GAP nats (a near tie by margin, too).
+    assert info is not None and info.position >= pos and info.near_tie
+    pos = info.position
     assert [t.id for t in cand[:pos]] == [t.id for t in ref[:pos]]
     r, c = ref[pos], cand[pos]
+    assert r.top[0][1] - r.top[1][1] <= NEAR_TIE_GAP
     assert c.text != r.text
     assert c.text == r.top[1][0]  # the runner-up of the reference
     assert r.text == c.top[1][0]  # and the reference's token is the candidate's runner-up
@@ -155,3 +161,36 @@ def test_complete_counts_and_visibility() -> None:
     assert c.text == "".join(t.text for t in c.tokens)
     short = complete(START, natural=n, max_tokens=5, departure=Departure(10, True))
     assert short.departure is None and short.finish_reason == "length" and len(short.tokens) == 5
+
+
+def test_kernels_flip_is_a_near_tie_that_rejoins() -> None:
+    """quality.kernels: one token flipped where the reference's top two are within max_gap,
+    then the reference goes on (same length, every other token equal)."""
+    from simulator.generate import top_gap
+
+    for seed in range(20):
+        start = prompt_state("m", f"kernels {seed}", 1)
+        ref, _ = decode(start, 30, top_k=5)
+        flip, info = decode(start, 30, top_k=5, departure=Departure(seed, True, rejoin=True))
+        assert info is not None and info.position >= seed and info.near_tie
+        assert len(flip) == len(ref)
+        differ = [i for i, (a, b) in enumerate(zip(ref, flip, strict=True)) if a.text != b.text]
+        assert differ == [info.position]
+        assert ref[info.position].top[1][0] == flip[info.position].text  # the runner-up
+        gap = ref[info.position].top[0][1] - ref[info.position].top[1][1]
+        assert gap <= NEAR_TIE_GAP
+        state = start
+        for t in ref[: info.position]:
+            state = next_state(state, t.id - ID_OFFSET)
+        assert top_gap(state) == pytest.approx(gap)
+
+
+def test_truncate_knob_validates_its_range() -> None:
+    from simulator.scenario import ScenarioError, resolve
+
+    ok = resolve({"quality": {"truncate": {"p": 0.3, "finish": "stop"}}}, "trtllm")
+    assert ok.quality.truncate.finish == "stop" and ok.quality.kernels.p == 0.0
+    with pytest.raises(ScenarioError, match="keep_max"):
+        resolve({"quality": {"truncate": {"keep_min": 0.8, "keep_max": 0.5}}}, "vllm")
+    with pytest.raises(ScenarioError, match="unknown key"):
+        resolve({"quality": {"kernel": {"p": 0.1}}}, "vllm")

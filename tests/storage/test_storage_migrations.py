@@ -18,7 +18,13 @@ from storage.write import write_exchanges
 
 TABLES = {"deployments", "exchanges", "health_samples", "incidents", "reports", "drops"}
 ROLLUP_TABLES = {"latency_rollups", "latency_rollup_hours", "latency_samples"}  # 0003
-HEAD = "0003"
+EXCHANGE_ROLLUP_TABLES = {  # 0004
+    "exchange_counts",
+    "exchange_notables",
+    "exchange_parity",
+    "exchange_rollup_hours",
+}
+HEAD = "0004_i15_month"
 
 
 def _tables(url: str) -> set[str]:
@@ -50,8 +56,11 @@ def _up_down_up(url: str) -> None:
     assert current(url) is None
     upgrade(url)
     assert current(url) == head() == HEAD
-    assert _tables(url) == TABLES | ROLLUP_TABLES
+    assert _tables(url) == TABLES | ROLLUP_TABLES | EXCHANGE_ROLLUP_TABLES
     assert _views(url) == {"pairs"}
+
+    downgrade(url, "0003")
+    assert _tables(url) == TABLES | ROLLUP_TABLES
 
     downgrade(url, "0002")
     assert _tables(url) == TABLES
@@ -67,7 +76,7 @@ def _up_down_up(url: str) -> None:
 
     upgrade(url)
     assert current(url) == HEAD
-    assert _tables(url) == TABLES | ROLLUP_TABLES
+    assert _tables(url) == TABLES | ROLLUP_TABLES | EXCHANGE_ROLLUP_TABLES
     assert _views(url) == {"pairs"}
 
 

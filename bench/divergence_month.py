@@ -1,0 +1,286 @@
+"""A month of greedy pairs in PostgreSQL: how long the whole divergence analysis takes at the
+default sample sizes, and what the block sample's ordering costs and buys.
+
+    eval "$(shadow-ab services env)"; python bench/divergence_month.py [--days 30]
+        [--pairs-per-day 1500] [--replay-share 0.2] [--repeat 2] [--keep]
+
+Needs `shadow-ab services up`. Creates a throw-away database on the local PostgreSQL server,
+migrates it and loads ``--days`` days of pairs written in time order (as an ingester writes
+them), each day ``--pairs-per-day`` pairs: the incumbent's answer (no logprobs: the client did
+not ask), the candidate's (top-5 logprobs, as the mirror asks; 40 % of greedy answers flip one
+near tie and rejoin, 2 % depart hard) and, for ``--replay-share`` of them, the replay's (top-5
+logprobs; 1 % near-tie flips). Answers are the simulator's (``simulator.generate``), 8-24
+tokens; day 0 is generated and the other days copy it with new pair ids. Records are written in
+time order in batches of 300, as an ingester writes them (a table block then holds minutes of
+traffic: what makes an unordered block sample favour the day's first hours). With the default
+1,500 pairs a day, each day holds more than 4 x the 300 pairs the analysis samples, so the
+candidate's sample is PostgreSQL's ``TABLESAMPLE SYSTEM`` path.
+
+Then it times, in this process, ``--repeat`` times each:
+
+1. ``analyze_divergence`` over the month with ``DivergenceConfig()`` (the review's defaults:
+   300 pairs per day and role, 6,000 at most; the triads; the margins);
+2. the candidate's per-day sample alone, with the block sample ordered by pair id (now) and
+   without the ordering (before), side by side: seconds, and the share of the sample sent in the
+   second half of its day (0.5 is a sample spanning the day).
+
+and prints a table of seconds, ratios and the process's peak memory (``ru_maxrss``). Loading
+is not timed against anything (it stands in for a month of ingestion). ``--keep`` keeps the
+database and prints its URL.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import resource
+import statistics
+import sys
+import time
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Engine, func, literal, select, tablesample, text
+from sqlalchemy.engine import make_url
+
+from evaluator.divergence import (
+    BLOCK_SAMPLE_FACTOR,
+    DivergenceConfig,
+    analyze_divergence,
+    sample_pair_ids,
+)
+from shadow_ab.records import ExchangeRecord, TokenLogprob
+from shadow_ab.settings import CommonSettings
+from simulator.generate import Departure, decode, natural_length, prompt_state
+from storage.db import make_engine
+from storage.migrate import upgrade
+from storage.models import EXCHANGES
+from storage.partitions import ensure_partitions
+from storage.write import write_exchanges
+
+DEPLOYMENT = "bench-divergence"
+START = datetime(2026, 10, 1, tzinfo=UTC)
+GREEDY = {"model": "bench", "temperature": 0.0, "max_tokens": 24}
+ASKED = {**GREEDY, "logprobs": True, "top_logprobs": 5}
+
+
+def _lps(tokens: list[Any]) -> list[TokenLogprob]:
+    return [TokenLogprob(token=t.text, logprob=t.logprob, top=dict(t.top)) for t in tokens]
+
+
+def _rec(pid: uuid.UUID, role: str, sent: datetime, tokens: list[Any], lp: bool) -> ExchangeRecord:
+    return ExchangeRecord(
+        deployment=DEPLOYMENT,
+        pair_id=pid,
+        role=role,  # type: ignore[arg-type]  # validated
+        engine="trtllm@candidate" if role == "candidate" else "vllm@incumbent",
+        endpoint="chat",  # type: ignore[arg-type]
+        stream=True,
+        sent_at=sent,
+        status="ok",  # type: ignore[arg-type]
+        http_status=200,
+        finish_reason="stop",
+        completion_tokens=len(tokens),
+        output_text="".join(t.text for t in tokens),
+        logprobs=_lps(tokens) if lp else None,
+        request=ASKED if lp else GREEDY,
+        rewrites=["logprobs"] if lp else [],
+    )
+
+
+def day_records(day: int, pairs: int, replay_share: float, rng: random.Random) -> list[Any]:
+    out: list[ExchangeRecord] = []
+    t0 = START + timedelta(days=day)
+    for k in range(pairs):
+        pid = uuid.UUID(int=rng.getrandbits(128))
+        sent = t0 + timedelta(seconds=(k + rng.random()) * 86_400 / pairs)
+        start = prompt_state("bench", f"{day}-{k}", None)
+        n = natural_length(start, 8, 24)
+        ref, _ = decode(start, n, top_k=5)
+        out.append(_rec(pid, "incumbent", sent, ref, lp=False))
+        u = rng.random()
+        dep = None
+        if u < 0.40:
+            dep = Departure(rng.randrange(n), True, rejoin=True)
+        elif u < 0.42:
+            dep = Departure(rng.randrange(n), False)
+        cand, _ = decode(start, n, top_k=5, departure=dep) if dep else (ref, None)
+        out.append(_rec(pid, "candidate", sent + timedelta(milliseconds=1), cand, lp=True))
+        if rng.random() < replay_share:
+            rdep = Departure(rng.randrange(n), True, rejoin=True) if rng.random() < 0.01 else None
+            rep, _ = decode(start, n, top_k=5, departure=rdep) if rdep else (ref, None)
+            out.append(_rec(pid, "replay", sent + timedelta(seconds=1), rep, lp=True))
+    return out
+
+
+def load(engine: Engine, days: int, per_day: int, replay_share: float) -> tuple[int, float]:
+    """Day 0's pairs are generated once; every other day is a copy with new pair ids, shifted
+    by whole days (the answers repeat, the sample does not care). Written in time order in
+    batches of :data:`BATCH` records, as an ingester writes them (so a table block holds
+    minutes of traffic)."""
+    ensure_partitions(engine, START, days_ahead=days + 1)
+    rng = random.Random(12)
+    template = day_records(0, per_day, replay_share, rng)
+    rows = 0
+    t0 = time.perf_counter()
+    for d in range(days):
+        ids: dict[Any, uuid.UUID] = {}
+        recs = [
+            r.model_copy(
+                update={
+                    "pair_id": ids.setdefault(r.pair_id, uuid.UUID(int=rng.getrandbits(128))),
+                    "sent_at": r.sent_at + timedelta(days=d),
+                }
+            )
+            for r in template
+        ]
+        recs.sort(key=lambda r: r.sent_at)
+        for i in range(0, len(recs), BATCH):
+            write_exchanges(engine, recs[i : i + BATCH])
+        rows += len(recs)
+        print(f"  loaded day {d + 1}/{days} ({rows:,} exchanges, {time.perf_counter() - t0:.0f} s)")
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.execute(text("ANALYZE exchanges"))
+    return rows, time.perf_counter() - t0
+
+
+BATCH = 300
+
+
+def _unordered_ids(conn: Any, lo: datetime, hi: datetime, limit: int, total: int) -> list[Any]:
+    """The block sample as it was: TABLESAMPLE then LIMIT, no ordering."""
+    pct = min(100.0, 100.0 * 2.0 * limit / total)
+    s = tablesample(EXCHANGES, func.system(pct), name="sampled", seed=literal(7)).c
+    q = (
+        select(s.pair_id)
+        .where(s.deployment == DEPLOYMENT, s.role == "candidate", s.sent_at >= lo, s.sent_at < hi)
+        .limit(limit)
+    )
+    return list(conn.execute(q).scalars())
+
+
+def sample_pass(engine: Engine, days: int, ordered: bool) -> tuple[float, float]:
+    """Seconds to draw every day's candidate sample, and the share sent after noon."""
+    x = EXCHANGES.c
+    late = total_n = 0
+    limit = DivergenceConfig().max_pairs_per_day
+    t0 = time.perf_counter()
+    with engine.connect() as conn:
+        for d in range(days):
+            lo = START + timedelta(days=d)
+            hi = lo + timedelta(days=1)
+            total = conn.execute(
+                select(func.count()).where(
+                    x.deployment == DEPLOYMENT,
+                    x.role == "candidate",
+                    x.sent_at >= lo,
+                    x.sent_at < hi,
+                )
+            ).scalar_one()
+            assert total > BLOCK_SAMPLE_FACTOR * limit, "too few pairs a day for the block sample"
+            if ordered:
+                ids = sample_pair_ids(conn, DEPLOYMENT, "candidate", lo, hi, limit, total)
+            else:
+                ids = _unordered_ids(conn, lo, hi, limit, total)
+            noon = lo + timedelta(hours=12)
+            sent = conn.execute(
+                select(x.sent_at).where(
+                    x.deployment == DEPLOYMENT,
+                    x.role == "candidate",
+                    x.pair_id.in_(ids),
+                    x.sent_at >= lo,
+                    x.sent_at < hi,
+                )
+            ).scalars()
+            for s in sent:
+                late += s >= noon
+                total_n += 1
+    return time.perf_counter() - t0, late / max(1, total_n)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--days", type=int, default=30)
+    parser.add_argument("--pairs-per-day", type=int, default=1500)
+    parser.add_argument("--replay-share", type=float, default=0.2)
+    parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--keep", action="store_true", help="keep the database, print its URL")
+    args = parser.parse_args()
+    sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]  # a TextIOWrapper
+
+    server_url = CommonSettings().database_url
+    if not server_url.startswith("postgresql"):
+        sys.exit("SHADOW_AB_DATABASE_URL is not PostgreSQL: run `shadow-ab services up` first")
+    admin = make_engine(server_url, isolation_level="AUTOCOMMIT")
+    name = f"shadow_bench_div_{uuid.uuid4().hex[:8]}"
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    url = make_url(server_url).set(database=name).render_as_string(hide_password=False)
+    engine: Engine | None = None
+    try:
+        upgrade(url)
+        engine = make_engine(url)
+        print(f"loading {args.days} days x {args.pairs_per_day:,} pairs")
+        rows, load_s = load(engine, args.days, args.pairs_per_day, args.replay_share)
+        window = (START, START + timedelta(days=args.days))
+        times: list[float] = []
+        section = None
+        for _ in range(args.repeat):
+            t0 = time.perf_counter()
+            section = analyze_divergence(engine, DEPLOYMENT, window, DivergenceConfig())
+            times.append(time.perf_counter() - t0)
+            print(f"  analyze_divergence: {times[-1]:.1f} s")
+        assert section is not None
+        d = section.to_dict()
+        m = {x.key: x for x in section.measurements()}
+        ordered = [sample_pass(engine, args.days, True) for _ in range(args.repeat)]
+        unordered = [sample_pass(engine, args.days, False) for _ in range(args.repeat)]
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        med = statistics.median
+        o_s, u_s = med(t for t, _ in ordered), med(t for t, _ in unordered)
+        print()
+        print(
+            f"month: {args.days} days x {args.pairs_per_day:,} pairs, {rows:,} exchanges"
+            f" (loaded in {load_s:.0f} s); replay share {args.replay_share:g}"
+        )
+        print(
+            f"sampled: candidate {d['candidate']['pairs_sampled']:,}, replay"
+            f" {d['replay']['pairs_sampled']:,}, triads {d['triads']['n']:,}"
+        )
+        hard = m["divergence.hard_excess_rate"]
+        print(
+            f"figures: exact excess {m['divergence.excess_rate'].value:.3f}, hard excess"
+            f" {hard.value:.3f} {hard.interval}, near-tie share"
+            f" {m['divergence.near_tie_share'].value:.3f}"
+        )
+        print()
+        print("| step | seconds (median of runs) | runs | ratio | sample after noon |")
+        print("|---|---|---|---|---|")
+        print(
+            f"| analyze_divergence, month, defaults | {med(times):.1f} |"
+            f" {', '.join(f'{t:.1f}' for t in times)} | | |"
+        )
+        print(
+            f"| candidate day samples, ordered by pair id (now) | {o_s:.2f} |"
+            f" {', '.join(f'{t:.2f}' for t, _ in ordered)} | {o_s / u_s:.2f} x before |"
+            f" {ordered[0][1]:.2f} |"
+        )
+        print(
+            f"| candidate day samples, TABLESAMPLE then LIMIT (before) | {u_s:.2f} |"
+            f" {', '.join(f'{t:.2f}' for t, _ in unordered)} | 1 | {unordered[0][1]:.2f} |"
+        )
+        print(f"\npeak RSS {peak:.0f} MB")
+        if args.keep:
+            print(f"kept: {make_url(url).render_as_string(hide_password=True)}")
+    finally:
+        if engine is not None:
+            engine.dispose()
+        if not args.keep:
+            with admin.connect() as conn:
+                conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,372 @@
+"""The mirror's CPU per shadow request: the candidate and replay requests, the record, the sink.
+
+    python bench/shadow_cost.py [--requests 400] [--concurrency 8] [--tokens 20]
+
+A fake engine in another process streams a chat completion of ``--tokens`` SSE events (one
+token each, then the usage event and ``[DONE]``), as vLLM does. In this process a real
+:class:`mirror.app.Mirror` (in-process, no client port) fires shadow requests at it through
+``Shadows.fire``, exactly as the client path does, ``--concurrency`` at a time; its sink only
+counts. CPU is this process's CPU time (``time.process_time``: every thread), so the fake
+engine's work is not in it.
+
+The first table is each shadow request whole (send, read the stream to the end with arrival
+times, parse, build the record, privacy, hand to the sink), for the candidate and the replay.
+The second splits one request into its parts, each timed alone on the same data many times
+(the rest of the whole is aiohttp's request and stream machinery and the event loop):
+rewriting the candidate's body, the stored request, the trace of the kept chunks, building the
+record, privacy, the sink hand-off (``KafkaSink.submit``), and the sink thread's encoding of the
+record (``to_json``, before and after the change to encode it straight from its fields; and
+kafka-python's ``send`` into its buffer, when ``SHADOW_AB_KAFKA_BOOTSTRAP`` names a Kafka).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import multiprocessing as mp
+import os
+import shutil
+import socket
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _chunks(tokens: int) -> list[bytes]:
+    out = []
+    for i in range(tokens):
+        last = i == tokens - 1
+        event = {
+            "id": "chatcmpl-1",
+            "object": "chat.completion.chunk",
+            "created": 1764460800,
+            "model": MODEL,
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": {"content": f"tok{i} "},
+                    "logprobs": None,
+                    "finish_reason": "stop" if last else None,
+                }
+            ],
+        }
+        out.append(b"data: " + orjson.dumps(event) + b"\n\n")
+    usage = {
+        "id": "chatcmpl-1",
+        "object": "chat.completion.chunk",
+        "created": 1764460800,
+        "model": MODEL,
+        "choices": [],
+        "usage": {"prompt_tokens": 40, "completion_tokens": tokens, "total_tokens": 40 + tokens},
+    }
+    out.append(b"data: " + orjson.dumps(usage) + b"\n\n")
+    out.append(b"data: [DONE]\n\n")
+    return out
+
+
+def _engine(port: int, tokens: int) -> None:
+    from aiohttp import web
+
+    chunks = _chunks(tokens)
+
+    async def chat(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await resp.prepare(request)
+        for chunk in chunks:
+            await resp.write(chunk)
+        await resp.write_eof()
+        return resp
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat)
+    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
+
+
+class CountingSink:
+    label = "kafka"  # counts its own records: the mirror does not count them for it
+
+    def __init__(self) -> None:
+        self.records: list[Any] = []
+
+    def submit(self, record: Any) -> bool:
+        if len(self.records) < 16:
+            self.records.append(record)
+        return True
+
+    def flush(self, timeout: float = 30.0) -> bool:
+        return True
+
+    def close(self, timeout: float = 30.0) -> bool:
+        return True
+
+
+def _body(i: int) -> dict[str, Any]:
+    return {
+        "model": MODEL,
+        "messages": [
+            {"role": "system", "content": "You are a helpful assistant."},
+            {"role": "user", "content": f"question {i}: " + "tell me about kv caches " * 8},
+        ],
+        "max_tokens": 64,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+
+
+def _per_call(fn: Callable[[], Any], n: int) -> float:
+    """CPU seconds per call of ``fn``, the best of 5 rounds of ``n`` calls."""
+    best = float("inf")
+    for _ in range(5):
+        start = time.process_time()
+        for _ in range(n):
+            fn()
+        best = min(best, time.process_time() - start)
+    return best / n
+
+
+async def _whole(mirror: Any, role: Any, n: int, concurrency: int) -> float:
+    """CPU seconds per shadow request of ``role``, fired as the client path fires them."""
+    from mirror.rewrite import candidate_request
+    from shadow_ab.records import Endpoint
+
+    async def one(i: int) -> None:
+        body, rewrites = candidate_request(
+            _body(i), chat=True, rewrite=mirror.settings.candidate.rewrite
+        )
+        common = {
+            "pair_id": uuid.uuid4(),
+            "endpoint": Endpoint.CHAT,
+            "stream": True,
+            "inflight_incumbent": 3,
+            "inflight_candidate": 1,
+            "guard": {"state": "open", "rate": 1.0, "decision": "sampled"},
+            "capture": "full",
+        }
+        await mirror.shadows.fire(role, "/v1/chat/completions", body, rewrites, [], common)
+
+    for i in range(concurrency):  # warm the connection pool
+        await one(i)
+    start = time.process_time()
+    for base in range(0, n, concurrency):
+        await asyncio.gather(*(one(base + k) for k in range(concurrency)))
+    return (time.process_time() - start) / n
+
+
+async def _stash(url: str) -> tuple[list[tuple[float, bytes]], float]:
+    import aiohttp
+
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(url + "/v1/chat/completions", data=orjson.dumps(_body(0))) as resp,
+    ):
+        t0 = time.monotonic()
+        stash = [(time.monotonic(), chunk) async for chunk in resp.content.iter_any()]
+    return stash, t0
+
+
+def _kafka_send_cost(records: list[Any], n: int) -> float | None:
+    bootstrap = os.environ.get("SHADOW_AB_KAFKA_BOOTSTRAP")
+    if not bootstrap:
+        return None
+    from kafka import KafkaProducer
+
+    from shadow_ab.topics import TopicSpec, delete_topics, ensure_topics
+
+    topic = f"bench-shadow-{uuid.uuid4().hex[:8]}"
+    ensure_topics(bootstrap, [TopicSpec(topic, 6)])
+    try:
+        producer = KafkaProducer(
+            bootstrap_servers=bootstrap,
+            acks="all",
+            enable_idempotence=True,
+            linger_ms=5,
+            batch_size=256 * 1024,
+        )
+        frames = [(str(r.pair_id).encode(), r.to_json()) for r in records]
+        for key, value in frames:  # metadata and connections
+            producer.send(topic, key=key, value=value)
+        producer.flush(30)
+        start = time.process_time()
+        for i in range(n):
+            key, value = frames[i % len(frames)]
+            producer.send(topic, key=key, value=value)
+        producer.flush(30)
+        spent = time.process_time() - start
+        producer.close(10)
+        return spent / n
+    finally:
+        delete_topics(bootstrap, [topic])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    parser.add_argument("--requests", type=int, default=400)
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--tokens", type=int, default=20)
+    args = parser.parse_args()
+
+    from mirror.app import Mirror
+    from mirror.config import load_settings
+    from mirror.kafka_sink import KafkaSink, KafkaSinkConfig, encode_frame
+    from mirror.recording import Dispatch, build_record
+    from mirror.rewrite import candidate_request, stored_request
+    from mirror.trace import stream_trace
+    from shadow_ab.records import Endpoint, Role, Status
+
+    ctx = mp.get_context("spawn")
+    ports = [_free_port(), _free_port()]  # incumbent, candidate
+    engines = [ctx.Process(target=_engine, args=(port, args.tokens), daemon=True) for port in ports]
+    for engine in engines:
+        engine.start()
+    for port in ports:
+        for _ in range(200):
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.1).close()
+                break
+            except OSError:
+                time.sleep(0.05)
+    url = f"http://127.0.0.1:{ports[1]}"
+    try:
+        settings = load_settings(
+            None,
+            incumbent={"url": f"http://127.0.0.1:{ports[0]}"},
+            candidate={"url": url},
+            health_enabled=False,
+            database_url="sqlite:///unused.db",
+        )
+        sink = CountingSink()
+        mirror = Mirror(settings, sink=sink)
+
+        async def run() -> tuple[float, float, list[tuple[float, bytes]], float]:
+            await mirror.startup()
+            try:
+                cand = await _whole(mirror, Role.CANDIDATE, args.requests, args.concurrency)
+                replay = await _whole(mirror, Role.REPLAY, args.requests, args.concurrency)
+                stash, t0 = await _stash(url)
+            finally:
+                await mirror.shutdown()
+            return cand, replay, stash, t0
+
+        cand_s, replay_s, stash, t0 = asyncio.run(run())
+        record = sink.records[-1]
+        assert record.status is Status.OK and record.completion_tokens == args.tokens, record
+
+        n = 2000
+        body = _body(1)
+        rewrite = settings.candidate.rewrite
+        cand_body, rewrites = candidate_request(body, chat=True, rewrite=rewrite)
+        outcome = stream_trace(stash, t0, chat=True).outcome()
+        d = Dispatch(
+            pair_id=uuid.uuid4(),
+            role=Role.CANDIDATE,
+            engine="trtllm@candidate",
+            endpoint=Endpoint.CHAT,
+            stream=True,
+            sent_at=record.sent_at,
+            request=stored_request(cand_body),
+            rewrites=rewrites,
+            inflight_incumbent=3,
+            inflight_candidate=1,
+            guard={"state": "open", "rate": 1.0, "decision": "sampled"},
+        )
+        rec = build_record("dep", d, status=Status.OK, outcome=outcome, http_status=200)
+        spool_dir = tempfile.mkdtemp(prefix="shadow-cost-")
+        kafka = KafkaSink(
+            KafkaSinkConfig(bootstrap="127.0.0.1:1", spool_dir=Path(spool_dir)),
+            producer_factory=lambda c: (_ for _ in ()).throw(ConnectionError("bench: no Kafka")),
+        )
+
+        def submit() -> None:
+            kafka.submit(rec)
+            kafka._queue.clear()
+            kafka._queue_bytes = 0
+
+        parts: list[tuple[str, float]] = [
+            (
+                "candidate body rewrite + JSON (candidate_request, orjson.dumps)",
+                _per_call(
+                    lambda: orjson.dumps(candidate_request(body, chat=True, rewrite=rewrite)[0]), n
+                ),
+            ),
+            (
+                "stored request (stored_request: credentials out)",
+                _per_call(lambda: stored_request(cand_body), n),
+            ),
+            (
+                f"trace of the kept chunks ({len(stash)} reads, {args.tokens} events)",
+                _per_call(lambda: stream_trace(stash, t0, chat=True).outcome(), n),
+            ),
+            (
+                "build the record (build_record)",
+                _per_call(
+                    lambda: build_record(
+                        "dep", d, status=Status.OK, outcome=outcome, http_status=200
+                    ),
+                    n,
+                ),
+            ),
+            ("privacy (capture full)", _per_call(lambda: mirror.privacy.apply(rec, "full"), n)),
+            ("sink hand-off (KafkaSink.submit: size estimate, queue)", _per_call(submit, n)),
+            (
+                "sink thread: encode, before (pydantic model_dump + orjson)",
+                _per_call(rec.to_json_slow, n),
+            ),
+            (
+                "sink thread: encode, now (to_json: orjson from the fields)",
+                _per_call(rec.to_json, n),
+            ),
+            (
+                "sink thread: spool frame (encode_frame)",
+                _per_call(lambda: encode_frame("t", b"k" * 36, rec.to_json()), n),
+            ),
+        ]
+        kafka.close(1)
+        shutil.rmtree(spool_dir, ignore_errors=True)
+        send = _kafka_send_cost([rec] * 50, n)
+        if send is not None:
+            parts.append(("sink thread: kafka-python send + its I/O thread (acks=all)", send))
+
+        print(
+            f"{args.requests} shadow requests per role, {args.concurrency} at a time, streamed chat"
+            f" of {args.tokens} tokens; record JSON {len(rec.to_json()):,} bytes;"
+            f" load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
+        )
+        print()
+        print(
+            "| shadow request, whole (send, stream, trace, record, privacy, hand-off)"
+            " | CPU us/request |"
+        )
+        print("|---|---:|")
+        print(f"| candidate | {cand_s * 1e6:,.0f} |")
+        print(f"| replay (the incumbent again) | {replay_s * 1e6:,.0f} |")
+        print()
+        print("| part (alone, same data) | CPU us/request | share of a candidate request |")
+        print("|---|---:|---:|")
+        for name, sec in parts:
+            print(f"| {name} | {sec * 1e6:,.1f} | {sec / cand_s:.1%} |")
+        slow, fast = parts[6][1], parts[7][1]
+        print(f"| encode: before / now | {slow / fast:.1f}x | |")
+    finally:
+        for engine in engines:
+            engine.terminate()
+            engine.join(10)
+
+
+if __name__ == "__main__":
+    main()
