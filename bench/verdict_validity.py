@@ -67,7 +67,7 @@ from tests.evaluator.memory_months import MB, QUIET, MonthSpec
 from tests.evaluator.memory_months import generate as generate_memory
 
 DAYS = 30
-COUNTS = ("errors.rate_ratio", "incidents.crash.rate_ratio", "divergence.excess_rate")
+COUNTS = ("errors.rate_ratio", "incidents.crash.rate_ratio", "divergence.hard_excess_rate")
 LATENCY = ("latency.ttft.p95.ratio",)
 LEAK = "incidents.leak.excess_mb_per_hour"
 ROWS = {
@@ -75,7 +75,7 @@ ROWS = {
     "errors.rate_ratio": "errors",
     "incidents.crash.rate_ratio": "crash",
     LEAK: "leak",
-    "divergence.excess_rate": "divergence",
+    "divergence.hard_excess_rate": "divergence",
 }
 SCENARIOS = ("A/A", "ttft", "crash", "leak", "divergence")
 LEAK_MB_H = 50.0

@@ -46,6 +46,7 @@ SIMULATED = (
     "errors.rate_ratio",
     "incidents.crash.rate_ratio",
     "divergence.excess_rate",
+    "divergence.hard_excess_rate",
 )
 """The criteria a generated month measures (the rest of the default policy is not simulated)."""
 
@@ -84,7 +85,11 @@ def measurements(
     out: list[Measurement] = []
     if latency:
         out.append(ttft or ttft_p95(month, day, (level,), settings)[level])
-    if keys is not None and not keys & {"errors.rate_ratio", "divergence.excess_rate"}:
+    if keys is not None and not keys & {
+        "errors.rate_ratio",
+        "divergence.excess_rate",
+        "divergence.hard_excess_rate",
+    }:
         return out + _crash(month, day, level) + _data(month, day)
 
     # errors.rate_ratio as the review's failure_comparison: failed / sent per UTC day, the
@@ -106,15 +111,16 @@ def measurements(
     rng = np.random.default_rng(day)
     k1, n1 = divergence_counts(month, "candidate", day, rng)
     k2, n2 = divergence_counts(month, "replay", day, rng)
-    out.append(
-        Measurement(
-            "divergence.excess_rate",
-            k1 / n1 - k2 / n2,
-            newcombe_interval(k1, n1, k2, n2, level),
-            n1,
-            "share",
-        )
+    excess = Measurement(
+        "divergence.excess_rate",
+        k1 / n1 - k2 / n2,
+        newcombe_interval(k1, n1, k2, n2, level),
+        n1,
+        "share",
     )
+    # the generated divergences have no near ties: the hard excess (the default policy's
+    # divergence criterion) is the excess
+    out += [excess, replace(excess, key="divergence.hard_excess_rate")]
     return out + _data(month, day)
 
 

@@ -18,7 +18,7 @@ from evaluator.verdict import Decision, Outcome, decide
 from shadow_ab.dev.months import AA, EFFECTS, MonthShape, generate
 from shadow_ab.dev.verdict_months import Settings, look_month, simulated_policy
 
-COUNTS = ("errors.rate_ratio", "incidents.crash.rate_ratio", "divergence.excess_rate")
+COUNTS = ("errors.rate_ratio", "incidents.crash.rate_ratio", "divergence.hard_excess_rate")
 MONTHS = 30
 
 
