@@ -1,38 +1,44 @@
-"""False NO-GO, power and GO-at-any-look over generated months looked at daily, old rule beside new.
+"""False NO-GO, power and GO over generated months looked at daily, old decision rule beside new.
 
-    python bench/verdict_validity.py [--months 300] [--latency-months 20]
-                                     [--latency-pairs 2000] [--resamples 199]
-                                     [--kinds independent,clustered] [--quick]
+    python bench/verdict_validity.py [--months 200] [--latency-months 24] [--leak-months 20]
+                                     [--curve-months 100] [--latency-pairs 10000]
+                                     [--resamples 999] [--kinds independent,clustered]
+                                     [--curve-latency-months 6] [--workers 2] [--quick]
+                                     [--no-curves | --curves-only]
 
-Generates months with ``shadow_ab/dev/months.py`` (independent, or clustered: error bursts,
-crash-loop episodes, engine-specific hour and day latency effects, a replay noise floor that
-varies by day and sits low; its module docstring lists every assumption), looks at each one on
-every day 1..30 with the evaluator's own interval functions and verdict
-(``shadow_ab/dev/verdict_months.py``), and prints per generator kind, scenario and criterion:
+Generates months (``shadow_ab/dev/months.py`` for latency, errors, crashes and divergence;
+``tests/evaluator/memory_months.py`` for memory: each module's docstring lists every assumption
+its generator makes), independent or clustered, looks at each one on every day 1..30 with the
+evaluator's own interval functions and verdict (``shadow_ab/dev/verdict_months.py``; memory:
+``evaluator.incidents.leak.growth`` and ``excess_growth``, as ``compare_memory`` judges
+``incidents.leak.excess_mb_per_hour``), and prints, per generator kind, scenario and row:
 
-- ``NO-GO``: the share of months with a NO-GO at some look (a criterion's FAIL at some look
-  for a criterion's row). For A/A months it is the false NO-GO rate (target <= 5 %); for a real
-  effect, on the criterion the effect is on and combined, the power by day 30 (target >= 90 %);
-- ``GO/PASS``: the share of months with a GO at some look (a criterion's PASS at some look):
-  for a real effect the false GO rate (target: GO at no look in >= 95 %, i.e. <= 5 %);
+- ``NO-GO by d30``: months with a NO-GO at some look of days 1..30 (a criterion's row: its
+  FAIL). A/A: the false NO-GO (target <= 5 %); a real effect, on its criterion and combined:
+  the power (target >= 90 %);
+- ``GO any look``: months with a GO (a criterion's row: its PASS) at some look. A real effect:
+  the false GO (target <= 5 %, "GO at no look in >= 95 % of months"); A/A: how often identical
+  engines can be signed off;
+- ``GO at d30``: GO (PASS) at the horizon's look;
 - ``ALERT``: months with an ALERT at some look (the new rule's early warning, never a NO-GO);
 
-each with its Wilson 95 % interval, for the **old** rule (every look at 95 %, NO-GO on any FAIL
-from day 1, ``pass_if_zero`` on zero events) and the **new** one (the default policy's plan:
-30 daily looks, false_nogo 0.05 over its 11 criteria, O'Brien-Fleming spending, min_days 3,
-zero budgets). The criteria are judged at the level the shipped policy gives them (their share
-of the family-wise budget is the default policy's 1/11 each).
+each as % of months with its Wilson 95 % interval (the binomial interval of that rate over the
+months simulated), for the **old** rule (every look at 95 %, NO-GO on any FAIL from day 1,
+``pass_if_zero`` on zero events) and the **new** one (the default policy: 30 daily looks,
+false_nogo 0.05 split over its 11 criteria, O'Brien-Fleming spending, min_days 3, zero
+budgets, PASS on its own boundary of false_go 0.05 per criterion). Each criterion is judged at
+the level the shipped policy gives it (1/11 of the family-wise budget). Rows: ``ttft p95``,
+``errors``, ``crash``, ``leak``, ``divergence``; ``all 5``: the five together on the months
+that have all five (a scenario's effect on its criterion, A/A data on the others: the
+criteria's data are drawn independently).
 
-The latency criterion costs a bootstrap per look and rule, so it runs on the first
-``--latency-months`` seeds with a smaller sample than the review (``--latency-pairs`` pairs,
-``--resamples`` resamples; the review takes 10 000 and 999: an interval from fewer pairs is
-wider, so power here is below the review's, and a percentile bootstrap of B resamples cannot
-reach levels beyond about 1 - 2 / (B + 1): early looks get an interval narrower than asked for).
-The count criteria (errors, crashes, divergence) run on ``--months`` seeds. The combined rows:
-``3 counts`` over the count criteria on every month; ``all 4`` on the latency months, where the
-same seeds give the same months for both. The intervals are whatever the evaluator's functions
-compute today: when the analyses change (cluster bootstrap, crash episodes, overdispersion),
-rerun this bench.
+Then the **power curves**: crash 3x against the base rate of crash episodes, and TTFT p95
+x1.12 against the review's latency sample size and the engine day effect: what a target needs.
+
+The latency rows run the review's paired day/hour block bootstrap of the TTFT p95 ratio on
+``--latency-pairs`` pairs (the review's sample: 10 000 pairs in all, drawn per hour) with
+``--resamples`` resamples (999), its resamples drawn once per look and read at every level.
+``--quick``: a few months of each (seconds to a minute; for smoke tests).
 """
 
 from __future__ import annotations
@@ -40,25 +46,132 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from dataclasses import dataclass
+from collections.abc import Iterable
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from evaluator.rates import wilson_interval
-from evaluator.verdict import Outcome
-from shadow_ab.dev.months import AA, EFFECTS, MonthShape, generate
-from shadow_ab.dev.verdict_months import Settings, Trace, look_month, simulated_policy
+import numpy as np
 
-COUNTS = ("errors.rate_ratio", "incidents.crash.rate_ratio", "divergence.excess_rate")
+from evaluator.incidents.leak import LeakParams, excess_growth, growth
+from evaluator.policy import Policy, parse_policy
+from evaluator.rates import wilson_interval
+from evaluator.results import Interval, Measurement
+from evaluator.review import data_measurements
+from evaluator.verdict import Outcome, decide
+from shadow_ab.dev.months import AA, EFFECTS, MonthShape, generate
+from shadow_ab.dev.verdict_months import Settings, look_month, old_decide, simulated_policy
+from tests.evaluator.memory_months import MB, QUIET, MonthSpec
+from tests.evaluator.memory_months import generate as generate_memory
+
+DAYS = 30
+COUNTS = ("errors.rate_ratio", "incidents.crash.rate_ratio", "divergence.hard_excess_rate")
 LATENCY = ("latency.ttft.p95.ratio",)
-SCENARIOS = {"counts": ("A/A", "crash", "divergence"), "latency": ("A/A", "ttft")}
-SHORT = {
+LEAK = "incidents.leak.excess_mb_per_hour"
+ROWS = {
     "latency.ttft.p95.ratio": "ttft p95",
     "errors.rate_ratio": "errors",
     "incidents.crash.rate_ratio": "crash",
-    "divergence.excess_rate": "divergence",
+    LEAK: "leak",
+    "divergence.hard_excess_rate": "divergence",
 }
+SCENARIOS = ("A/A", "ttft", "crash", "leak", "divergence")
+LEAK_MB_H = 50.0
+"""The real leak: the candidate's memory grows 50 MB/h through every process life."""
+
+# An outcome trace: per look (day 1..30), per criterion of its group, one letter.
+LETTER = {Outcome.PASS: "P", Outcome.FAIL: "F", Outcome.INCONCLUSIVE: "I", Outcome.ALERT: "A"}
+
+
+@dataclass(frozen=True)
+class Job:
+    group: str  # "latency", "counts" or "leak"
+    kind: str
+    scenario: str
+    seed: int
+    shape: MonthShape | None = None
+    settings: Settings = field(default_factory=Settings)
+    old: bool = True
+    """Also judge the old rule (the curves do not)."""
+
+
+Traces = dict[str, list[str]]
+"""rule -> per look, one letter per criterion of the group."""
+
+
+def _policy(keys: tuple[str, ...]) -> Policy:
+    return simulated_policy(keys=keys)
+
+
+def leak_policy() -> Policy:
+    """The default policy's leak criterion alone, with its share (1/11) of the budget."""
+    base = simulated_policy(keys=("errors.rate_ratio",))  # one criterion's share of the plan
+    crit = parse_policy({"criteria": [f"{LEAK} <= 20"]}).criteria
+    return replace(base, criteria=crit)
+
+
+def _memory_spec(kind: str) -> MonthSpec:
+    """Independent: white noise alone (no restart, no refill, no daily cycle); clustered: AR(1)
+    noise decaying over 15 min, a daily cycle of 30 MB, restarts with refills (the leak
+    bench's month)."""
+    if kind == "independent":
+        return MonthSpec(days=float(DAYS), noise="white", **QUIET)  # type: ignore[arg-type]
+    return MonthSpec(days=float(DAYS), daily_mb=30.0)
+
+
+def _leak_traces(job: Job) -> Traces:
+    spec = _memory_spec(job.kind)
+    inc = generate_memory(spec, job.seed)
+    cand = generate_memory(spec, job.seed + 100_000)
+    y = cand.y
+    if job.scenario == "leak":  # growth through every process life since its start
+        idx = np.searchsorted(np.asarray(cand.starts), cand.t, side="right") - 1
+        y = y + (cand.t - np.asarray(cand.starts)[idx]) / 3600.0 * LEAK_MB_H * MB
+    policy = leak_policy()
+    params = LeakParams()
+    out: Traces = {"new": [], "old": []}
+    for day in range(1, DAYS + 1):
+        i, c = inc.until(day), cand.until(day)
+        keep = cand.t < cand.t[0] + day * 86400.0
+        g_i = growth(i.t, i.y, i.starts, params)
+        g_c = growth(c.t, y[keep], c.starts, params)
+        for rule, level in (("new", policy.look(float(day)).level), ("old", 0.95)):
+            if g_i is None or g_c is None:
+                m = Measurement(LEAK, None, None, 0, "MB/hour")
+            else:
+                diff, low, high = excess_growth(g_c, g_i, level)
+                m = Measurement(LEAK, diff, Interval(low, high, level), g_c.epochs, "MB/hour")
+            ms = [m, *data_measurements({"pairs": 10**6, "days": float(day)})]
+            if rule == "new":
+                verdict = decide(policy, ms)
+                out[rule].append("".join(LETTER[r.outcome] for r in verdict.results))
+            else:
+                _, outcomes = old_decide(policy, ms, day)
+                out[rule].append("".join(LETTER[o] for o in outcomes))
+    return out
+
+
+def run(job: Job) -> tuple[Job, Traces]:
+    if job.group == "leak":
+        return job, _leak_traces(job)
+    keys = LATENCY if job.group == "latency" else COUNTS
+    if job.group == "crash":  # the crash criterion alone (the power curve)
+        keys = ("incidents.crash.rate_ratio",)
+    effects = EFFECTS.get(job.scenario, AA)
+    shape = (job.shape or MonthShape(clustered=job.kind == "clustered")).with_effects(effects)
+    traces = look_month(generate(shape, job.seed), _policy(keys), job.settings, old=job.old)
+    return job, {
+        rule: ["".join(LETTER[o] for o in look) for look in t.outcomes]
+        for rule, t in traces.items()
+    }
+
+
+def _effect_group(scenario: str) -> str:
+    return {"ttft": "latency", "crash": "counts", "divergence": "counts", "leak": "leak"}.get(
+        scenario, ""
+    )
 
 
 @dataclass
@@ -66,13 +179,17 @@ class Tally:
     months: int = 0
     nogo: int = 0
     go: int = 0
+    go_last: int = 0
     alert: int = 0
 
-    def add(self, nogo: bool, go: bool, alert: bool) -> None:
+    def add(self, looks: list[str], min_days: int = 3) -> None:
+        """``looks``: per look, one letter per criterion judged together."""
         self.months += 1
-        self.nogo += nogo
-        self.go += go
-        self.alert += alert
+        self.nogo += any("F" in x for x in looks)
+        go = [set(x) == {"P"} and d + 1 >= min_days for d, x in enumerate(looks)]
+        self.go += any(go)
+        self.go_last += go[-1]
+        self.alert += any("A" in x for x in looks)
 
 
 def rate(k: int, n: int) -> str:
@@ -82,97 +199,164 @@ def rate(k: int, n: int) -> str:
     return f"{100 * k / n:5.1f} [{100 * iv.low:4.1f}-{100 * iv.high:5.1f}]"
 
 
-def combine(traces: list[Trace], day: int) -> tuple[bool, bool, bool]:
-    """NO-GO / GO / ALERT of several criteria sets' traces at one look, judged together."""
-    outcomes = [o for t in traces for o in t.outcomes[day]]
-    nogo = Outcome.FAIL in outcomes
-    go = all(o is Outcome.PASS for o in outcomes) and day + 1 >= 3
-    return nogo, go, Outcome.ALERT in outcomes
+def _pool(workers: int) -> ProcessPoolExecutor | None:
+    return ProcessPoolExecutor(workers) if workers > 1 else None
 
 
-def run_kind(
-    kind: str, months: int, latency_months: int, settings: Settings
-) -> dict[tuple[str, str, str], Tally]:
-    """Tallies by (scenario, row, rule)."""
-    shape0 = MonthShape(clustered=kind == "clustered")
-    out: dict[tuple[str, str, str], Tally] = {}
-
-    def tally(scenario: str, row: str, rule: str) -> Tally:
-        return out.setdefault((scenario, row, rule), Tally())
-
-    saved: dict[tuple[str, str, int], dict[str, Trace]] = {}
-    for group, keys, n in (
-        ("latency", LATENCY, latency_months),
-        ("counts", COUNTS, months),
-    ):
-        policy = simulated_policy(keys=keys)
-        for scenario in SCENARIOS[group]:
-            effects = AA if scenario == "A/A" else EFFECTS[scenario]
-            for seed in range(n):
-                month = generate(shape0.with_effects(effects), seed)
-                traces = look_month(month, policy, settings)
-                if seed < latency_months:
-                    saved[(group, scenario, seed)] = traces
-                for rule, t in traces.items():
-                    for i, c in enumerate(policy.criteria):
-                        tally(scenario, SHORT[c.key], rule).add(
-                            t.failed(i), t.passed(i), t.alerted(i)
-                        )
-                    if group == "counts":
-                        alerted = any(t.alerted(i) for i in range(len(policy.criteria)))
-                        tally(scenario, "3 counts", rule).add(t.nogo(), t.go(), alerted)
-    # All four criteria together: a scenario's effect on its criteria, A/A data on the others
-    # (the criteria's data are drawn independently, so pairing months of one seed is a month).
-    for scenario in ("A/A", "ttft", "crash", "divergence"):
-        for seed in range(latency_months):
-            lat = saved[("latency", scenario if scenario == "ttft" else "A/A", seed)]
-            cnt = saved[("counts", "A/A" if scenario == "ttft" else scenario, seed)]
-            for rule in lat:
-                looks = [combine([lat[rule], cnt[rule]], d) for d in range(30)]
-                tally(scenario, "all 4", rule).add(
-                    any(x[0] for x in looks), any(x[1] for x in looks), any(x[2] for x in looks)
-                )
+def run_all(jobs: list[Job], workers: int) -> dict[tuple[str, str, str, int], Traces]:
+    """Every job's traces by (group, kind, scenario-or-A/A, seed); A/A data of a group is
+    computed once and shared by every scenario that does not touch that group."""
+    out: dict[tuple[str, str, str, int], Traces] = {}
+    pool = _pool(workers)
+    try:
+        results: Iterable[tuple[Job, Traces]] = (
+            pool.map(run, jobs, chunksize=1) if pool else map(run, jobs)
+        )
+        for job, traces in results:
+            out[(job.group, job.kind, job.scenario, job.seed)] = traces
+    finally:
+        if pool:
+            pool.shutdown()
     return out
+
+
+def main_table(args: argparse.Namespace, kind: str, settings: Settings) -> list[str]:
+    sizes = {"latency": args.latency_months, "counts": args.months, "leak": args.leak_months}
+    jobs = []
+    for group, n in sizes.items():
+        for scenario in ("A/A", *(s for s in SCENARIOS if _effect_group(s) == group)):
+            jobs += [Job(group, kind, scenario, seed, settings=settings) for seed in range(n)]
+    started = time.perf_counter()
+    traces = run_all(jobs, args.workers)
+    keys = {"latency": LATENCY, "counts": COUNTS, "leak": (LEAK,)}
+    lines = []
+    both = min(sizes.values())
+    for scenario in SCENARIOS:
+        for rule in ("old", "new"):
+            rows: dict[str, Tally] = {}
+            for group, n in sizes.items():
+                data = scenario if _effect_group(scenario) == group else "A/A"
+                for seed in range(n):
+                    t = traces[(group, kind, data, seed)][rule]
+                    for i, key in enumerate(keys[group]):
+                        rows.setdefault(ROWS[key], Tally()).add([x[i] for x in t])
+            combined = Tally()
+            for seed in range(both):
+                per = [
+                    traces[(g, kind, scenario if _effect_group(scenario) == g else "A/A", seed)]
+                    for g in sizes
+                ]
+                combined.add(["".join(p[rule][d] for p in per) for d in range(DAYS)])
+            rows["all 5"] = combined
+            own = {"ttft": "ttft p95"}.get(scenario, scenario)
+            for row, t in rows.items():
+                if scenario == "A/A" or row in (own, "all 5"):
+                    lines.append(_line(kind, scenario, row, rule, t))
+    lines.append(f"({kind}: {time.perf_counter() - started:.0f} s)")
+    return lines
+
+
+HEADER = (
+    f"{'kind':<12}{'scenario':<11}{'row':<11}{'rule':<5}{'months':>7}  "
+    f"{'NO-GO by d30':<22}{'GO any look':<22}{'GO at d30':<22}{'ALERT':<20}"
+)
+
+
+def _line(kind: str, scenario: str, row: str, rule: str, t: Tally) -> str:
+    alert = rate(t.alert, t.months) if rule == "new" else ""
+    return (
+        f"{kind:<12}{scenario:<11}{row:<11}{rule:<5}{t.months:>7}  {rate(t.nogo, t.months):<22}"
+        f"{rate(t.go, t.months):<22}{rate(t.go_last, t.months):<22}{alert:<20}"
+    )
+
+
+def curves(args: argparse.Namespace, settings: Settings) -> list[str]:
+    """Power against what the data holds: crash episodes per day; latency sample and day
+    effects. New rule only; the effect's own criterion alone."""
+    lines = [
+        "",
+        "power curves (new rule; the effect's criterion alone; % of months [Wilson 95 %]):",
+        f"{'effect':<13}{'generator':<44}{'months':>7}  {'NO-GO by d30':<22}{'GO any look':<22}"
+        f"{'A/A: GO at d30':<22}",
+    ]
+    jobs: list[Job] = []
+    specs: list[tuple[str, str, str, MonthShape, Settings, int]] = []
+    base_loop = 1 + sum(MonthShape().loop_restarts) / 2  # restarts per clustered episode
+    for episodes in (0.1, 1.0, 3.0, 10.0):
+        shape = MonthShape(clustered=True, crashes_per_day=episodes * base_loop)
+        specs.append(
+            ("crash x3", f"clustered, {episodes:g} episodes/day", "crash", shape, settings, 0)
+        )
+    for restarts in (0.75, 10.0):
+        shape = MonthShape(clustered=False, crashes_per_day=restarts)
+        specs.append(
+            ("crash x3", f"independent, {restarts:g} crashes/day", "crash", shape, settings, 0)
+        )
+    lat_months = args.curve_latency_months
+    for day_sd, pairs in ((0.0, 4 * settings.latency_pairs), (0.04, 4 * settings.latency_pairs)):
+        if lat_months <= 0:
+            break
+        shape = MonthShape(clustered=day_sd > 0, engine_day_sd=day_sd)
+        sized = replace(settings, latency_pairs=pairs)
+        what = "independent" if day_sd == 0 else f"clustered (engine day sd {day_sd:g})"
+        specs.append(("ttft x1.12", f"{what}, sample {pairs} pairs", "latency", shape, sized, 0))
+    for i, (effect, _label, group, shape, sized, _) in enumerate(specs):
+        n = args.curve_months if group == "crash" else lat_months
+        scenario = "crash" if effect.startswith("crash") else "ttft"
+        for seed in range(n):
+            jobs.append(Job(group, f"curve{i}", scenario, seed, shape, sized, old=False))
+            jobs.append(Job(group, f"curve{i}", "A/A", seed, shape, sized, old=False))
+    started = time.perf_counter()
+    traces = run_all(jobs, args.workers)
+    for i, (effect, label, group, _, _, col) in enumerate(specs):
+        n = args.curve_months if group == "crash" else lat_months
+        scenario = "crash" if effect.startswith("crash") else "ttft"
+        real, aa = Tally(), Tally()
+        for seed in range(n):
+            real.add([x[col] for x in traces[(group, f"curve{i}", scenario, seed)]["new"]])
+            aa.add([x[col] for x in traces[(group, f"curve{i}", "A/A", seed)]["new"]])
+        lines.append(
+            f"{effect:<13}{label:<44}{n:>7}  {rate(real.nogo, n):<22}{rate(real.go, n):<22}"
+            f"{rate(aa.go_last, n):<22}"
+        )
+    lines.append(f"(curves: {time.perf_counter() - started:.0f} s)")
+    return lines
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--months", type=int, default=300, help="months per scenario, counts")
-    ap.add_argument("--latency-months", type=int, default=20, help="months with the latency")
-    ap.add_argument("--latency-pairs", type=int, default=2000)
-    ap.add_argument("--resamples", type=int, default=199)
+    ap.add_argument("--months", type=int, default=200, help="months per scenario, counts")
+    ap.add_argument("--latency-months", type=int, default=24, help="months with the latency")
+    ap.add_argument("--leak-months", type=int, default=20, help="months with memory")
+    ap.add_argument("--curve-months", type=int, default=100, help="months per crash curve point")
+    ap.add_argument(
+        "--curve-latency-months", type=int, default=6, help="months per TTFT curve point (0: none)"
+    )
+    ap.add_argument("--latency-pairs", type=int, default=10_000)
+    ap.add_argument("--resamples", type=int, default=999)
     ap.add_argument("--kinds", default="independent,clustered")
-    ap.add_argument("--quick", action="store_true", help="a few months (for tests)")
+    ap.add_argument("--workers", type=int, default=2, help="processes (the machine's cores)")
+    ap.add_argument("--no-curves", action="store_true", help="skip the power curves")
+    ap.add_argument("--curves-only", action="store_true", help="only the power curves")
+    ap.add_argument("--quick", action="store_true", help="a few months of each (smoke test)")
     args = ap.parse_args()
     if args.quick:
-        args.months, args.latency_months = 10, 2
-        args.latency_pairs, args.resamples = 500, 99
+        args.months, args.latency_months, args.leak_months, args.curve_months = 6, 2, 2, 6
+        args.latency_pairs, args.resamples, args.curve_latency_months = 2000, 199, 1
     settings = Settings(latency_pairs=args.latency_pairs, resamples=args.resamples)
     print(
-        f"months: {args.months} (count criteria), {args.latency_months} (latency:"
-        f" {args.latency_pairs} pairs, {args.resamples} resamples); 30 daily looks each;"
-        " rates in % [Wilson 95 % interval]"
+        f"months: {args.months} (errors, crash, divergence), {args.latency_months} (latency:"
+        f" {args.latency_pairs} pairs, {args.resamples} resamples), {args.leak_months} (memory),"
+        f" {args.curve_months} / {args.curve_latency_months} per crash / TTFT curve point;"
+        f" {DAYS} daily looks each; rates in % of months [Wilson 95 % interval]"
     )
-    header = (
-        f"{'kind':<12}{'scenario':<11}{'row':<11}{'rule':<5}{'months':>7}"
-        f"  {'NO-GO at some look':<22}{'GO/PASS at some look':<22}{'ALERT at some look':<20}"
-    )
-    for kind in args.kinds.split(","):
-        started = time.perf_counter()
-        tallies = run_kind(kind, args.months, args.latency_months, settings)
-        print(f"\n{header}")
-        order = ["A/A", "ttft", "crash", "divergence"]
-        rows = ["ttft p95", "errors", "crash", "divergence", "3 counts", "all 4"]
-        for (scenario, row, rule), t in sorted(
-            tallies.items(),
-            key=lambda kv: (order.index(kv[0][0]), rows.index(kv[0][1]), kv[0][2] != "old"),
-        ):
-            alert = rate(t.alert, t.months) if rule == "new" else ""
-            print(
-                f"{kind:<12}{scenario:<11}{row:<11}{rule:<5}{t.months:>7}  "
-                f"{rate(t.nogo, t.months):<22}{rate(t.go, t.months):<22}{alert:<20}"
-            )
-        print(f"({kind}: {time.perf_counter() - started:.0f} s)")
+    for kind in [] if args.curves_only else args.kinds.split(","):
+        print(f"\n{HEADER}")
+        for line in main_table(args, kind, settings):
+            print(line, flush=True)
+    if not args.no_curves:
+        for line in curves(args, settings):
+            print(line, flush=True)
 
 
 if __name__ == "__main__":

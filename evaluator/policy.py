@@ -10,6 +10,7 @@ be on, plus how much data a verdict needs::
     false_nogo: 0.05         # at most this chance of a NO-GO for identical engines, all looks
     spending: obrien-fleming # how each look's level is set (or pocock; evaluator/sequential.py)
     alert_level: 0.95        # a criterion beyond its threshold at this level -> ALERT (shown)
+    false_go: 0.05           # per criterion: at most this chance of a PASS when on the threshold
     criteria:
       - latency.ttft.p95.ratio <= 1.10                     # shorthand: KEY OP THRESHOLD
       - key: incidents.crash.rate_ratio                    # or a mapping, with options
@@ -174,6 +175,10 @@ class Policy:
     alert_level: float = 0.95
     """A criterion whose interval at this level is beyond its threshold, without the plan's
     boundary crossed (or before ``min_days``), is an ALERT: shown, not a NO-GO."""
+    false_go: float | None = None
+    """Each criterion's chance of a PASS at some look when the truth sits on its threshold (the
+    PASS side's own boundaries, not split over criteria: :func:`evaluator.sequential.look_at`);
+    None: PASS at the FAIL side's level."""
 
     def with_minimums(
         self,
@@ -201,6 +206,7 @@ class Policy:
             false_nogo=self.false_nogo,
             criteria=len(self.criteria),
             spending=self.spending,
+            false_go=self.false_go,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -216,6 +222,7 @@ class Policy:
             "false_nogo": self.false_nogo,
             "spending": self.spending,
             "alert_level": self.alert_level,
+            "false_go": self.false_go,
         }
 
 
@@ -339,11 +346,20 @@ def _plan(raw: dict[str, Any], source: str) -> dict[str, Any]:
     alert = _number(raw.get("alert_level", 0.95), "alert_level", source)
     if not 0.5 <= alert < 1:
         raise PolicyError(f"{source}: alert_level must be in [0.5, 1), e.g. 0.95")
+    false_go = raw.get("false_go")
+    if false_go is not None:
+        false_go = _number(false_go, "false_go", source)
+        if not 0 < false_go < 0.5:
+            raise PolicyError(
+                f"{source}: false_go must be between 0 and 0.5, e.g. 0.05 (or left out: PASS"
+                " at the FAIL side's level)"
+            )
     return {
         "horizon_days": horizon,
         "false_nogo": false_nogo,
         "spending": str(spending),
         "alert_level": alert,
+        "false_go": false_go,
     }
 
 
@@ -356,7 +372,7 @@ def parse_policy(raw: Any, source: str = "<dict>") -> Policy:
         )
     # source and notes: what Policy.to_dict() adds (a policy stored with a deployment).
     allowed = {"name", "description", "min_pairs", "min_days", "criteria", "source", "notes"}
-    allowed |= {"horizon_days", "false_nogo", "spending", "alert_level"}
+    allowed |= {"horizon_days", "false_nogo", "spending", "alert_level", "false_go"}
     extra = sorted(set(raw) - allowed)
     if extra:
         raise PolicyError(

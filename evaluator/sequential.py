@@ -167,6 +167,14 @@ class Look:
     """The boundary at this look, in standard errors."""
     level: float
     """The two-sided level of every criterion's interval at this look."""
+    false_go: float | None = None
+    """Each criterion's chance, at most, of a PASS at some look of the plan when the truth sits
+    on its threshold (one-sided, not split over criteria: see :func:`look_at`); None: PASS
+    at the same level as FAIL."""
+    pass_z: float | None = None
+    """The PASS boundary at this look, in standard errors (``z`` when ``false_go`` is None)."""
+    pass_level: float | None = None
+    """The two-sided level whose interval must lie wholly on the good side for a PASS."""
 
     @property
     def final(self) -> bool:
@@ -188,6 +196,12 @@ class Look:
             f" ({self.z:.2f} standard errors: {self.spending} spending of"
             f" {self.false_nogo:g} / {self.criteria} criteria, {_pct_share(self.spent)} of"
             f" {_pct_share(self.alpha)} spent)"
+            + (
+                ""
+                if self.pass_level is None or self.pass_level >= self.level
+                else f"; PASS at {level_text(self.pass_level)} ({self.pass_z:.2f} standard"
+                f" errors: {self.false_go:g} per criterion)"
+            )
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -203,6 +217,9 @@ class Look:
             "spent": self.spent,
             "z": self.z,
             "level": self.level,
+            "false_go": self.false_go,
+            "pass_z": self.pass_z,
+            "pass_level": self.pass_level,
             "final": self.final,
             "past_horizon": self.past_horizon,
             "text": self.text(),
@@ -233,12 +250,21 @@ def look_at(
     false_nogo: float,
     criteria: int,
     spending: str = "obrien-fleming",
+    false_go: float | None = None,
 ) -> Look:
-    """The look a review with ``days`` of data is, and the level its intervals must have."""
+    """The look a review with ``days`` of data is, and the level its intervals must have.
+
+    With ``false_go`` the PASS side has boundaries of its own: ``false_go`` (one-sided, per
+    criterion, not divided among the criteria) spent over the looks as ``false_nogo``'s share
+    is. A false GO needs the criterion the candidate is really worse on to PASS (every other
+    one passing does not make it happen), so its chance is at most that one criterion's
+    ``false_go``, however many criteria the policy has; a false NO-GO can come from any
+    criterion, so that side is split. The PASS boundary is never further out than the FAIL one."""
     looks = planned_looks(horizon_days)
     alpha = false_nogo / max(1, criteria)
     index = min(looks, max(1, math.floor(days * looks / horizon_days + 1e-9)))
     z = boundaries(alpha, looks, spending)[index - 1]
+    pass_z = z if false_go is None else min(z, boundaries(false_go, looks, spending)[index - 1])
     return Look(
         days=float(days),
         look=index,
@@ -251,4 +277,7 @@ def look_at(
         spent=spent(index / looks, alpha, spending),
         z=z,
         level=level_of(z),
+        false_go=false_go,
+        pass_z=pass_z,
+        pass_level=level_of(pass_z),
     )

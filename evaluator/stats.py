@@ -15,7 +15,10 @@ Sizes are capped for speed (:class:`BootstrapConfig`): at most ``max_pairs`` pai
 subsample, 10 000 by default: 999 resamples of 20 000 pairs took 1.5 s per metric on this
 machine when quiet, 7 s under load) and ``n_resamples`` resamples (999; 199 for pooled metrics,
 which cost a pass over every value per resample; those use at most 2 000 pairs). Percentile
-intervals, not BCa: BCa's jackknife is O(n^2) at these sizes.
+intervals, not BCa: BCa's jackknife is O(n^2) at these sizes; beyond the levels the resamples
+resolve (fewer than 4 beyond a bound: 999 resamples, levels above 99.2 %, which the sequential
+plan's looks ask for) the normal approximation with the resamples' standard deviation, on the
+log scale for ratios (:func:`evaluator.blocks.bootstrap_interval`).
 
 Errors: none of its own; a statistic without data is NaN (see :class:`Estimate`).
 """
@@ -31,7 +34,13 @@ import numpy as np
 import numpy.typing as npt
 from scipy import stats as sps
 
-from evaluator.blocks import Blocks, block_bootstrap, weighted_quantiles_rows
+from evaluator.blocks import (
+    Blocks,
+    block_bootstrap,
+    bootstrap_interval,
+    resolvable,
+    weighted_quantiles_rows,
+)
 
 FloatArray = npt.NDArray[np.float64]
 QS = (0.50, 0.95, 0.99)
@@ -153,8 +162,11 @@ def _bootstrap(
     config: BootstrapConfig,
     rng: np.random.Generator,
     vectorized: bool = True,
+    point: FloatArray | None = None,
 ) -> tuple[FloatArray, FloatArray]:
-    """Percentile bootstrap over indexes 0..n-1 (pairs resampled together): (low, high)."""
+    """Percentile bootstrap over indexes 0..n-1 (pairs resampled together): (low, high); with
+    ``point``, the normal approximation about it beyond the levels ``n_resamples`` resolve
+    (:func:`evaluator.blocks.bootstrap_interval`)."""
     with warnings.catch_warnings():
         # degenerate resamples (every value equal) give NaN bounds, reported as such
         warnings.simplefilter("ignore", sps.DegenerateDataWarning)
@@ -169,6 +181,10 @@ def _bootstrap(
             method="percentile",
             rng=rng,
         )
+    if point is not None and not resolvable(config.level, n_resamples):
+        reps = np.asarray(res.bootstrap_distribution, dtype=np.float64).reshape(len(point), -1)
+        low, high, _ = bootstrap_interval(reps.T, config.level, np.asarray(point))
+        return low, high
     low = np.asarray(res.confidence_interval.low, dtype=np.float64)
     high = np.asarray(res.confidence_interval.high, dtype=np.float64)
     return low, high
@@ -254,7 +270,9 @@ def _paired(
         def statistic(idx: npt.NDArray[np.intp], axis: int = -1) -> FloatArray:
             return _paired_statistic(a[idx], b[idx], axis=axis)
 
-        low, high = _bootstrap(n, statistic, n_resamples=config.n_resamples, config=config, rng=rng)
+        low, high = _bootstrap(
+            n, statistic, n_resamples=config.n_resamples, config=config, rng=rng, point=point
+        )
     else:
         low = high = np.full(point.shape, np.nan)
     est = _estimates(point, low, high, n)

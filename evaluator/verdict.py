@@ -27,6 +27,11 @@ candidate (the value is 0, or the ratio has no value because neither engine had 
 look's level) is within the criterion's ``zero_budget``: zero crashes in two days bound
 nothing. Without a budget, zero events do not pass on their own.
 
+**PASS has its own level** when the policy sets ``false_go``: the interval restated (normal
+approximation about the estimate, as above) at the look's ``pass_level``, whose boundary spends
+``false_go`` per criterion over the looks. A false GO needs the one criterion the candidate is
+really worse on to PASS, so that side is not split over the criteria as the FAIL side is.
+
 Overall: **NO-GO** if any criterion FAILs (the boundary crossed, at least ``min_days`` of
 data); else **INCONCLUSIVE** if any is INCONCLUSIVE or ALERT or the window holds fewer pairs or
 days than the policy asks; else **GO**: every criterion's interval at the look's level -- a
@@ -243,14 +248,26 @@ def judge(
     if not (_finite(low) and _finite(high)):
         return result(Outcome.INCONCLUSIVE, f"{value} has no usable interval (NaN bounds)")
     span = _interval_text(m)
+    # The PASS side's own boundary (Policy.false_go): the interval restated at the look's
+    # pass level, never wider than the FAIL side's.
+    good = m
+    if (
+        look is not None
+        and look.pass_level is not None
+        and look.pass_level < min(look.level, m.interval.level) - 1e-12
+    ):
+        good = at_level(m, look.pass_level)
+    assert good.interval is not None
+    g_low, g_high = good.interval.low, good.interval.high
+    g_span = _interval_text(good)
     if c.op == "<=":
-        if high <= c.threshold:
-            return result(Outcome.PASS, f"{value}, whole {span} at or below {thr}")
+        if g_high <= c.threshold:
+            return result(Outcome.PASS, f"{value}, whole {g_span} at or below {thr}")
         if low > c.threshold:
             return result(Outcome.FAIL, f"{value}, whole {span} above {thr}")
     else:
-        if low >= c.threshold:
-            return result(Outcome.PASS, f"{value}, whole {span} at or above {thr}")
+        if g_low >= c.threshold:
+            return result(Outcome.PASS, f"{value}, whole {g_span} at or above {thr}")
         if high < c.threshold:
             return result(Outcome.FAIL, f"{value}, whole {span} below {thr}")
     return result(

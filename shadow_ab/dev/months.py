@@ -19,17 +19,27 @@ What a generated month assumes (so a reader can question it):
   an hour or a day. A/A months draw both engines from the same model; the effect multiplies
   the candidate's TTFT by ``ttft_factor`` (1.12: p95 12 % slower). The review's sample is
   mimicked: every hour keeps ``pairs_per_hour`` pairs in random order and a look at day ``d``
-  takes the first ``latency_pairs / (24 d)`` of each hour (at most 10 000 in all).
+  takes the first ``latency_pairs / (24 d)`` of each hour (at most 10 000 in all). Not
+  modelled: drift over weeks, slowdowns that depend on the engine's own load, tails heavier
+  than log-normal, hours of a day correlated beyond the shared daily cycle.
 - **Failed exchanges**: each engine sends ``exchanges_per_day`` a day and fails each with
   probability ``error_share``, independently (*independent*); *clustered* adds error bursts per
   engine, a Poisson process of rate uniform in ``bursts_per_day`` (0.05-0.2 a day), each of
   Poisson(``burst_failures``, 20) failures, on top of a base rate lowered to keep the same
-  mean. Both engines alike in every scenario (no error effect is simulated).
-- **Crashes** (counted as the incident detection reports them: one per restart): *independent*,
-  a Poisson process of ``crashes_per_day`` per engine; *clustered*, crash-loop episodes, a
-  Poisson process of rate ``crashes_per_day / (1 + mean loop)``, each of 1 + Poisson(m)
-  restarts with m uniform in ``loop_restarts`` (4-9) per month: the same mean, far more spread.
-  The effect multiplies the candidate's rate (episodes when clustered) by ``crash_factor`` (3).
+  mean. Both engines alike in every scenario (no error effect is simulated). Bursts never span
+  midnight (the per-day overdispersion sees each one whole).
+- **Crashes**, per day: restarts (``crashes``: the incidents detection reports, one per
+  restart) and episodes (``episodes``: what ``incidents.<kind>.rate_ratio`` compares, restarts
+  within 30 minutes of the previous one being one episode). *Independent*: restarts a Poisson
+  process of ``crashes_per_day`` (0.75) per engine, each its own episode (two within 30 minutes,
+  about 1 % of them, are not merged); *clustered*: crash-loop episodes, a Poisson process of
+  rate ``crashes_per_day / (1 + mean loop)`` (0.1 a day; mean loop 6.5), each of 1 + Poisson(m)
+  restarts with m uniform in ``loop_restarts`` (4-9) per month and engine: the same restarts,
+  far more spread (identical engines have the same episode rate; their loop lengths differ).
+  Days independent; one rate per engine over the month (no bad week). The effect multiplies the
+  candidate's rate (of episodes when clustered) by ``crash_factor`` (3). At 0.1 episodes a day a
+  month holds ~3 incumbent and ~9 candidate episodes: too few for any test to tell 3x from the
+  threshold of 2 (the bench's power curve against the base rate shows what it takes).
 - **Divergence**: each day the analysis reads ``divergence_pairs_per_day`` candidate pairs and
   as many replay pairs (300; 6 000 over the window at most, the per-day sample shrinking to
   fit); each diverges with the day's rate. *Independent*: the candidate's and the replay's
@@ -132,6 +142,9 @@ class Month:
     sent: dict[str, np.ndarray]
     failed: dict[str, np.ndarray]
     crashes: dict[str, np.ndarray]
+    episodes: dict[str, np.ndarray]
+    """Crash episodes per day and role, as the review counts them (restarts within 30 minutes
+    of the previous one's end are one episode: a crash loop is one event)."""
     divergence_pairs: dict[str, np.ndarray]
     """``candidate`` and ``replay``: pairs the divergence analysis reads each day."""
     diverged: dict[str, np.ndarray]
@@ -190,17 +203,26 @@ def _failures(
     return sent, failed
 
 
-def _crashes(shape: MonthShape, rng: np.random.Generator) -> dict[str, np.ndarray]:
-    out = {}
+def _crashes(
+    shape: MonthShape, rng: np.random.Generator
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """(restarts, episodes) per day and role."""
+    restarts, episodes = {}, {}
     for role in ROLES:
         factor = shape.effects.crash_factor if role == "candidate" else 1.0
         if shape.clustered:
+            # episodes at the same rate for identical engines; each engine-month's loops of
+            # its own length (restarts per episode), the same mean
+            mean_loop = sum(shape.loop_restarts) / 2
             loop = rng.uniform(*shape.loop_restarts)
-            episodes = rng.poisson(factor * shape.crashes_per_day / (1 + loop), shape.days)
-            out[role] = np.array([(1 + rng.poisson(loop, e)).sum() for e in episodes])
+            per_day = rng.poisson(factor * shape.crashes_per_day / (1 + mean_loop), shape.days)
+            restarts[role] = np.array([(1 + rng.poisson(loop, e)).sum() for e in per_day])
+            episodes[role] = per_day
         else:
-            out[role] = rng.poisson(factor * shape.crashes_per_day, shape.days)
-    return out
+            # isolated restarts, 0.75 a day: two within 30 minutes (one episode) are rare
+            restarts[role] = rng.poisson(factor * shape.crashes_per_day, shape.days)
+            episodes[role] = restarts[role]
+    return restarts, episodes
 
 
 def _divergence(
@@ -227,9 +249,9 @@ def generate(shape: MonthShape, seed: int) -> Month:
     rng = np.random.default_rng(seed)
     log_ttft = _latency(shape, rng)
     sent, failed = _failures(shape, rng)
-    crashes = _crashes(shape, rng)
+    crashes, episodes = _crashes(shape, rng)
     pairs, diverged = _divergence(shape, rng)
-    return Month(shape, log_ttft, sent, failed, crashes, pairs, diverged)
+    return Month(shape, log_ttft, sent, failed, crashes, episodes, pairs, diverged)
 
 
 def divergence_counts(

@@ -26,17 +26,18 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from evaluator.blocks import MIN_HOURS, blocks_from_keys
-from evaluator.policy import Criterion, Policy, default_policy
-from evaluator.rates import (
-    compare_failure_shares,
-    compare_poisson_rates,
-    newcombe_interval,
-    rate_measurement,
+from evaluator.blocks import (
+    MIN_HOURS,
+    Blocks,
+    hour_weighted_quantiles,
+    hour_weights,
+    shifted_interval,
+    weighted_quantiles_rows,
 )
+from evaluator.policy import Criterion, Policy, default_policy
+from evaluator.rates import compare_dispersed_rates, newcombe_interval, rate_measurement
 from evaluator.results import Interval, Measurement
 from evaluator.review import data_measurements
-from evaluator.stats import BootstrapConfig, paired_comparison
 from evaluator.verdict import Decision, Outcome, decide
 from shadow_ab.dev.months import Month, divergence_counts
 
@@ -45,6 +46,7 @@ SIMULATED = (
     "errors.rate_ratio",
     "incidents.crash.rate_ratio",
     "divergence.excess_rate",
+    "divergence.hard_excess_rate",
 )
 """The criteria a generated month measures (the rest of the default policy is not simulated)."""
 
@@ -67,63 +69,118 @@ class Settings:
 
 
 def measurements(
-    month: Month, day: int, level: float, settings: Settings, *, latency: bool = True
+    month: Month,
+    day: int,
+    level: float,
+    settings: Settings,
+    *,
+    latency: bool = True,
+    ttft: Measurement | None = None,
+    keys: frozenset[str] | None = None,
 ) -> list[Measurement]:
     """What the review measures at a look on ``day``, every interval at ``level`` (the
-    latency bootstrap, the costly part, only with ``latency``)."""
+    latency bootstrap, the costly part, only with ``latency``; ``ttft``: its measurement
+    already computed at ``level`` by :func:`ttft_p95`; ``keys``: only the count criteria
+    named, when given)."""
     out: list[Measurement] = []
     if latency:
-        out.append(ttft_p95(month, day, level, settings))
+        out.append(ttft or ttft_p95(month, day, (level,), settings)[level])
+    if keys is not None and not keys & {
+        "errors.rate_ratio",
+        "divergence.excess_rate",
+        "divergence.hard_excess_rate",
+    }:
+        return out + _crash(month, day, level) + _data(month, day)
 
-    failed = {r: month.cumulative("failed", r, day) for r in ("candidate", "incumbent")}
-    sent = {r: month.cumulative("sent", r, day) for r in ("candidate", "incumbent")}
-    e = compare_failure_shares(
-        failed["candidate"], sent["candidate"], failed["incumbent"], sent["incumbent"], level
-    )
-    assert e is not None
-    out.append(Measurement("errors.rate_ratio", e.ratio, e.interval, e.x1 + e.x2, "ratio"))
-    out.append(
-        rate_measurement(
-            "errors.candidate_rate", failed["candidate"], sent["candidate"], level, "", ""
+    # errors.rate_ratio as the review's failure_comparison: failed / sent per UTC day, the
+    # counts divided by the overdispersion of the per-day failures (bursts)
+    per_day = {
+        r: (
+            month.failed[r][:day].astype(float).tolist(),
+            month.sent[r][:day].astype(float).tolist(),
         )
-    )
+        for r in ("candidate", "incumbent")
+    }
+    e = compare_dispersed_rates(*per_day["candidate"], *per_day["incumbent"], level)
+    out.append(Measurement("errors.rate_ratio", e.ratio, e.interval, e.x1 + e.x2, "ratio"))
+    failed_c, sent_c = (round(sum(x)) for x in per_day["candidate"])
+    out.append(rate_measurement("errors.candidate_rate", failed_c, sent_c, level, "", ""))
 
-    x1, x2 = (month.cumulative("crashes", r, day) for r in ("candidate", "incumbent"))
-    c = compare_poisson_rates(x1, float(day), x2, float(day), level)
-    out.append(Measurement("incidents.crash.rate_ratio", c.ratio, c.interval, x1 + x2, "ratio"))
-    out.append(rate_measurement("incidents.crash.candidate_rate", x1, float(day), level, "", ""))
+    out += _crash(month, day, level)
 
     rng = np.random.default_rng(day)
     k1, n1 = divergence_counts(month, "candidate", day, rng)
     k2, n2 = divergence_counts(month, "replay", day, rng)
-    out.append(
-        Measurement(
-            "divergence.excess_rate",
-            k1 / n1 - k2 / n2,
-            newcombe_interval(k1, n1, k2, n2, level),
-            n1,
-            "share",
-        )
+    excess = Measurement(
+        "divergence.excess_rate",
+        k1 / n1 - k2 / n2,
+        newcombe_interval(k1, n1, k2, n2, level),
+        n1,
+        "share",
     )
+    # the generated divergences have no near ties: the hard excess (the default policy's
+    # divergence criterion) is the excess
+    out += [excess, replace(excess, key="divergence.hard_excess_rate")]
+    return out + _data(month, day)
+
+
+def _data(month: Month, day: int) -> list[Measurement]:
     pairs = month.cumulative("sent", "candidate", day)
-    return out + data_measurements({"pairs": pairs, "days": float(day)})
+    return data_measurements({"pairs": pairs, "days": float(day)})
 
 
-def ttft_p95(month: Month, day: int, level: float, settings: Settings) -> Measurement:
-    """``latency.ttft.p95.ratio`` at a look on ``day``: the paired bootstrap of the review."""
-    inc, cand = month.ttft_sample(day, settings.latency_pairs)
-    config = BootstrapConfig(
-        level=level, n_resamples=settings.resamples, max_pairs=settings.latency_pairs, seed=day
+def _crash(month: Month, day: int, level: float) -> list[Measurement]:
+    """``incidents.crash.rate_ratio`` as the review's incident_section: episodes (a crash loop
+    is one) per observed day, overdispersion from the per-day counts; the zero budget is held
+    against the candidate's incidents (restarts) per day."""
+    out = []
+    ones = [1.0] * day
+    ep_c, ep_i = (
+        month.episodes[r][:day].astype(float).tolist() for r in ("candidate", "incumbent")
     )
-    blocks = None
-    if config.unit == "blocks" and 24 * day >= MIN_HOURS:
-        # the review's blocks: each pair's UTC day and hour (whole days, then hours, resampled)
-        take = inc.size // (24 * day)
-        hours = np.repeat(np.arange(24 * day), take)
-        blocks = blocks_from_keys([(str(h // 24), str(h)) for h in hours])
-    p95 = paired_comparison(inc, cand, config, blocks=blocks).ratios["p95"]
-    iv = None if math.isnan(p95.low) or math.isnan(p95.high) else Interval(p95.low, p95.high, level)
-    return Measurement("latency.ttft.p95.ratio", p95.value, iv, p95.n, "ratio")
+    c = compare_dispersed_rates(ep_c, ones, ep_i, ones, level)
+    n_c = month.cumulative("crashes", "candidate", day)
+    n_i = month.cumulative("crashes", "incumbent", day)
+    out.append(Measurement("incidents.crash.rate_ratio", c.ratio, c.interval, n_c + n_i, "ratio"))
+    out.append(rate_measurement("incidents.crash.candidate_rate", n_c, float(day), level, "", ""))
+    return out
+
+
+def ttft_p95(
+    month: Month, day: int, levels: tuple[float, ...], settings: Settings
+) -> dict[float, Measurement]:
+    """``latency.ttft.p95.ratio`` at a look on ``day``, at each of ``levels``: the review's
+    paired block bootstrap (:func:`evaluator.stats.paired_comparison`: each pair's UTC day and
+    hour, whole days then hours resampled, weighted quantiles, percentile interval moved onto
+    the interpolated estimate, the normal approximation beyond the levels the resamples
+    resolve), its resamples drawn once and read at every level, and of the p95 ratio alone
+    (the review computes p50..p99, spread and delta from the same weights)."""
+    inc, cand = month.ttft_sample(day, settings.latency_pairs)
+    n = int(inc.size)
+    point = np.array([np.quantile(cand, 0.95) / np.quantile(inc, 0.95)])
+    rng = np.random.default_rng(day)
+    # the review's blocks: each pair's UTC day and hour (a look holds >= MIN_HOURS hours)
+    assert 24 * day >= MIN_HOURS
+    take = n // (24 * day)
+    hours = np.repeat(np.arange(24 * day), take)
+    blocks = Blocks(hours.astype(np.intp), np.arange(24 * day, dtype=np.intp) // 24)
+    hour_w = np.concatenate(list(hour_weights(blocks, settings.resamples, rng)))
+    # the same weighted (inverted-CDF) quantiles as weighted_quantiles_rows, computed per hour
+    reps = (
+        hour_weighted_quantiles(cand, blocks, hour_w, (0.95,))
+        / hour_weighted_quantiles(inc, blocks, hour_w, (0.95,))
+    ).T
+    at_ones = np.array([weighted_quantiles_rows(cand, np.ones((1, n)), (0.95,))[0, 0]])
+    at_ones = at_ones / weighted_quantiles_rows(inc, np.ones((1, n)), (0.95,))[0]
+    out = {}
+    for level in levels:
+        low, high = shifted_interval(reps, level, at_ones, point)
+        iv = Interval(float(low[0]), float(high[0]), level)
+        if math.isnan(iv.low) or math.isnan(iv.high):
+            out[level] = Measurement("latency.ttft.p95.ratio", float(point[0]), None, n, "ratio")
+        else:
+            out[level] = Measurement("latency.ttft.p95.ratio", float(point[0]), iv, n, "ratio")
+    return out
 
 
 # -- the old rule, as evaluator/verdict.py had it before the sequential decision ----------
@@ -190,14 +247,20 @@ def look_month(
     """The month looked at every day: ``{"new": Trace, "old": Trace}``."""
     traces = {"new": Trace(), "old": Trace()} if old else {"new": Trace()}
     latency = any(c.key == "latency.ttft.p95.ratio" for c in policy.criteria)
+    keys = frozenset(c.key for c in policy.criteria)
     for day in range(1, month.shape.days + 1):
         look = policy.look(float(day))
-        ms = measurements(month, day, look.level, settings, latency=latency)
+        ttft = ttft_p95(month, day, (look.level, 0.95), settings) if latency else {}
+        ms = measurements(
+            month, day, look.level, settings, latency=latency, ttft=ttft.get(look.level), keys=keys
+        )
         verdict = decide(policy, ms)
         traces["new"].decisions.append(verdict.decision)
         traces["new"].outcomes.append([r.outcome for r in verdict.results])
         if old:
-            ms = measurements(month, day, 0.95, settings, latency=latency)
+            ms = measurements(
+                month, day, 0.95, settings, latency=latency, ttft=ttft.get(0.95), keys=keys
+            )
             decision, outcomes = old_decide(policy, ms, day)
             traces["old"].decisions.append(decision)
             traces["old"].outcomes.append(outcomes)

@@ -18,7 +18,7 @@ from evaluator.verdict import Decision, Outcome, decide
 from shadow_ab.dev.months import AA, EFFECTS, MonthShape, generate
 from shadow_ab.dev.verdict_months import Settings, look_month, simulated_policy
 
-COUNTS = ("errors.rate_ratio", "incidents.crash.rate_ratio", "divergence.excess_rate")
+COUNTS = ("errors.rate_ratio", "incidents.crash.rate_ratio", "divergence.hard_excess_rate")
 MONTHS = 30
 
 
@@ -118,9 +118,11 @@ def test_identical_engines_are_rarely_no_go_at_any_daily_look(kind: str) -> None
     old = sum(t["old"].nogo() for t in traces)
     assert new <= 0.10 * MONTHS, (new, old)
     assert new <= old
-    # The rule can still say GO (measured 8 of 30 independent months: the crash ratio of ~22 vs
-    # ~22 crashes is rarely shown <= 2 at the last look's 99.4 %; that is the data's limit).
-    assert sum(t["new"].go() for t in traces) >= 0.15 * MONTHS
+    # The rule can still say GO. The crash criterion limits it: ~22 restarts a side
+    # (independent) or ~3 crash-loop episodes a side (clustered) rarely bound the ratio below 2
+    # even at the PASS side's own level (bench: crash PASS at some look in 53 % / 17 % of
+    # months); the data's limit, not the rule's (its power curve against the base rate).
+    assert sum(t["new"].go() for t in traces) >= 1
 
 
 @pytest.mark.parametrize("kind", ["independent", "clustered"])
@@ -134,22 +136,20 @@ def test_divergence_five_points_above_the_floor_is_no_go_and_never_go(kind: str)
 def test_a_candidate_crashing_three_times_as_often_does_not_pass_on_a_lucky_zero(
     kind: str,
 ) -> None:
-    """The old rule's pass_if_zero let a 3x-crashing candidate PASS on a few crash-free days;
-    the new one asks for the candidate's rate bounded within the budget first."""
+    """The old rule's pass_if_zero let a 3x-crashing candidate PASS on a few crash-free days,
+    and counted a crash loop's restarts one by one; the new one asks for the candidate's rate
+    bounded within the budget first and compares episodes, overdispersed by day."""
     traces = _months(kind, "crash")
     i = 1  # the crash criterion in simulated_policy(keys=COUNTS)
     assert simulated_policy(keys=COUNTS).criteria[i].key == "incidents.crash.rate_ratio"
     new_pass = sum(t["new"].passed(i) for t in traces)
     old_pass = sum(t["old"].passed(i) for t in traces)
     assert new_pass <= old_pass, (new_pass, old_pass)
-    if kind == "independent":
-        assert new_pass <= 0.05 * MONTHS, (new_pass, old_pass)
-    else:
-        # Crash loops counted restart by restart make the exact Poisson interval too narrow
-        # (overdispersion): measured 5 of 30 months passing (old rule: 25). Counting episodes
-        # (issue 11, deliverable 1) is what brings this under 5 %; this bound holds today's.
-        assert new_pass <= 0.3 * MONTHS and 2 * new_pass < old_pass, (new_pass, old_pass)
-    assert sum(t["new"].go() for t in traces) <= 0.3 * MONTHS
+    # Crash loops are counted as episodes with the per-day overdispersion, as the review does;
+    # the PASS side has its own boundary (false_go 0.05 per criterion): a 3x candidate, beyond
+    # the threshold of 2, passes in at most ~5 % of months (loose bound: 10 % of 30).
+    assert new_pass <= 0.1 * MONTHS, (new_pass, old_pass)
+    assert sum(t["new"].go() for t in traces) <= 0.1 * MONTHS
 
 
 def test_the_generators_draw_what_their_docstring_says() -> None:
