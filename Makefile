@@ -45,11 +45,13 @@ check: install
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-# Two workers (pytest-xdist): the suite waits on engines, Kafka and PostgreSQL as much as it
-# computes. `--dist loadgroup` keeps the real-engine tests in one worker (tests/conftest.py).
+# Two pytest-xdist workers for everything but the real-engine tests: the suite waits on
+# simulators, Kafka and PostgreSQL as much as it computes. The real-engine tests run after, in
+# one process, so the two vLLM engines (one CPU each) start once. TEST_WORKERS=0: one process.
 TEST_WORKERS ?= 2
 test: services engines
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) -m "not real_engine"
+	$(BIN)/python -m pytest -q -m real_engine
 
 demo: install
 	$(BIN)/shadow-ab demo

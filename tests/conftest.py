@@ -54,10 +54,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if needs_services(item):
             item.add_marker(pytest.mark.services)
-        if item.get_closest_marker("real_engine"):
-            # Under pytest-xdist (`make test` runs `-n 2 --dist loadgroup`) every real-engine
-            # test runs in one worker, so the engines (one CPU each) start once, not per worker.
-            item.add_marker(pytest.mark.xdist_group("real_engine"))
 
 
 def _load_services_env() -> None:
