@@ -57,7 +57,9 @@ async def _stream_all(base_url: str) -> list[dict[str, Any]]:
 @pytest.mark.parametrize("flavor", ["vllm", "trtllm"])
 def test_200_concurrent_streams(flavor: str) -> None:
     overrides = {
-        "latency": {**FAST["latency"], "decode_ms": 5.0},
+        # 40 tokens at 25 ms: each stream lives about 1 s, long enough for all 200 to be open
+        # at once even when the machine is busy (at 5 ms a loaded box finished some first)
+        "latency": {**FAST["latency"], "decode_ms": 25.0},
         "answers": {"min_tokens": 50, "max_tokens": 80},
     }
     with running_sim(flavor, "clean", overrides=overrides) as sim:  # type: ignore[arg-type]
