@@ -414,10 +414,12 @@ def test_writer_threads_write_every_batch_and_commit_in_order() -> None:
     p.acc = Accumulate(p.write, p.clock, max_size=5, max_wait_s=1.0)
     p.decode = Decode(p.acc, {EX: "exchange", HE: "health"})
     sent = 0
+    msg = p.msg(EX, numbered_exchange("dep", 0).to_json(), 0)
     while sent < 200:
-        try:
-            p.submit_exchange(sent, partition=sent % 2)
+        try:  # a rejected message is offered again, with its own offset (as Kafka would)
+            p.decode.submit(msg)
             sent += 1
+            msg = p.msg(EX, numbered_exchange("dep", sent).to_json(), sent % 2)
         except MessageRejected:
             p.decode.poll()
     assert p.acc.join(10.0)
