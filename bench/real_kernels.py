@@ -22,6 +22,11 @@ lower bounds, unknown), finish-mismatch excess, length shift, semantic excess, a
 divergence criterion's verdict. A second table checks the plumbing the figures rest on: replays
 recorded as sent apart and later than their original, logprobs present on candidate and replay.
 
+Time: starting the engines dominates (three at once took 9 minutes on 2 busy cores; ``--no-aa``
+starts two); 250 prompts per row take about 3 minutes, each review under a minute.
+``--review-only`` reviews an earlier run's rows again (its ``--database-url`` and ``--tag``),
+e.g. at another ``--near-tie-nats``, without engines.
+
 What it shows and does not: the model has random weights, so its next-token distributions are
 nearly flat (top logprobs around -6.4 with a vocabulary of 1024, ln 1024 = 6.93): almost every
 greedy choice is a near tie, and after a flip it writes other gibberish. The figures measure

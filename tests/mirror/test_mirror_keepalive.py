@@ -2,7 +2,7 @@
 
 Real vLLM (uvicorn) closes a keep-alive connection idle for 5 s; aiohttp's pool kept one for
 15 s by default. A request sent on a connection the engine is closing at that moment fails as a
-connection error: ``bench/real_kernels.py`` saw 3 of 600 shadow requests fail so against two
+connection error: ``bench/real_kernels.py`` saw 3 of 800 shadow requests fail so against two
 real vLLMs on a busy machine ("Can not write request body", "Connection reset by peer"). The
 upstream here plays that race deterministically: it answers the first request of each
 connection and drops the connection on any later one, as an engine that timed it out just as
