@@ -75,6 +75,13 @@ class IngestSettings(CommonSettings):
     ingest_create_topics: bool = Field(
         default=True, description="create the topics at start if they are missing"
     )
+    ingest_kafka_client: Literal["kafka-python", "confluent"] = Field(
+        default="kafka-python",
+        description=(
+            "the Kafka client library of the consumer and the dead-letter producer:"
+            " kafka-python (pure Python) or confluent (confluent-kafka, librdkafka in C)"
+        ),
+    )
 
     @model_validator(mode="after")
     def _usable(self) -> IngestSettings:
