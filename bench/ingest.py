@@ -503,7 +503,7 @@ def main() -> None:
     )
     parser.add_argument(
         "--kafka-client",
-        default="kafka-python",
+        default="confluent",
         help="SHADOW_AB_INGEST_KAFKA_CLIENT values, e.g. kafka-python,confluent",
     )
     parser.add_argument("--repeat", type=int, default=1, help="run each configuration N times")

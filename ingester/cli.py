@@ -44,7 +44,7 @@ def load_settings(**overrides: Any) -> IngestSettings:
     "--kafka-client",
     "ingest_kafka_client",
     type=click.Choice(["kafka-python", "confluent"]),
-    help="Kafka client library: kafka-python (pure Python) or confluent (librdkafka, C).",
+    help="Kafka client library: confluent (librdkafka, C; the default) or kafka-python.",
 )
 @click.option(
     "--metrics-port", "ingest_metrics_port", type=int, help="Prometheus port on 127.0.0.1 (0=off)."

@@ -6,9 +6,10 @@ The steps and the processor see only :class:`Consumer` and :class:`Producer` (pa
 underneath. Two are built here, chosen by ``SHADOW_AB_INGEST_KAFKA_CLIENT`` /
 ``--kafka-client``:
 
-- ``kafka-python`` (:mod:`ingester.kafka_python_client`): pure Python;
-- ``confluent`` (:mod:`ingester.confluent_client`): confluent-kafka, librdkafka in C: the
-  fetch, the decompression and the protocol parsing run in C threads, outside the GIL.
+- ``confluent`` (:mod:`ingester.confluent_client`, the default): confluent-kafka, librdkafka
+  in C: the fetch, the decompression and the protocol parsing run in C threads, outside the
+  GIL (``bench/ingest.py``: about a fifth of kafka-python's CPU per record fetched);
+- ``kafka-python`` (:mod:`ingester.kafka_python_client`): pure Python.
 
 Both take the same settings and the same TLS / SASL variables
 (:mod:`shadow_ab.kafka_security`), commit only the offsets they are given, never on their
