@@ -356,3 +356,74 @@ def test_postgres_stopped_while_records_flow_loses_nothing(
         if engine is not None:
             engine.dispose()
         pg.down()
+
+
+def test_a_rebalance_with_batches_in_flight_writes_every_record_once_confluent(
+    kafka_bootstrap: str, ingest_db_url: str, ingest_engine: Engine, topics: Topics
+) -> None:
+    """A second ingester joins while the first has batches in flight (eager rebalance: the
+    first's partitions are all revoked, then shared). The first's batches are still written,
+    their offsets committed only for partitions it kept, the moved ones read again by the
+    second from the committed offsets: every record stored once, every offset committed.
+
+    Both run in this thread, stepped in turn (confluent's clients are C: two in one process
+    do not disturb each other's group protocol, as kafka-python 3's were seen to)."""
+    import time
+
+    from ingester.app import build_processor
+    from ingester.clients import make_consumer, make_producer
+    from storage.db import make_engine
+
+    n = 1200
+    produce(kafka_bootstrap, topics.exchanges, _exchanges(topics.deployment, 0, n))
+    settings = settings_for(
+        topics,
+        kafka_bootstrap,
+        ingest_db_url,
+        ingest_batch_size=50,
+        ingest_inflight_batches=2,
+        ingest_kafka_client="confluent",
+    )
+    consumers: list[Any] = []
+    producers: list[Any] = []
+    engines: list[Any] = []
+
+    def start() -> Any:
+        engines.append(make_engine(ingest_db_url))
+        consumers.append(make_consumer(settings))
+        producers.append(make_producer(settings))
+        processor = build_processor(settings, consumers[-1], producers[-1], engines[-1])
+        processor.subscribe()
+        return processor
+
+    def in_flight(processor: Any) -> int:
+        return len(processor.held) + processor.steps.next_step.pending_messages
+
+    def stored() -> int:
+        return count_rows(ingest_engine, "exchanges", topics.deployment)
+
+    try:
+        first = start()
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            first.step()
+            if sum(first.committed_offsets.values()) >= 200 and in_flight(first):
+                break
+        assert in_flight(first), "nothing in flight when the second ingester joins"
+        second = start()
+        while time.monotonic() < deadline:
+            first.step()
+            second.step()
+            if second.taken and not (in_flight(first) or in_flight(second)) and stored() == n:
+                break
+        assert first.shutdown(30) and second.shutdown(30)
+    finally:
+        for consumer in consumers:
+            consumer.close()
+        for producer in producers:
+            producer.close(10)
+        for engine in engines:
+            engine.dispose()
+    assert second.taken > 0, "the second ingester was given no partition"
+    assert stored() == n
+    assert committed_total(kafka_bootstrap, topics.group) == n
