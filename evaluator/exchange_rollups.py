@@ -57,12 +57,14 @@ from sqlalchemy.sql.elements import TextClause
 
 from shadow_ab.records import RECORD_TIME_MAX, RECORD_TIME_MIN
 from storage.models import (
+    CLIENT_TRAFFIC_SQL,
     EXCHANGE_COUNTS,
     EXCHANGE_NOTABLES,
     EXCHANGE_PARITY,
     EXCHANGE_ROLLUP_HOURS,
     EXCHANGES,
     Timestamp,
+    client_traffic,
 )
 
 STALL_FLOOR_S = 5.0
@@ -109,7 +111,7 @@ INSERT INTO exchange_counts (deployment, minute, role, n, n_failed, first_sent, 
 SELECT deployment, {minute}, role, count(*),
        sum(CASE WHEN status IN ({failed}) THEN 1 ELSE 0 END), min(sent_at), max(sent_at)
 FROM exchanges
-WHERE deployment = :deployment AND sent_at >= :lo AND sent_at < :hi AND synthetic IS NULL
+WHERE deployment = :deployment AND sent_at >= :lo AND sent_at < :hi AND {CLIENT_TRAFFIC_SQL}
 GROUP BY deployment, {minute}, role
 """
 
@@ -127,7 +129,7 @@ INSERT INTO exchange_notables (deployment, sent_at, pair_id, role, engine, statu
 SELECT deployment, sent_at, pair_id, role, engine, status, http_status, error, ttft_s, e2e_s,
        {longest}
 FROM exchanges
-WHERE deployment = :deployment AND sent_at >= :lo AND sent_at < :hi AND synthetic IS NULL
+WHERE deployment = :deployment AND sent_at >= :lo AND sent_at < :hi AND {CLIENT_TRAFFIC_SQL}
   AND (status <> 'ok' OR ttft_s >= :stall OR e2e_s >= :e2e
        OR (e2e_s >= :stall AND {gap}))
 """
@@ -141,7 +143,7 @@ def _parity_sql(pg: bool) -> str:
     state = "guard->>'state'" if pg else "json_extract(guard, '$.state')"
     where = (
         "deployment = :deployment AND sent_at >= :lo AND sent_at < :hi AND role = 'candidate'"
-        " AND synthetic IS NULL"
+        f" AND {CLIENT_TRAFFIC_SQL}"
     )
     return f"""
 INSERT INTO exchange_parity (deployment, hour, kind, key, n, sum_incumbent, sum_candidate)
@@ -369,7 +371,7 @@ def role_extent(
                     x.deployment == deployment,
                     x.role.in_(roles),
                     in_ranges(x.sent_at, raw),
-                    x.synthetic.is_(None),
+                    client_traffic(),
                 )
             ).one()
         )

@@ -46,6 +46,7 @@ from sqlalchemy.sql.selectable import TextualSelect
 from evaluator.results import Progress, Window
 from evaluator.sketch import LN_GAMMA
 from storage.models import (
+    CLIENT_TRAFFIC_SQL,
     EXCHANGES,
     LATENCY_ROLLUP_HOURS,
     LATENCY_ROLLUPS,
@@ -165,7 +166,7 @@ def _x_sql(pg: bool, roles: Sequence[str]) -> str:
         f" {_TPS.format(r='')} AS tps, itl_s, {slice_cols}"
         " FROM exchanges WHERE deployment = :deployment AND sent_at >= :lo AND sent_at < :hi"
         f" AND status = 'ok' AND role IN ({role_list})"
-        " AND synthetic IS NULL"  # the mirror's probes are not client traffic
+        f" AND {CLIENT_TRAFFIC_SQL}"
     )
 
 
@@ -305,7 +306,7 @@ FROM (
                inflight_incumbent, prompt_tokens
         FROM exchanges
         WHERE deployment = :deployment AND role = 'incumbent'
-          AND sent_at >= :lo AND sent_at < :hi AND synthetic IS NULL
+          AND sent_at >= :lo AND sent_at < :hi AND {CLIENT_TRAFFIC_SQL}
     ) ranked
     WHERE rn <= :k
 ) i
@@ -322,7 +323,7 @@ def _pair_counts_sql(pg: bool) -> str:
 SELECT {hour} AS hour, count(*) AS n
 FROM exchanges
 WHERE deployment = :deployment AND role = 'incumbent' AND sent_at >= :lo AND sent_at < :hi
-  AND synthetic IS NULL
+  AND {CLIENT_TRAFFIC_SQL}
 GROUP BY {hour}
 """
 

@@ -41,7 +41,13 @@ from evaluator.incidents.model import (
 )
 from evaluator.rates import observed_intervals
 from storage.errors import translate
-from storage.models import EXCHANGE_COUNTS, EXCHANGE_NOTABLES, EXCHANGES, HEALTH_SAMPLES
+from storage.models import (
+    EXCHANGE_COUNTS,
+    EXCHANGE_NOTABLES,
+    EXCHANGES,
+    HEALTH_SAMPLES,
+    client_traffic,
+)
 
 
 def epoch_bin(engine: Engine, column: Any, bin_s: int) -> Any:
@@ -146,7 +152,7 @@ def _count_failures(
             select(x.role, day, func.count())
             .where(
                 x.deployment == deployment,
-                x.synthetic.is_(None),
+                client_traffic(),
                 in_ranges(x.sent_at, raw),
                 _failed(timeout_s),
             )
@@ -196,7 +202,7 @@ def shadow_timeout(conn: Connection, deployment: str, config: IncidentConfig) ->
             select(x.error)
             .where(
                 x.deployment == deployment,
-                x.synthetic.is_(None),
+                client_traffic(),
                 x.role == "candidate",
                 x.status == "timeout",
                 in_ranges(x.sent_at, raw),
@@ -320,7 +326,7 @@ def load_detection_input(
     if raw:
         totals_qs.append(
             select(x.role, sent_day, func.count(), func.min(x.sent_at), func.max(x.sent_at))
-            .where(x.deployment == deployment, x.synthetic.is_(None), in_ranges(x.sent_at, raw))
+            .where(x.deployment == deployment, client_traffic(), in_ranges(x.sent_at, raw))
             .group_by(x.role, sent_day)
         )
     if runs:
@@ -347,7 +353,7 @@ def load_detection_input(
             )
             .where(
                 x.deployment == deployment,
-                x.synthetic.is_(None),
+                client_traffic(),
                 in_ranges(x.sent_at, event_split[1]),
                 or_(
                     x.status != "ok",
@@ -434,7 +440,7 @@ def load_detection_input(
                     select(x.role, sent_bin, func.count())
                     .where(
                         x.deployment == deployment,
-                        x.synthetic.is_(None),
+                        client_traffic(),
                         in_ranges(x.sent_at, near),
                         in_ranges(x.sent_at, raw),
                     )
