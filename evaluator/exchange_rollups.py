@@ -167,7 +167,7 @@ def _stmt(sql: str) -> TextClause:
 def _compute_chunk(
     conn: Connection, deployment: str, lo: datetime, hi: datetime, closed_before: datetime
 ) -> None:
-    from evaluator.rollups import HOUR
+    from evaluator.rollups import hour_marks
 
     pg = conn.dialect.name == "postgresql"
     if pg:
@@ -210,21 +210,15 @@ def _compute_chunk(
             .group_by(notable_hour)
         )
     }
-    rows = []
-    h = lo
-    while h < hi:
-        rows.append(
-            {
-                "deployment": deployment,
-                "hour": h,
-                "n_exchanges": n_by_hour.get(h, 0),
-                "n_notable": notable_by_hour.get(h, 0),
-                "stall_floor_s": STALL_FLOOR_S,
-                "e2e_floor_s": E2E_FLOOR_S,
-                "closed": h + HOUR <= closed_before,
-            }
-        )
-        h += HOUR
+    rows = hour_marks(
+        deployment,
+        lo,
+        hi,
+        closed_before,
+        {"n_exchanges": n_by_hour, "n_notable": notable_by_hour},
+        stall_floor_s=STALL_FLOOR_S,
+        e2e_floor_s=E2E_FLOOR_S,
+    )
     conn.execute(insert(EXCHANGE_ROLLUP_HOURS), rows)
 
 

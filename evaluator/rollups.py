@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
@@ -407,6 +407,22 @@ def _compute_chunk(
             params,
         )
     }
+    rows = hour_marks(deployment, lo, hi, closed_before, {"n_pairs": pairs, "n_sampled": sampled})
+    conn.execute(insert(LatencyRollupHour), rows)
+
+
+def hour_marks(
+    deployment: str,
+    lo: datetime,
+    hi: datetime,
+    closed_before: datetime,
+    counts: Mapping[str, Mapping[datetime, int]],
+    **constants: Any,
+) -> list[dict[str, Any]]:
+    """The rows a refresh writes to mark the hours ``[lo, hi)`` of ``deployment`` done: each
+    hour's ``counts`` (column -> hour -> count; 0 where absent), the ``constants``, and whether
+    the hour is closed (ended by ``closed_before``). The latency and the exchange rollups'
+    hour tables both take these."""
     rows = []
     h = lo
     while h < hi:
@@ -414,13 +430,13 @@ def _compute_chunk(
             {
                 "deployment": deployment,
                 "hour": h,
-                "n_pairs": pairs.get(h, 0),
-                "n_sampled": sampled.get(h, 0),
+                **{col: by_hour.get(h, 0) for col, by_hour in counts.items()},
+                **constants,
                 "closed": h + HOUR <= closed_before,
             }
         )
         h += HOUR
-    conn.execute(insert(LatencyRollupHour), rows)
+    return rows
 
 
 def refresh_rollups(
