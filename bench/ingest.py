@@ -21,7 +21,7 @@ JSON size (about 4.8 KB: about 2.6 KB of text, the rest mostly ITL floats and fi
 
 They are produced to a fresh 6-partition topic (as ``shadow.exchanges``); then, for each batch
 size and worker count, ``--workers`` processes each run the real ingester exactly as
-``shadow-ab ingest --workers N`` does (kafka-python consumer, decode + pydantic validation,
+``shadow-ab ingest --workers N`` does (the ``--kafka-client`` consumer, decode + validation,
 binary COPY into PostgreSQL, offset commit after the store commit; ``tune_gc`` unless
 ``--gc default``) in one fresh consumer group, into a fresh database, until every offset is
 committed; the row count is then checked to be exactly N.
