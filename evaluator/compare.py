@@ -247,26 +247,42 @@ def side_margin(logprobs: Sequence[TokenLogprob], own: str, other: str) -> Margi
     c = common_prefix_len(own, other)
     if c >= len(own) or c >= len(other):
         return None
+    if "".join(t.token for t in logprobs) != own:
+        return None
+    # The decision is at the token covering the first differing character, or at the token
+    # ending just before it when the other side's token there was a longer one (" the" against
+    # " then"): own's alternatives that spell the other's text and not its own.
     start = 0
+    ending: tuple[TokenLogprob, int] | None = None
     for lp in logprobs:
         end = start + len(lp.token)
         if end > c:
             break
+        if end == c:
+            ending = (lp, start)
         start = end
     else:
         return None
-    if not own.startswith(lp.token, start) or not lp.top:
+    for tok, at in (ending, (lp, start)) if ending else ((lp, start),):
+        alts = _alternatives(tok, own[at:], other[at:])
+        if alts:
+            return _margin(tok.logprob - max(alts), False)
+    if not lp.top:
         return None
-    if "".join(t.token for t in logprobs) != own:
-        return None
-    rest = other[start:]
-    alts = [v for t, v in lp.top.items() if t and t != lp.token and rest.startswith(t)]
-    if alts:
-        return _margin(lp.logprob - max(alts), False)
     listed = [v for t, v in lp.top.items() if t != lp.token]
     if not listed:
         return None
     return _margin(lp.logprob - min(listed), True)
+
+
+def _alternatives(lp: TokenLogprob, own: str, other: str) -> list[float]:
+    """Logprobs of ``lp``'s listed alternatives that continue ``other`` and not ``own`` (texts
+    from the token's start)."""
+    return [
+        v
+        for t, v in lp.top.items()
+        if t and t != lp.token and other.startswith(t) and not own.startswith(t)
+    ]
 
 
 def token_margin(own: TokenLogprob, other_token: str) -> Margin | None:

@@ -213,6 +213,18 @@ def test_a_token_below_its_alternative_is_no_near_tie() -> None:
     assert d.margin == 0.0 and d.near_tie is True
 
 
+def test_a_longer_token_on_the_other_side_is_judged_where_it_was_chosen() -> None:
+    # The candidate chose " the" where the incumbent chose " then": the texts first differ just
+    # after the candidate's token, but the choice was that token against " then".
+    cand = [
+        TokenLogprob(token="Say", logprob=-0.1, top={"Say": -0.1}),
+        TokenLogprob(token=" the", logprob=-0.6, top={" the": -0.6, " then": -0.7, " th": -2.0}),
+        TokenLogprob(token="m", logprob=-0.1, top={"m": -0.1, "n": -5.0}),
+    ]
+    d = compare_pair(side("Say then"), side("Say them", logprobs=cand))
+    assert d.margin == pytest.approx(0.1) and not d.margin_bound and d.near_tie is True
+
+
 def test_margin_is_the_larger_sides() -> None:
     inc = lps(["The", " cat", " sat"], [{"The": -0.1}, {" cat": -0.1, " dog": -0.2}, {}])
     oth = [
