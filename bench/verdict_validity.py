@@ -2,6 +2,7 @@
 
     python bench/verdict_validity.py [--months 200] [--latency-months 24] [--leak-months 20]
                                      [--effect-months N] [--new-only] [--curve-months 100]
+                                     [--groups latency,counts,leak]
                                      [--latency-pairs 40000]
                                      [--resamples 999] [--kinds independent,clustered]
                                      [--curve-latency-months 6] [--workers 2] [--quick]
@@ -41,7 +42,9 @@ The latency rows run the review's paired day/hour block bootstrap of the TTFT p9
 ``--resamples`` resamples (999), its resamples drawn once per look and read at every level;
 ``--effect-months``: months of each real-effect scenario (default: its group's A/A months; power
 needs fewer months than a bound on the false NO-GO); ``--new-only``: the new rule alone (the
-old one's rows left out, about half the time of the count and memory months).
+old one's rows left out, about half the time of the count and memory months); ``--groups``:
+only these groups' months (``latency``, ``counts``, ``leak``; the ``all 5`` rows need all
+three).
 ``--quick``: a few months of each (seconds to a minute; for smoke tests).
 """
 
@@ -227,6 +230,7 @@ def run_all(jobs: list[Job], workers: int) -> dict[tuple[str, str, str, int], Tr
 
 def main_table(args: argparse.Namespace, kind: str, settings: Settings) -> list[str]:
     sizes = {"latency": args.latency_months, "counts": args.months, "leak": args.leak_months}
+    sizes = {g: n for g, n in sizes.items() if g in args.groups.split(",")}
 
     def months(group: str, data: str) -> int:
         effect = data != "A/A" and args.effect_months is not None
@@ -259,7 +263,8 @@ def main_table(args: argparse.Namespace, kind: str, settings: Settings) -> list[
             for seed in range(both):
                 per = [traces[(g, kind, data_of[g], seed)] for g in sizes]
                 combined.add(["".join(p[rule][d] for p in per) for d in range(DAYS)])
-            rows["all 5"] = combined
+            if len(sizes) == 3:
+                rows["all 5"] = combined
             own = {"ttft": "ttft p95"}.get(scenario, scenario)
             for row, t in rows.items():
                 if scenario == "A/A" or row in (own, "all 5"):
@@ -346,6 +351,7 @@ def main() -> None:
     )
     ap.add_argument("--effect-months", type=int, default=None, help="months per real effect")
     ap.add_argument("--new-only", action="store_true", help="the new rule alone")
+    ap.add_argument("--groups", default="latency,counts,leak", help="which groups' months")
     ap.add_argument("--latency-pairs", type=int, default=Settings().latency_pairs)
     ap.add_argument("--resamples", type=int, default=999)
     ap.add_argument("--kinds", default="independent,clustered")
