@@ -887,6 +887,7 @@ class WireServer:
             inc.url,
             connect_timeout_s=inc.connect_timeout_s,
             max_connections=inc.max_connections,
+            keepalive_s=inc.keepalive_timeout_s,
         )
         self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]
         self.should_exit = asyncio.Event()

@@ -196,6 +196,23 @@ def test_margin_from_one_side_only() -> None:
     assert d.margin_bound and d.near_tie is None
 
 
+def test_a_token_below_its_alternative_is_no_near_tie() -> None:
+    # The side's own token trails the other's by 1.5 nats in its own logprobs: it was not its
+    # greedy choice (penalties, or logprobs before processing), so the margin is unknown and
+    # the divergence counts as hard, never as a tie at 0.
+    cand = [
+        TokenLogprob(token="The", logprob=-0.1, top={"The": -0.1}),
+        TokenLogprob(token=" dog", logprob=-2.0, top={" dog": -2.0, " cat": -0.5}),
+        TokenLogprob(token=" ran", logprob=-0.2, top={" ran": -0.2}),
+    ]
+    d = compare_pair(side("The cat sat"), side("The dog ran", logprobs=cand))
+    assert d.margin is None and d.near_tie is None
+    # A tie within float rounding is still a tie.
+    cand[1] = TokenLogprob(token=" dog", logprob=-0.50001, top={" dog": -0.50001, " cat": -0.5})
+    d = compare_pair(side("The cat sat"), side("The dog ran", logprobs=cand))
+    assert d.margin == 0.0 and d.near_tie is True
+
+
 def test_margin_is_the_larger_sides() -> None:
     inc = lps(["The", " cat", " sat"], [{"The": -0.1}, {" cat": -0.1, " dog": -0.2}, {}])
     oth = [
