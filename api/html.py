@@ -77,6 +77,24 @@ def _timing_rows(sides: list[Side]) -> str:
     )
 
 
+def margin_text(d: Divergence) -> str:
+    """The logprob margin at the first divergence and what it makes of the divergence."""
+    if d.margin is None:
+        return (
+            "logprob margin at the first divergence unknown (no logprobs there): counted as a"
+            " hard divergence"
+        )
+    at_least = "at least " if d.margin_bound else ""
+    verdict = (
+        f"a near tie (within {d.near_tie_nats:g} nats: a flip a change of kernels makes)"
+        if d.near_tie
+        else f"a clear choice differs (hard: above {d.near_tie_nats:g} nats)"
+        if d.near_tie is False
+        else f"unknown whether within {d.near_tie_nats:g} nats: counted as hard"
+    )
+    return f"logprob margin at the first divergence {at_least}{d.margin:.3g} nats: {verdict}"
+
+
 def _divergence_line(role: str, d: Divergence) -> str:
     parts = [
         "exact match: " + {True: "yes", False: "no", None: "n/a (sampled)"}[d.exact_match],
@@ -88,8 +106,8 @@ def _divergence_line(role: str, d: Divergence) -> str:
         parts = ["not comparable (a side failed or has no text)"]
     if d.finish_mismatch:
         parts.append("finish reasons differ")
-    if d.near_tie is not None:
-        parts.append("near-tie (logprobs)" if d.near_tie else "not a near-tie")
+    if d.diverged:
+        parts.append(margin_text(d))
     if d.json_asked:
         parts.append(f"JSON valid: incumbent {d.json_valid_incumbent}, {role} {d.json_valid_other}")
     return f"<li><b>{escape(role)}</b> vs incumbent: {escape('; '.join(parts))}</li>"

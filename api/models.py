@@ -227,8 +227,9 @@ class Divergence(_Out):
     )
     token_basis: str | None = Field(description="`logprobs` (engine tokens) or `text` (words)")
     near_tie: bool | None = Field(
-        description="at the first divergence each side's token is in the other's top-k"
-        " logprobs (a near-tie, not an error); null without alternatives there"
+        description="the logprob margin at the first divergence is within `near_tie_nats`: the"
+        " engines' top two tokens were nearly tied, which a change of kernels flips (not worse);"
+        " false: a clear choice differs; null when the margin is unknown (no logprobs there)"
     )
     finish_reasons: list[str | None] = Field(description="(incumbent, other)")
     finish_mismatch: bool | None
@@ -241,6 +242,22 @@ class Divergence(_Out):
         description="the two tokens at the first divergence." + CONTENT_NOTE
     )
     highlight: Highlight | None = Field(description="the differing spans; null when equal")
+    margin: float | None = Field(
+        default=None,
+        description="logprob margin at the first divergence, in nats: how much more likely a"
+        " side found its own token than the one the other side continued with (the larger of"
+        " the two sides'); null when unknown",
+    )
+    margin_bound: bool = Field(
+        default=False,
+        description="the margin is a lower bound (the other token was not among the top"
+        " logprobs listed)",
+    )
+    near_tie_nats: float = Field(
+        default=0.5,
+        description="the near-tie margin judged against: the deployment's policy's"
+        " near_tie_nats, else 0.5",
+    )
 
 
 class DivergentPair(_Out):

@@ -1,8 +1,9 @@
-"""A month of greedy pairs in PostgreSQL: how long the whole divergence analysis takes at the
-default sample sizes, and what the block sample's ordering costs and buys.
+"""A month of greedy pairs in PostgreSQL: how long the whole divergence and quality analysis
+takes at the default sample sizes, and what the block sample's ordering costs and buys.
 
     eval "$(shadow-ab services env)"; python bench/divergence_month.py [--days 30]
-        [--pairs-per-day 1500] [--replay-share 0.2] [--repeat 2] [--keep]
+        [--pairs-per-day 1500] [--replay-share 0.2] [--probes-per-minute 1] [--repeat 2]
+        [--no-semantic] [--keep]
 
 Needs `shadow-ab services up`. Creates a throw-away database on the local PostgreSQL server,
 migrates it and loads ``--days`` days of pairs written in time order (as an ingester writes
@@ -14,13 +15,22 @@ tokens; day 0 is generated and the other days copy it with new pair ids. Records
 time order in batches of 300, as an ingester writes them (a table block then holds minutes of
 traffic: what makes an unordered block sample favour the day's first hours). With the default
 1,500 pairs a day, each day holds more than 4 x the 300 pairs the analysis samples, so the
-candidate's sample is PostgreSQL's ``TABLESAMPLE SYSTEM`` path.
+candidate's sample is PostgreSQL's ``TABLESAMPLE SYSTEM`` path. Beside the clients' pairs, the
+mirror's probes at ``--probes-per-minute`` (the mirror's default: 1, so 1,440 probe pairs a day):
+the shipped set in turn, each probe answered right by each engine with probability 0.9, drawn
+once per probe and engine (greedy answers repeat).
 
 Then it times, in this process, ``--repeat`` times each:
 
 1. ``analyze_divergence`` over the month with ``DivergenceConfig()`` (the review's defaults:
    300 pairs per day and role, 6,000 at most; the triads; the margins);
-2. the candidate's per-day sample alone, with the block sample ordered by pair id (now) and
+2. ``analyze_quality`` with ``QualityConfig()`` (every probe pair; 2,000 client pairs a day
+   for JSON validity and refusals);
+3. ``analyze_semantic`` with ``SemanticConfig()`` and the shipped embedding model (the
+   ``semantic`` extra; left out with ``--no-semantic`` or when it is not installed), as a first
+   review (it embeds at most ``max_new_per_review`` new triads) and a second one (the next new
+   triads, the first ones read back from ``semantic_scores``);
+4. the candidate's per-day sample alone, with the block sample ordered by pair id (now) and
    without the ordering (before), side by side: seconds, and the share of the sample sent in the
    second half of its day (0.5 is a sample spanning the day).
 
@@ -50,6 +60,9 @@ from evaluator.divergence import (
     analyze_divergence,
     sample_pair_ids,
 )
+from evaluator.quality import QualityConfig, analyze_quality
+from evaluator.semantic import EmbedderUnavailable, SemanticConfig, analyze_semantic, load_embedder
+from shadow_ab.probes import SYNTHETIC_PROBE, load_probe_set
 from shadow_ab.records import ExchangeRecord, TokenLogprob
 from shadow_ab.settings import CommonSettings
 from simulator.generate import Departure, decode, natural_length, prompt_state
@@ -114,7 +127,53 @@ def day_records(day: int, pairs: int, replay_share: float, rng: random.Random) -
     return out
 
 
-def load(engine: Engine, days: int, per_day: int, replay_share: float) -> tuple[int, float]:
+PROBE_ACCURACY = 0.9
+
+
+def probe_records(day: int, per_minute: float, rng: random.Random) -> list[ExchangeRecord]:
+    """A day of the mirror's probes: one pair (incumbent, candidate) every ``60 / per_minute``
+    seconds, the shipped set in turn; each engine answers a probe right or wrong the same way
+    every time (drawn once per probe and engine, with :data:`PROBE_ACCURACY`)."""
+    probes = load_probe_set()
+    right = {
+        (role, p.id): rng.random() < PROBE_ACCURACY
+        for p in probes.probes
+        for role in ("incumbent", "candidate")
+    }
+    out: list[ExchangeRecord] = []
+    t0 = START + timedelta(days=day)
+    n = int(per_minute * 1440)
+    for k in range(n):
+        probe = probes.probes[k % len(probes.probes)]
+        pid = uuid.UUID(int=rng.getrandbits(128))
+        sent = t0 + timedelta(seconds=(k + rng.random()) * 86_400 / max(1, n))
+        for role in ("incumbent", "candidate"):
+            text_ = probe.correct_answer() if right[(role, probe.id)] else probe.wrong_answer()
+            out.append(
+                ExchangeRecord(
+                    deployment=DEPLOYMENT,
+                    pair_id=pid,
+                    role=role,  # type: ignore[arg-type]  # validated
+                    engine="trtllm@candidate" if role == "candidate" else "vllm@incumbent",
+                    endpoint="chat",  # type: ignore[arg-type]
+                    stream=False,
+                    sent_at=sent,
+                    status="ok",  # type: ignore[arg-type]
+                    http_status=200,
+                    finish_reason="stop",
+                    completion_tokens=max(1, len(text_.split())),
+                    output_text=text_,
+                    request=probe.request("bench"),
+                    synthetic=SYNTHETIC_PROBE,
+                    probe_id=probes.key(probe),
+                )
+            )
+    return out
+
+
+def load(
+    engine: Engine, days: int, per_day: int, replay_share: float, probes_per_minute: float = 0.0
+) -> tuple[int, float]:
     """Day 0's pairs are generated once; every other day is a copy with new pair ids, shifted
     by whole days (the answers repeat, the sample does not care). Written in time order in
     batches of :data:`BATCH` records, as an ingester writes them (so a table block holds
@@ -122,6 +181,7 @@ def load(engine: Engine, days: int, per_day: int, replay_share: float) -> tuple[
     ensure_partitions(engine, START, days_ahead=days + 1)
     rng = random.Random(12)
     template = day_records(0, per_day, replay_share, rng)
+    template += probe_records(0, probes_per_minute, rng)
     rows = 0
     t0 = time.perf_counter()
     for d in range(days):
@@ -204,6 +264,12 @@ def main() -> None:
     parser.add_argument("--days", type=int, default=30)
     parser.add_argument("--pairs-per-day", type=int, default=1500)
     parser.add_argument("--replay-share", type=float, default=0.2)
+    parser.add_argument(
+        "--probes-per-minute", type=float, default=1.0, help="the mirror's probes (default 1)"
+    )
+    parser.add_argument(
+        "--no-semantic", action="store_true", help="leave out the embedding model's analysis"
+    )
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--keep", action="store_true", help="keep the database, print its URL")
     args = parser.parse_args()
@@ -222,7 +288,9 @@ def main() -> None:
         upgrade(url)
         engine = make_engine(url)
         print(f"loading {args.days} days x {args.pairs_per_day:,} pairs")
-        rows, load_s = load(engine, args.days, args.pairs_per_day, args.replay_share)
+        rows, load_s = load(
+            engine, args.days, args.pairs_per_day, args.replay_share, args.probes_per_minute
+        )
         window = (START, START + timedelta(days=args.days))
         times: list[float] = []
         section = None
@@ -234,6 +302,34 @@ def main() -> None:
         assert section is not None
         d = section.to_dict()
         m = {x.key: x for x in section.measurements()}
+        q_times: list[float] = []
+        quality = None
+        for _ in range(args.repeat):
+            t0 = time.perf_counter()
+            quality = analyze_quality(engine, DEPLOYMENT, window, QualityConfig())
+            q_times.append(time.perf_counter() - t0)
+            print(f"  analyze_quality: {q_times[-1]:.1f} s")
+        assert quality is not None
+        qm = {x.key: x for x in quality.measurements()}
+        s_times: list[float] = []
+        s_cpu: list[float] = []
+        semantic = None
+        why_not = "--no-semantic" if args.no_semantic else ""
+        if not why_not:
+            try:
+                load_embedder()
+            except EmbedderUnavailable as exc:
+                why_not = str(exc)
+        if not why_not:
+            for _ in range(2):  # a first review embeds; the second embeds the next ones
+                t0, c0 = time.perf_counter(), time.process_time()
+                semantic = analyze_semantic(engine, DEPLOYMENT, window, SemanticConfig())
+                s_times.append(time.perf_counter() - t0)
+                s_cpu.append(time.process_time() - c0)
+                print(
+                    f"  analyze_semantic: {s_times[-1]:.1f} s ({semantic.scored_new} triads"
+                    f" embedded, {semantic.texts_embedded} texts)"
+                )
         ordered = [sample_pass(engine, args.days, True) for _ in range(args.repeat)]
         unordered = [sample_pass(engine, args.days, False) for _ in range(args.repeat)]
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -254,12 +350,49 @@ def main() -> None:
             f" {hard.value:.3f} {hard.interval}, near-tie share"
             f" {m['divergence.near_tie_share'].value:.3f}"
         )
+        probes = quality.probes.get("delta") or {}
+        print(
+            f"quality: {probes.get('n', 0):,} probe pairs, accuracy delta"
+            f" {qm['quality.probe.accuracy_delta'].value}"
+            f" {qm['quality.probe.accuracy_delta'].interval} (design effect"
+            f" {probes.get('deff') or 0:.1f}); JSON pairs {quality.json['delta']['n']:,};"
+            f" refusal pairs {quality.refusal['delta']['n']:,}"
+        )
+        if semantic is not None:
+            sm = {x.key: x for x in semantic.measurements()}["divergence.semantic.excess"]
+            print(f"semantic: {sm.n} triads scored, excess {sm.value} {sm.interval}")
+        else:
+            print(f"semantic: not measured ({why_not})")
         print()
         print("| step | seconds (median of runs) | runs | ratio | sample after noon |")
         print("|---|---|---|---|---|")
         print(
             f"| analyze_divergence, month, defaults | {med(times):.1f} |"
             f" {', '.join(f'{t:.1f}' for t in times)} | | |"
+        )
+        print(
+            f"| analyze_quality, month, defaults (probes at {args.probes_per_minute:g}/min)"
+            f" | {med(q_times):.1f} | {', '.join(f'{t:.1f}' for t in q_times)} |"
+            f" {med(q_times) / med(times):.2f} x divergence | |"
+        )
+        total = med(times) + med(q_times)
+        if semantic is not None:
+            print(
+                f"| analyze_semantic, first review (embeds at most"
+                f" {SemanticConfig().max_new_per_review} new triads; CPU {s_cpu[0]:.1f} s) |"
+                f" {s_times[0]:.1f} | {s_times[0]:.1f} | {s_times[0] / med(times):.2f} x"
+                " divergence | |"
+            )
+            print(
+                f"| analyze_semantic, second review (the next new triads; the first ones read"
+                f" back from semantic_scores; CPU {s_cpu[1]:.1f} s) |"
+                f" {s_times[1]:.1f} | {s_times[1]:.1f} | {s_times[1] / med(times):.2f} x"
+                " divergence | |"
+            )
+            total += s_times[0]
+        print(
+            "| divergence + quality" + (" + semantic (first)" if semantic else "") + " |"
+            f" {total:.1f} | | | |"
         )
         print(
             f"| candidate day samples, ordered by pair id (now) | {o_s:.2f} |"

@@ -68,6 +68,9 @@ class DivergenceConfig:
     example_chars: int = 160
     """Characters of each side's text shown around the first divergence of the worst pairs
     (0: none in the report, the link only)."""
+    near_tie_source: str = "the analysis' default"
+    """Where ``near_tie_nats`` came from, for the report's method text (the review sets it to
+    the policy's ``near_tie_nats``)."""
 
 
 @dataclass
@@ -476,6 +479,10 @@ class DivergenceSection:
                 "max_pairs": self.config.max_pairs,
                 "level": lv,
                 "near_tie_nats": self.config.near_tie_nats,
+                "near ties": f"a divergence is a near tie when the logprob margin at its first"
+                f" token is within {self.config.near_tie_nats:g} nats"
+                f" ({self.config.near_tie_source}); hard otherwise or when unknown, judged by"
+                " divergence.hard_excess_rate",
                 "sampling": "uniform random sample of pairs per UTC day (smallest pair ids;"
                 " large PostgreSQL days: sampled table blocks, ordered by pair id)",
             },

@@ -11,6 +11,7 @@ be on, plus how much data a verdict needs::
     spending: obrien-fleming # how each look's level is set (or pocock; evaluator/sequential.py)
     alert_level: 0.95        # a criterion beyond its threshold at this level -> ALERT (shown)
     false_go: 0.05           # per criterion: at most this chance of a PASS when on the threshold
+    near_tie_nats: 0.5       # a divergence is a near tie within this logprob margin (nats)
     criteria:
       - latency.ttft.p95.ratio <= 1.10                     # shorthand: KEY OP THRESHOLD
       - key: incidents.crash.rate_ratio                    # or a mapping, with options
@@ -78,6 +79,8 @@ _KEY_RE = re.compile("|".join(f"(?:{p})" for p in KEY_PATTERNS))
 _SHORTHAND_RE = re.compile(r"^\s*(?P<key>[\w.]+)\s*(?P<op><=|>=|<|>|==|=)\s*(?P<thr>\S+)\s*$")
 
 DEFAULT_POLICY = "default"
+MAX_NEAR_TIE_NATS = 20.0
+"""The largest near-tie margin a policy may set (e^20 to 1 is no tie)."""
 
 
 def known_key(key: str) -> bool:
@@ -179,6 +182,10 @@ class Policy:
     """Each criterion's chance of a PASS at some look when the truth sits on its threshold (the
     PASS side's own boundaries, not split over criteria: :func:`evaluator.sequential.look_at`);
     None: PASS at the FAIL side's level."""
+    near_tie_nats: float | None = None
+    """A divergence is a near tie when the logprob margin at its first token is within this many
+    nats (:mod:`evaluator.divergence`; judged by ``divergence.hard_excess_rate``); None: the
+    analysis' default (0.5)."""
 
     def with_minimums(
         self,
@@ -223,6 +230,7 @@ class Policy:
             "spending": self.spending,
             "alert_level": self.alert_level,
             "false_go": self.false_go,
+            "near_tie_nats": self.near_tie_nats,
         }
 
 
@@ -354,12 +362,22 @@ def _plan(raw: dict[str, Any], source: str) -> dict[str, Any]:
                 f"{source}: false_go must be between 0 and 0.5, e.g. 0.05 (or left out: PASS"
                 " at the FAIL side's level)"
             )
+    near_tie = raw.get("near_tie_nats")
+    if near_tie is not None:
+        near_tie = _number(near_tie, "near_tie_nats", source)
+        if not 0 <= near_tie <= MAX_NEAR_TIE_NATS:
+            raise PolicyError(
+                f"{source}: near_tie_nats must be a logprob margin in nats between 0 and"
+                f" {MAX_NEAR_TIE_NATS:g}, e.g. 0.5 (two tokens about 1.65 to 1), got {near_tie!r}"
+                " (or left out: the analysis' default, 0.5)"
+            )
     return {
         "horizon_days": horizon,
         "false_nogo": false_nogo,
         "spending": str(spending),
         "alert_level": alert,
         "false_go": false_go,
+        "near_tie_nats": near_tie,
     }
 
 
@@ -373,6 +391,7 @@ def parse_policy(raw: Any, source: str = "<dict>") -> Policy:
     # source and notes: what Policy.to_dict() adds (a policy stored with a deployment).
     allowed = {"name", "description", "min_pairs", "min_days", "criteria", "source", "notes"}
     allowed |= {"horizon_days", "false_nogo", "spending", "alert_level", "false_go"}
+    allowed |= {"near_tie_nats"}
     extra = sorted(set(raw) - allowed)
     if extra:
         raise PolicyError(

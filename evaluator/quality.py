@@ -52,6 +52,12 @@ from shadow_ab.timestamps import as_utc
 from storage.models import EXCHANGES
 
 DAY = timedelta(days=1)
+NO_PROBES = (
+    "no probe answered by both engines in the window: the mirror sends probes by default"
+    ' (probes.per_minute: 1, mirror/README.md "Probes"); check that it is not 0, that the'
+    " shadow_ab_mirror_probes_total{decision} metric shows probes sent, and that the report"
+    " scores the mirror's probe set (--probes)"
+)
 
 
 @dataclass(frozen=True)
@@ -257,11 +263,13 @@ class QualitySection:
         return list(self._measurements)
 
     def to_dict(self) -> dict[str, Any]:
-        """Tables for the report (``comparison``, ``probe_accuracy`` per engine over the window,
+        """Tables for the report (``comparison``, ``per_day`` (each engine's probe accuracy, JSON
+        validity and refusal rate per UTC day), ``probe_accuracy`` per engine over the window,
         per UTC day and per ISO week, ``probe_accuracy_by_kind``), the probe set, the method;
         ``detail`` holds the nested figures (``probes``, ``json``, ``refusal``)."""
         return {
             "comparison": self.comparison(),
+            "per_day": self.per_day(),
             "probe_accuracy": self.accuracy_rows(),
             "probe_accuracy_by_kind": [
                 {
@@ -293,6 +301,37 @@ class QualitySection:
                 " day; probes: every probe pair",
             },
         }
+
+    def per_day(self) -> list[dict[str, Any]]:
+        """One row per UTC day: each engine's probe accuracy, JSON validity and refusal rate
+        (shares of that day's answers; the intervals are the window's, in ``comparison``)."""
+        days: dict[str, dict[str, Any]] = defaultdict(dict)
+        engines = self.probes.get("engines") or {}
+        for role in ("incumbent", "candidate"):
+            for entry in (engines.get(role) or {}).get("by_day", []):
+                row = days[entry["day"]]
+                row["probe answers"] = max(row.get("probe answers", 0), entry.get("n", 0))
+                row[f"probe accuracy ({role})"] = entry.get("rate")
+        for name, fig in (("JSON validity", self.json), ("refusal rate", self.refusal)):
+            for entry in fig.get("by_day", []):
+                row = days[entry["day"]]
+                row[f"{name} pairs"] = entry["n"]
+                row[f"{name} (incumbent)"] = entry["incumbent"]
+                row[f"{name} (candidate)"] = entry["candidate"]
+        columns = [
+            "probe answers",
+            "probe accuracy (incumbent)",
+            "probe accuracy (candidate)",
+            "JSON validity pairs",
+            "JSON validity (incumbent)",
+            "JSON validity (candidate)",
+            "refusal rate pairs",
+            "refusal rate (incumbent)",
+            "refusal rate (candidate)",
+        ]
+        return [
+            {"day": day, **{c: row.get(c) for c in columns}} for day, row in sorted(days.items())
+        ]
 
     def comparison(self) -> list[dict[str, Any]]:
         """One row per figure: each engine's share and the paired delta, with intervals."""
@@ -435,6 +474,7 @@ def probe_figures(
             f"candidate minus incumbent accuracy on {info['n']} probes both answered;"
             f" Newcombe's paired interval on the effective n (design effect"
             f" {info.get('deff', 1.0):.2f}, clusters: probes)",
+            "" if info["n"] else NO_PROBES,
         )
     ]
     for role in ("candidate", "incumbent"):
@@ -453,6 +493,23 @@ def probe_figures(
     return figures, ms
 
 
+def _by_day(units: list[tuple[Any, bool, bool]]) -> list[dict[str, Any]]:
+    """Per UTC day of the units' hours: pairs and each side's share (no intervals: the window's
+    delta carries the interval; a day is a look at the trend)."""
+    days: dict[str, list[tuple[bool, bool]]] = defaultdict(list)
+    for hour, c, i in units:
+        days[hour.date().isoformat()].append((c, i))
+    return [
+        {
+            "day": day,
+            "n": len(rows),
+            "candidate": sum(c for c, _ in rows) / len(rows),
+            "incumbent": sum(i for _, i in rows) / len(rows),
+        }
+        for day, rows in sorted(days.items())
+    ]
+
+
 def _paired_figure(
     units: list[tuple[Any, bool, bool]], level: float, key: str, what: str
 ) -> tuple[dict[str, Any], list[Measurement]]:
@@ -465,6 +522,7 @@ def _paired_figure(
         **sides,
         "delta": {"value": delta, "low": iv.low if iv else None, "high": iv.high if iv else None}
         | info,
+        "by_day": _by_day(units),
     }
     ms = [
         Measurement(

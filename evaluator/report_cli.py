@@ -17,6 +17,7 @@ Exit status: 0 the report was written (whatever the verdict); 1 a store error; 2
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ from sqlalchemy import select
 
 from evaluator.compare import NEAR_TIE_NATS
 from evaluator.errors import EvaluatorError
-from evaluator.policy import Policy, load_policy, parse_policy
+from evaluator.policy import MAX_NEAR_TIE_NATS, Policy, load_policy, parse_policy
 from evaluator.render import FORMATS, render
 from evaluator.review import (
     Analyses,
@@ -101,14 +102,24 @@ def summary_line(review: Review, target: str) -> str:
     )
 
 
-def _analyses(near_tie_nats: float, api_url: str) -> Analyses | None:
-    """The default analyses, with the divergence options when they differ from the defaults."""
-    if near_tie_nats == NEAR_TIE_NATS and not api_url:
+def _analyses(api_url: str) -> Analyses | None:
+    """The default analyses, with the divergence options when they differ from the defaults
+    (the near-tie margin is the policy's: :func:`_with_near_tie`)."""
+    if not api_url:
         return None
     from evaluator.divergence import DivergenceConfig
 
-    config = DivergenceConfig(near_tie_nats=near_tie_nats, api_base_url=api_url)
-    return default_analyses(divergence_config=config)
+    return default_analyses(divergence_config=DivergenceConfig(api_base_url=api_url))
+
+
+def _with_near_tie(policy: Policy, near_tie_nats: float | None) -> Policy:
+    """``policy`` with ``--near-tie-nats`` when given (it overrides the policy's, said in the
+    report's notes)."""
+    if near_tie_nats is None or near_tie_nats == policy.near_tie_nats:
+        return policy
+    was = policy.near_tie_nats if policy.near_tie_nats is not None else NEAR_TIE_NATS
+    note = f"near_tie_nats set to {near_tie_nats:g} by --near-tie-nats (the policy's: {was:g})"
+    return replace(policy, near_tie_nats=near_tie_nats, notes=(*policy.notes, note))
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -144,10 +155,10 @@ def _analyses(near_tie_nats: float, api_url: str) -> Analyses | None:
 @click.option("--no-store", is_flag=True, help="Do not keep the review in the reports table.")
 @click.option(
     "--near-tie-nats",
-    type=click.FloatRange(min=0.0, max=20.0),
-    default=NEAR_TIE_NATS,
-    show_default=True,
-    help="A divergence is a near tie when the logprob margin at its first token is within this.",
+    type=click.FloatRange(min=0.0, max=MAX_NEAR_TIE_NATS),
+    default=None,
+    help="A divergence is a near tie when the logprob margin at its first token is within this"
+    f" (default: the policy's near_tie_nats, else {NEAR_TIE_NATS:g}).",
 )
 @click.option(
     "--api-url",
@@ -176,7 +187,7 @@ def report(
     fmt: str,
     output: Path | None,
     no_store: bool,
-    near_tie_nats: float,
+    near_tie_nats: float | None,
     api_url: str,
     progress: bool,
     database_url: str | None,
@@ -191,7 +202,8 @@ def report(
             try:
                 deployment_info(engine, deployment)  # an unknown one lists the known ones
                 chosen = load_policy(policy) if policy else stored_policy(engine, deployment)
-                run = _analyses(near_tie_nats, api_url)
+                chosen = _with_near_tie(chosen or load_policy(None), near_tie_nats)
+                run = _analyses(api_url)
                 if probes is not None:
                     from evaluator.divergence import DivergenceConfig
                     from evaluator.quality import QualityConfig
@@ -202,9 +214,7 @@ def report(
                     except ProbeSetError as exc:
                         raise click.UsageError(f"--probes: {exc}") from None
                     run = default_analyses(
-                        divergence_config=DivergenceConfig(
-                            near_tie_nats=near_tie_nats, api_base_url=api_url
-                        ),
+                        divergence_config=DivergenceConfig(api_base_url=api_url),
                         quality_config=QualityConfig(probe_set=probes),
                     )
                 window = resolve_window(engine, deployment, start, end)
@@ -213,7 +223,7 @@ def report(
                         engine,
                         deployment,
                         window,
-                        chosen or load_policy(None),
+                        chosen,
                         bar,
                         store=not no_store,
                         with_html=fmt == "html" or not no_store,

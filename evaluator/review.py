@@ -84,6 +84,9 @@ class Analyses:
     quality: Callable[..., Section] | None = None
     """``(engine, deployment, window, progress=...) -> QualitySection`` (probe accuracy,
     structured-output validity, refusal rate: :mod:`evaluator.quality`); None: not run."""
+    with_near_tie: Callable[[float, str], Analyses] | None = None
+    """The same analyses with the divergence's near-tie margin set (nats, and where it came
+    from: the policy's ``near_tie_nats``); None: they keep their own."""
 
 
 def default_analyses(
@@ -96,9 +99,12 @@ def default_analyses(
     bootstrap_config: Any = None,
     semantic_config: Any = None,
     quality_config: Any = None,
+    near_tie_nats: float | None = None,
+    near_tie_source: str = "",
 ) -> Analyses:
     """The real analyses, with optional configurations (defaults: each analysis' own);
-    ``level``: the confidence level of every interval, set in each configuration."""
+    ``level``: the confidence level of every interval, set in each configuration;
+    ``near_tie_nats``: the divergence's near-tie margin (``near_tie_source`` says whose)."""
     from dataclasses import replace
 
     from evaluator.divergence import DivergenceConfig, analyze_divergence
@@ -118,6 +124,12 @@ def default_analyses(
         bootstrap_config = replace(bootstrap_config or BootstrapConfig(), level=level)
         semantic_config = replace(semantic_config or SemanticConfig(), level=level)
         quality_config = replace(quality_config or QualityConfig(), level=level)
+    if near_tie_nats is not None:
+        divergence_config = replace(
+            divergence_config or DivergenceConfig(),
+            near_tie_nats=near_tie_nats,
+            near_tie_source=near_tie_source or "set by the caller",
+        )
 
     def incidents(
         engine: Engine, deployment: str, window: Window, progress: Progress | None = None
@@ -199,17 +211,24 @@ def default_analyses(
         section: Section = analyze_quality(engine, deployment, window, **kw)
         return section
 
+    def again(**changes: Any) -> Analyses:
+        kw: dict[str, Any] = {
+            "incident_config": incident_config,
+            "divergence_config": divergence_config,
+            "slo": slo,
+            "warmup_s": warmup_s,
+            "level": level,
+            "bootstrap_config": bootstrap_config,
+            "semantic_config": semantic_config,
+            "quality_config": quality_config,
+        }
+        return default_analyses(**(kw | changes))
+
     def at_level(new_level: float) -> Analyses:
-        return default_analyses(
-            incident_config=incident_config,
-            divergence_config=divergence_config,
-            slo=slo,
-            warmup_s=warmup_s,
-            level=new_level,
-            bootstrap_config=bootstrap_config,
-            semantic_config=semantic_config,
-            quality_config=quality_config,
-        )
+        return again(level=new_level)
+
+    def with_near_tie(nats: float, source: str) -> Analyses:
+        return again(near_tie_nats=nats, near_tie_source=source)
 
     return Analyses(
         incidents=incidents,
@@ -219,6 +238,7 @@ def default_analyses(
         at_level=at_level,
         semantic=semantic,
         quality=quality,
+        with_near_tie=with_near_tie,
     )
 
 
@@ -503,6 +523,8 @@ def build_review(
     # The look within the policy's plan fixes the level of every interval (the sequential
     # decision: evaluator/sequential.py); the analyses compute theirs at it.
     look = policy.look(float(data["days"]))
+    if policy.near_tie_nats is not None and run.with_near_tie is not None:
+        run = run.with_near_tie(policy.near_tie_nats, f"the policy's near_tie_nats, {policy.name}")
     if run.at_level is not None:
         run = run.at_level(look.level)
     incidents = stages.run(

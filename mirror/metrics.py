@@ -189,6 +189,6 @@ EDGE_REJECTIONS = Counter(
 PROBES = Counter(
     "shadow_ab_mirror_probes_total",
     "Probe ticks (mirror/probes.py) by decision: sent to both engines, or skipped by the guard,"
-    " the shadow cap, load parity, or while draining.",
+    " the shadow cap, load parity, while draining, or for want of a model name.",
     ["decision"],
 )

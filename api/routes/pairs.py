@@ -27,12 +27,13 @@ from api.deps import (
     utc_param,
     wants_html,
 )
-from api.divergence import compare
+from api.divergence import compare, near_tie_nats_of
 from api.errors import MissingScope, NotFound
 from api.html import PAGE_HEADERS, pair_page
 from api.models import DivergentPair, PairDetail, PairPage, Side, SideSummary, problem_response
 from api.queries import AnyRow
 from api.redact import redact_error, redact_parameters, split_request
+from evaluator.compare import NEAR_TIE_NATS
 
 router = APIRouter(tags=["pairs"])
 
@@ -79,7 +80,7 @@ def divergent_pairs(
     since: Annotated[Time | None, Query(description="sent at or after (ISO 8601)")] = None,
     until: Annotated[Time | None, Query(description="sent before (ISO 8601)")] = None,
 ) -> PairPage:
-    deployment_row(conn, name)
+    nats = near_tie_nats_of(deployment_row(conn, name).policy)
     after = queries.decode_cursor(cursor) if cursor else None
     since, until = utc_param(since, "since"), utc_param(until, "until")
     check_window(since, until)
@@ -98,7 +99,9 @@ def divergent_pairs(
                 model=row.model,
                 incumbent=_side_summary(row, "i_", who),
                 other=_side_summary(row, "o_", who),
-                divergence=compare(incumbent, _columns(row, "o_"), content=who.sees_content),
+                divergence=compare(
+                    incumbent, _columns(row, "o_"), content=who.sees_content, near_tie_nats=nats
+                ),
             )
         )
     if who.sees_content and items:
@@ -132,7 +135,9 @@ def _side(row: AnyRow, who: Principal) -> Side:
     return Side.model_validate(fields)
 
 
-def pair_detail(name: str, rows: list[AnyRow], who: Principal) -> PairDetail:
+def pair_detail(
+    name: str, rows: list[AnyRow], who: Principal, near_tie_nats: float = NEAR_TIE_NATS
+) -> PairDetail:
     by_role = {r.role: r for r in rows}
     first = by_role.get("incumbent", rows[0])
     prompt, parameters = split_request(first.request or {})
@@ -142,7 +147,10 @@ def pair_detail(name: str, rows: list[AnyRow], who: Principal) -> PairDetail:
             other = by_role.get(role)
             if other is not None:
                 divergence[role] = compare(
-                    dict(first._mapping), dict(other._mapping), content=who.sees_content
+                    dict(first._mapping),
+                    dict(other._mapping),
+                    content=who.sees_content,
+                    near_tie_nats=near_tie_nats,
                 )
     return PairDetail(
         pair_id=first.pair_id,
@@ -178,7 +186,7 @@ def get_pair(
     format: Annotated[Format | None, Query(description="`json` (default) or `html`")] = None,
     accept: Annotated[str | None, Header(include_in_schema=False)] = None,
 ) -> PairDetail | Response:
-    deployment_row(conn, name)
+    nats = near_tie_nats_of(deployment_row(conn, name).policy)
     rows = list(queries.pair_exchanges(conn, name, pair_id))
     if not rows:
         raise NotFound(f"deployment {name!r} has no pair {pair_id}")
@@ -188,7 +196,7 @@ def get_pair(
             "the side-by-side page shows prompts and outputs: it needs the 'content' scope"
             " (the JSON form shows timings and divergence offsets without it)"
         )
-    detail = pair_detail(name, rows, who)
+    detail = pair_detail(name, rows, who, nats)
     if who.sees_content:
         audit.content_read(who, request.url.path, name, pair_ids=[pair_id])
     if html:

@@ -14,7 +14,9 @@ On the embedded defaults (the SQLite store under the state dir, the mirror's dir
    ``shadow-ab sim`` (simulator/README.md), with simulated time running ``--time-scale`` times
    faster so the fault schedule of many hours fits in a few minutes (latencies stay real);
 2. starts ``shadow-ab mirror`` in front of them (every request shadowed, 20 % replayed to the
-   incumbent for the noise floor, the health sampler scraping both engines every second);
+   incumbent for the noise floor, the health sampler scraping both engines every second, and
+   labelled probes to both engines at ``DEMO_PROBES_PER_MINUTE``: a demo compresses a month
+   into minutes, so it sends them far faster than the mirror's default of one a minute);
 3. sends the traffic generator's realistic mix (shared system prompts, short and long prompts,
    chat and completions, streaming or not, greedy and seeded sampling, JSON asks) through the
    mirror at concurrency levels that change every phase, printing progress;
@@ -67,6 +69,12 @@ DEFAULT_TIME_SCALE = 600.0
 CONCURRENCY_PHASES = (2, 8, 24, 8, 4, 16)
 HEALTH_INTERVAL_S = 1.0
 REPLAY_RATE = 0.2
+DEMO_PROBES_PER_MINUTE = 120.0
+"""Probe pairs a minute in a simulator demo: ~360 in the default 3 minutes, past the default
+policy's 200 (a real mirror's default is 1 a minute, mirror/probes.py)."""
+REAL_PROBES_PER_MINUTE = 12.0
+"""On two real vLLMs sharing two CPUs: fewer (a tiny random model answers probes wrongly
+anyway; they show the plumbing)."""
 MIRROR_STARTUP_S = 90.0
 SIMULATED_HARDWARE = "simulated: shadow-ab sim on CPU, no GPU (not a measurement of real engines)"
 MIN_DAYS_NOTE = (
@@ -309,6 +317,7 @@ class DemoEngines:
     notes: tuple[str, ...] = ()
     """Notes at the top of the report."""
     time_scale: float = 1.0
+    probes_per_minute: float = DEMO_PROBES_PER_MINUTE
 
 
 @contextlib.contextmanager
@@ -454,6 +463,7 @@ def _real_vllm(workdir: Path, running: tuple[str, str] | None = None) -> Iterato
             phases=REAL_PHASES,
             mix=real_demo_mix(),
             notes=(real_engines_note(version, kernels),),
+            probes_per_minute=REAL_PROBES_PER_MINUTE,
         )
 
     if running is not None:
@@ -537,6 +547,7 @@ def run_demo(
                 "deployment": name,
                 "shadow": {"rate": 1.0, "replay_rate": REPLAY_RATE},
                 "health": {"interval_s": HEALTH_INTERVAL_S},
+                "probes": {"per_minute": pair.probes_per_minute, "seed": seed},
                 **pair.mirror,
             }
             topics = {k: f"shadow.demo.{name}.{k}" for k in ("exchanges", "health", "dlq")}
@@ -582,7 +593,8 @@ def run_demo(
                     sink = f"direct sink -> {redact_url(url)}"
                 _say(
                     f"  mirror     {mirror.base_url} (all requests shadowed, {REPLAY_RATE:.0%}"
-                    f" replayed), records: {sink}"
+                    f" replayed, {pair.probes_per_minute:g} probe pairs a minute to both"
+                    f" engines), records: {sink}"
                 )
 
                 def report(elapsed: float, concurrency: int, result: Any) -> None:

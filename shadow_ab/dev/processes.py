@@ -485,12 +485,15 @@ def running_mirror(
     ``health_only=True`` runs ``shadow-ab mirror --health-only`` (the sampler and its /metrics).
     ``SHADOW_AB_DEV_DATA_PLANE`` (``asgi``, ``protocol``) picks the client path's data plane
     when ``overrides`` do not (to run a whole test folder on one).
+    Probes are off unless ``probes={"per_minute": ...}`` is given (the mirror's default is one a
+    minute): a test or benchmark counts the traffic it sends.
     The admin endpoints are on another free port (``mirror.admin_url``; the sampler's on its
     one port).
     """
     with tempfile.TemporaryDirectory(prefix="shadow-ab-mirror-test-") as tmp:
         workdir = Path(tmp)
         settings: dict[str, Any] = dict(overrides)
+        settings["probes"] = {"per_minute": 0, **settings.get("probes", {})}
         plane = os.environ.get("SHADOW_AB_DEV_DATA_PLANE")
         if plane and not health_only:  # run a test folder on another data plane
             settings.setdefault("data_plane", plane)

@@ -22,7 +22,7 @@ from api_seed import (
 )
 from factories import exchange
 from fastapi.testclient import TestClient
-from sqlalchemy import Engine
+from sqlalchemy import Engine, update
 
 from api.app import create_app
 from api.auth import TokenAuth
@@ -31,6 +31,7 @@ from api.divergence import highlight
 from api.settings import parse_token_map
 from shadow_ab.records import ExchangeRecord
 from storage.db import make_engine
+from storage.models import Deployment
 from storage.write import write_exchanges
 
 DIVERGENT = f"/v1/deployments/{DEP}/pairs/divergent"
@@ -322,3 +323,61 @@ def test_pairs_on_a_sqlite_store(sqlite_url: str) -> None:
     assert [p["pair_id"] for p in items] == [str(uuid.UUID(int=10_000 + i)) for i in (0, 2, 4)]
     assert one.status_code == 200
     assert one.json()["divergence"]["candidate"]["highlight"]["other"] == {"start": 0, "end": 1}
+
+
+def test_the_pair_view_shows_the_margin_judged_by_the_deployment_policy(sqlite_url: str) -> None:
+    """The logprob margin at the first divergence and whether it is a near tie, in JSON (the
+    list and the pair) and on the HTML page; the near-tie margin is the deployment's stored
+    policy's ``near_tie_nats`` (0.5 when it has none)."""
+    pid = uuid.UUID(int=20_000)
+    lps = {
+        "incumbent": [{"token": "42", "logprob": -0.1, "top": {"42": -0.1, "43": -0.2}}],
+        "candidate": [{"token": "43", "logprob": -0.1, "top": {"43": -0.1, "42": -0.3}}],
+    }
+    writer = make_engine(sqlite_url)
+    write_exchanges(
+        writer,
+        [
+            exchange(
+                deployment="dep-m",
+                pair_id=pid,
+                role=role,
+                engine=f"e@{role}",
+                sent_at=T0,
+                request={"temperature": 0},
+                output_text="The answer is 4" + ("2" if role == "incumbent" else "3"),
+                logprobs=lps[role],
+            )
+            for role in ("incumbent", "candidate")
+        ],
+    )
+    c, engine = _client_on(sqlite_url)
+
+    def views() -> tuple[dict[str, Any], dict[str, Any], str]:
+        url = f"/v1/deployments/dep-m/pairs/{pid}"
+        listed = c.get("/v1/deployments/dep-m/pairs/divergent", headers=CONTENT).json()
+        one = c.get(url, headers=CONTENT).json()["divergence"]["candidate"]
+        page = c.get(url, params={"format": "html"}, headers=CONTENT).text
+        return listed["items"][0]["divergence"], one, page
+
+    try:
+        listed, one, page = views()
+        # The larger of the sides' margins: the candidate found 43 0.2 nats likelier than 42.
+        for d in (listed, one):
+            assert d["margin"] == pytest.approx(0.2) and d["margin_bound"] is False
+            assert d["near_tie"] is True and d["near_tie_nats"] == 0.5
+        assert "logprob margin at the first divergence 0.2 nats: a near tie (within 0.5" in page
+        with writer.begin() as conn:
+            conn.execute(
+                update(Deployment)
+                .where(Deployment.name == "dep-m")
+                .values(policy={"near_tie_nats": 0.1})
+            )
+        listed, one, page = views()
+        for d in (listed, one):
+            assert d["margin"] == pytest.approx(0.2)
+            assert d["near_tie"] is False and d["near_tie_nats"] == 0.1
+        assert "0.2 nats: a clear choice differs (hard: above 0.1 nats)" in page
+    finally:
+        engine.dispose()
+        writer.dispose()

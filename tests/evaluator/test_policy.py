@@ -68,6 +68,9 @@ def test_load_from_file(tmp_path: Path) -> None:
         ({"criteria": ["errors.rate_ratio <= 1"], "min_days": "a week"}, "min_days"),
         ({"criteria": ["errors.rate_ratio <= 1"], "thresholds": 1}, "unknown field"),
         (["errors.rate_ratio <= 1"], "a policy is a mapping"),
+        ({"criteria": ["errors.rate_ratio <= 1"], "near_tie_nats": -0.5}, "between 0 and 20"),
+        ({"criteria": ["errors.rate_ratio <= 1"], "near_tie_nats": 50}, "near_tie_nats"),
+        ({"criteria": ["errors.rate_ratio <= 1"], "near_tie_nats": "half"}, "must be a number"),
     ],
 )
 def test_errors_say_what_to_fix(raw: object, expected: str) -> None:
@@ -109,3 +112,13 @@ def test_a_stored_policy_reads_back() -> None:
     again = parse_policy(policy.to_dict(), "deployments.policy")
     assert again.criteria == policy.criteria
     assert (again.min_pairs, again.min_days, again.notes) == (1000, 0, policy.notes)
+
+
+def test_near_tie_nats_is_a_policy_field() -> None:
+    """The near-tie margin is the policy's (the default says 0.5); a stored policy keeps it, a
+    policy without one leaves it to the analysis (None)."""
+    assert default_policy().near_tie_nats == 0.5
+    own = parse_policy({"criteria": ["errors.rate_ratio <= 1"], "near_tie_nats": 0.25}, "p")
+    assert own.near_tie_nats == 0.25
+    assert parse_policy(own.to_dict(), "stored").near_tie_nats == 0.25
+    assert parse_policy({"criteria": ["errors.rate_ratio <= 1"]}, "p").near_tie_nats is None

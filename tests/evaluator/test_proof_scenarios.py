@@ -10,7 +10,10 @@ the real analyses, checked against what the simulators' ledgers say was injected
 - candidate leaking: one leak, its slope within 20 % of the injected rate (in wall-clock MB/h:
   the simulator's MB per simulated hour times its time scale);
 - candidate diverging with a known share of near ties: the ledger's divergence rate inside the
-  evaluator's interval, and the diverged pairs counted (almost) exactly.
+  evaluator's interval, and the diverged pairs counted (almost) exactly;
+- candidate on other kernels (near-tie flips): not NO-GO on quality; a worse candidate (wrong
+  probe answers, broken JSON, truncated answers), with the mirror's probes on: NO-GO on exactly
+  the criteria that damage touches, the probe accuracy's interval holding the injected one.
 
 Each run is short (seconds of traffic; small answers; time-compressed fault schedules).
 """
@@ -19,21 +22,25 @@ from __future__ import annotations
 
 import contextlib
 import math
+import time
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 from sqlalchemy import Engine, func, select
 
 from evaluator.divergence import DivergenceConfig
 from evaluator.incidents.model import IncidentConfig
 from evaluator.policy import default_policy
+from evaluator.quality import QualityConfig
 from evaluator.results import Measurement
 from evaluator.review import Review, build_review, default_analyses, resolve_window
 from evaluator.verdict import Decision, Outcome
+from shadow_ab.dev.probeset import SHIPPED
 from shadow_ab.dev.processes import running_mirror, running_sim
 from shadow_ab.dev.traffic import TrafficMix, TrafficResult, run_traffic_sync
 from simulator.ledger import Injected, summarize
@@ -62,6 +69,9 @@ GREEDY_MIX = TrafficMix(
 )
 
 
+PROBES_AFTER_TRAFFIC_S = 3.0
+
+
 def _unix(ts: datetime) -> float:
     return (ts if ts.tzinfo else ts.replace(tzinfo=UTC)).timestamp()
 
@@ -72,11 +82,15 @@ class Run:
     incumbent: Injected
     candidate: Injected
     traffic: TrafficResult
+    candidate_ledger: list[dict[str, Any]] = field(default_factory=list)
 
-    def review(self, **analyses: Any) -> Review:
+    def review(self, *, min_n: int | None = None, **analyses: Any) -> Review:
         window = resolve_window(self.engine, DEP)
         # A run of minutes is one look: the whole plan (horizon) is the run.
         policy = default_policy().with_minimums(min_pairs=50, min_days=0.0, horizon_days=1.0)
+        if min_n is not None:  # seconds of probes: fewer than a day's
+            criteria = tuple(replace(c, min_n=min(c.min_n, min_n)) for c in policy.criteria)
+            policy = replace(policy, criteria=criteria)
         return build_review(
             self.engine,
             DEP,
@@ -130,6 +144,7 @@ def shadow_run(
     replay_rate: float = 0.3,
     health_interval_s: float = 0.5,
     mix: TrafficMix = GREEDY_MIX,
+    probes: dict[str, Any] | None = None,
 ) -> Iterator[Run]:
     url = f"sqlite:///{tmp_path / 'store.db'}"
     upgrade(url)
@@ -148,6 +163,7 @@ def shadow_run(
             # shed shadows when a loaded machine slows the incumbent (tests/mirror covers it).
             guard={"enabled": False},
             health={"interval_s": health_interval_s},
+            probes={"per_minute": 0, "seed": 5, **(probes or {})},
         ) as mirror:
             traffic = run_traffic_sync(
                 mirror.v1,
@@ -157,8 +173,11 @@ def shadow_run(
                 duration_s=duration_s,
                 timeout_s=30.0,
             )
+            if probes:
+                time.sleep(PROBES_AFTER_TRAFFIC_S)  # probes go on: a few seconds more of them
             mirror.stop()
-        run = Run(engine, summarize(inc.ledger()), summarize(cand.ledger()), traffic)
+        lines = cand.ledger()
+        run = Run(engine, summarize(inc.ledger()), summarize(lines), traffic, lines)
     try:
         yield run
     finally:
@@ -335,11 +354,16 @@ def test_different_kernels_are_not_no_go_on_quality(tmp_path: Path) -> None:
     """A candidate on other kernels: many greedy answers differ, each at a near tie, and go on
     as the incumbent's do. The exact-match excess is large (information), the quality criteria
     do not fail."""
-    kernels = {"quality": {"kernels": {"p": 0.5}}}
+    kernels = {"quality": {"kernels": {"p": 0.5}, "probe_accuracy": 1.0}}
     with shadow_run(
-        tmp_path, _scenario("clean"), _scenario("clean", kernels), requests=140, replay_rate=1.0
+        tmp_path,
+        _scenario("clean", {"quality": {"probe_accuracy": 1.0}}),
+        _scenario("clean", kernels),
+        requests=140,
+        replay_rate=1.0,
+        probes={"per_minute": 600},  # the mirror's probes on: answered alike by both
     ) as run:
-        review = run.review()
+        review = run.review(min_n=10)
     flips = run.candidate.diverged_pairs(visible_only=True)
     assert len(flips) > 30 and {d["knob"] for d in flips.values()} == {"kernels"}
     m = by_key(review)
@@ -349,26 +373,72 @@ def test_different_kernels_are_not_no_go_on_quality(tmp_path: Path) -> None:
     assert m["divergence.hard_excess_rate"].value == 0.0
     assert m["divergence.length_shift"].value == 0.0
     assert m["divergence.finish_mismatch.excess"].value == 0.0
+    assert m["quality.probe.accuracy_delta"].value == 0.0  # probes: not worse either
     judged = {r.criterion.key: r.outcome for r in review.verdict.results}
-    assert {judged[k] for k in QUALITY_KEYS} <= {Outcome.PASS, Outcome.INCONCLUSIVE}
+    quality = (*QUALITY_KEYS, "quality.probe.accuracy_delta", "quality.refusal.rate_delta")
+    assert {judged[k] for k in quality} <= {Outcome.PASS, Outcome.INCONCLUSIVE}, judged
     assert review.verdict.decision is not Decision.NO_GO, review.verdict.reason
 
 
-def test_truncated_answers_are_no_go_on_what_they_touch(tmp_path: Path) -> None:
-    """A candidate that cuts 40 % of its answers short (finish "length"): NO-GO on the hard
-    excess, the finish-reason mismatch and the length shift, whose interval holds the ledger's
-    own shift."""
-    truncate = {"quality": {"truncate": {"p": 0.4, "finish": "length"}}}
+def test_a_worse_candidate_is_no_go_on_what_the_damage_touches(tmp_path: Path) -> None:
+    """Through the mirror with its probes on (10 pairs a second to both engines): a candidate
+    that cuts 40 % of its answers short (finish "length"), answers probes wrongly half the time
+    and breaks 90 % of its JSON (the JSON probes) is NO-GO on the hard excess, the finish-reason
+    mismatch, the length shift (whose interval holds the ledger's own shift), probe accuracy and
+    JSON validity, and on nothing it did not damage (refusals, errors). Each engine's probe
+    accuracy interval holds the accuracy its simulator injected."""
+    # A probe set of the shipped probes, JSON ones first: seconds of probes hold enough JSON.
+    shipped = SHIPPED.read_text().splitlines()
+    kinds = [(line, orjson.loads(line)["kind"]) for line in shipped if line.startswith("{")]
+    probe_set = tmp_path / "probes.jsonl"
+    chosen = [x for x, k in kinds if k == "json"] + [x for x, k in kinds if k == "arithmetic"][:40]
+    probe_set.write_text("\n".join(chosen) + "\n")
+    told = {"incumbent": 0.95, "candidate": 0.5}
+    sets = {"probe_set": str(probe_set)}
+    healthy = {"quality": {"probe_accuracy": told["incumbent"], **sets}}
+    worse = {
+        "quality": {
+            "truncate": {"p": 0.4, "finish": "length"},
+            "probe_accuracy": told["candidate"],
+            "broken_json": 0.9,
+            **sets,
+        }
+    }
     with shadow_run(
-        tmp_path, _scenario("clean"), _scenario("clean", truncate), requests=140, replay_rate=1.0
+        tmp_path,
+        _scenario("clean", healthy),
+        _scenario("clean", worse),
+        requests=140,
+        replay_rate=1.0,
+        probes={"per_minute": 600, "set": str(probe_set)},
     ) as run:
-        review = run.review()
+        # seconds of probes, not a day's: the quality criteria's min_n lowered to 10
+        review = run.review(min_n=10, quality_config=QualityConfig(probe_set=str(probe_set)))
     cuts = run.candidate.truncations
     assert len(cuts) > 20
     m = by_key(review)
     shift = m["divergence.length_shift"]
     truth = sum(math.log(c["kept"] / c["of"]) for c in cuts) / shift.n
     assert shift.interval is not None and shift.interval.contains(truth), (shift, truth)
+    probes = [x for x in run.candidate_ledger if x["event"] == "probe"]
+    assert len(probes) >= 20, len(probes)
     judged = {r.criterion.key: r.outcome for r in review.verdict.results}
-    assert {k: judged[k] for k in QUALITY_KEYS} == dict.fromkeys(QUALITY_KEYS, Outcome.FAIL)
+    damaged = (*QUALITY_KEYS, "quality.probe.accuracy_delta", "quality.json.validity_delta")
+    seen = {k: (judged[k], m[k].value, m[k].interval, m[k].n) for k in damaged}
+    assert {k: judged[k] for k in damaged} == dict.fromkeys(damaged, Outcome.FAIL), seen
+    assert judged["quality.refusal.rate_delta"] is not Outcome.FAIL
+    assert judged["errors.rate_ratio"] is not Outcome.FAIL
     assert review.verdict.decision is Decision.NO_GO
+    # The injected accuracy: the knob's, and a broken JSON answer is wrong too (the ledger's
+    # probe lines say which probes each engine was asked).
+    injected = {
+        "incumbent": told["incumbent"],
+        "candidate": sum(told["candidate"] * (0.1 if x["kind"] == "json" else 1) for x in probes)
+        / len(probes),
+    }
+    for role, accuracy in injected.items():
+        acc = m[f"quality.probe.{role}_accuracy"]
+        assert acc.interval is not None and acc.interval.contains(accuracy), (role, acc, accuracy)
+    # Probes are the mirror's own traffic, never a client pair, and out of the divergence.
+    assert review.data["pairs"] <= 140
+    assert review.sections["divergence"]["candidate"]["pairs_sampled"] <= 140

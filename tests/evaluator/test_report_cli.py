@@ -196,8 +196,28 @@ def test_divergence_options_reach_the_report(store_url: str) -> None:
     args += ["--no-progress", "--near-tie-nats", "0.1", "--api-url", "https://api.example/"]
     result = CliRunner().invoke(report, args)
     assert result.exit_code == 0, result.stderr
-    div = orjson.loads(result.stdout)["sections"]["divergence"]
+    body = orjson.loads(result.stdout)
+    div = body["sections"]["divergence"]
     assert div["config"]["near_tie_nats"] == 0.1
+    assert "within 0.1 nats (the policy's near_tie_nats" in div["config"]["near ties"]
+    # the flag overrides the policy's margin, and the report says so
+    assert body["policy"]["near_tie_nats"] == 0.1
+    assert any("--near-tie-nats" in note for note in body["policy"]["notes"])
     assert all(p["link"].startswith("https://api.example/v1/") for p in div["worst_pairs"])
     bad = CliRunner().invoke(report, [*args[:-4], "--near-tie-nats", "-1"])
     assert bad.exit_code == 2 and "near-tie-nats" in bad.stderr
+
+
+def test_the_policy_files_near_tie_margin_reaches_the_divergence(
+    store_url: str, tmp_path: Path
+) -> None:
+    policy = tmp_path / "p.yaml"
+    policy.write_text("near_tie_nats: 0.2\ncriteria: ['divergence.hard_excess_rate <= 0.02']\n")
+    args = ["-d", DEP, "--database-url", store_url, "--format", "json", "--no-store"]
+    result = CliRunner().invoke(report, [*args, "--no-progress", "--policy", str(policy)])
+    assert result.exit_code == 0, result.stderr
+    body = orjson.loads(result.stdout)
+    assert body["sections"]["divergence"]["config"]["near_tie_nats"] == 0.2
+    assert body["policy"]["near_tie_nats"] == 0.2 and body["policy"]["notes"] == []
+    hard = next(m for m in body["measurements"] if m["key"] == "divergence.hard_excess_rate")
+    assert "above 0.2 nats" in hard["detail"]

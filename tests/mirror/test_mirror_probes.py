@@ -88,6 +88,7 @@ def test_probes_reach_both_engines_marked_and_the_client_is_unaffected(
 ) -> None:
     inc, cand = sims
     direct = httpx.post(inc.base_url + "/v1/chat/completions", json=BODY, timeout=10).content
+    inc_model = httpx.get(inc.base_url + "/v1/models", timeout=10).json()["data"][0]["id"]
     sink = ListSink()
     mirror = Mirror(settings(sims, probes={"per_minute": 600, "seed": 3}), sink=sink)
     bodies = asyncio.run(traffic(mirror, 10, settle_s=1.0))
@@ -120,6 +121,8 @@ def test_probes_reach_both_engines_marked_and_the_client_is_unaffected(
             assert r.request["messages"][-1]["content"] == probe.prompt
             assert r.guard["decision"] == "probe"
             assert r.output_text  # the simulator answered it
+            # no probes.model: the first model the incumbent's /v1/models lists
+            assert r.request["model"] == inc_model
     # No client pair holds a probe's record.
     client_pairs = {r.pair_id for r in client}
     assert not client_pairs & set(pairs)
@@ -189,5 +192,37 @@ def test_a_bad_probe_set_stops_the_mirror_at_start_naming_the_line(
     with pytest.raises(MirrorConfigError) as err:
         settings(sims, probes={"per_minute": 1, "set": str(bad)})
     assert "line 2" in str(err.value) and "answer" in str(err.value)
-    # Off, the set is not read (a missing file does not matter until probes are on).
-    assert settings(sims, probes={"set": str(tmp_path / "missing.jsonl")}).probes.per_minute == 0
+    # On by default (one a minute), so a missing file stops the mirror at start too...
+    assert settings(sims).probes.per_minute == 1
+    missing = str(tmp_path / "missing.jsonl")
+    with pytest.raises(MirrorConfigError) as err:
+        settings(sims, probes={"set": missing})
+    assert "missing.jsonl" in str(err.value)
+    # ...while off, the set is not read.
+    assert settings(sims, probes={"per_minute": 0, "set": missing}).probes.per_minute == 0
+
+
+def test_without_a_model_name_probes_are_skipped_not_sent_without_one(
+    sims: tuple[RunningSim, RunningSim],
+) -> None:
+    """An incumbent whose /v1/models cannot be read gives no model name: the tick is skipped
+    (an engine that requires ``model`` would fail every probe, counted against the candidate);
+    ``probes.model`` names it outright."""
+    inc, _ = sims
+    sink = ListSink()
+    m = Mirror(settings(sims, probes={"per_minute": 1}), sink=sink)
+    m.inc_url = inc.base_url + "/nowhere"  # /nowhere/v1/models: 404
+
+    async def ask(mirror: Mirror) -> tuple[str | None, str | None]:
+        await mirror.startup()
+        try:
+            inj = ProbeInjector(mirror, mirror.settings.probes)
+            named = ProbeInjector(
+                mirror, mirror.settings.probes.model_copy(update={"model": "llama"})
+            )
+            return await inj.model_name(), await named.model_name()
+        finally:
+            await mirror.shutdown()
+
+    assert asyncio.run(ask(m)) == (None, "llama")
+    assert sink.records == []
