@@ -24,7 +24,7 @@ from sqlalchemy import Connection, Row, Table, and_, func, or_, select, tuple_
 from sqlalchemy.sql.elements import ColumnElement
 
 from api.errors import BadParameter
-from storage.models import DEPLOYMENTS, EXCHANGES, Exchange, Report
+from storage.models import DEPLOYMENTS, EXCHANGES, Exchange, Report, client_traffic
 
 Key = tuple[datetime, uuid.UUID]
 AnyRow = Row[*tuple[Any, ...]]
@@ -174,6 +174,7 @@ def _window(
         inc.c.role == "incumbent",
         inc.c.sent_at >= lo,
         inc.c.sent_at < hi,
+        client_traffic(inc),  # the mirror's probes are judged by evaluator/quality.py
         oth.c.sent_at >= lo - PAIR_SKEW,
         oth.c.sent_at < hi + PAIR_SKEW,
         or_(

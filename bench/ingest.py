@@ -2,6 +2,7 @@
 
     eval "$(shadow-ab services env)"
     python bench/ingest.py [--records N] [--batch-sizes 100,1000,5000] [--workers 1,2]
+                           [--kafka-client kafka-python,confluent]
                            [--decoder msgspec,pydantic] [--inflight 1,2]
                            [--gc tuned|default|both] [--fetch-partition-kb 8192] [--repeat R]
                            [--no-parts] [--profile]
@@ -20,27 +21,37 @@ JSON size (about 4.8 KB: about 2.6 KB of text, the rest mostly ITL floats and fi
 
 They are produced to a fresh 6-partition topic (as ``shadow.exchanges``); then, for each batch
 size and worker count, ``--workers`` processes each run the real ingester exactly as
-``shadow-ab ingest --workers N`` does (kafka-python consumer, decode + pydantic validation,
+``shadow-ab ingest --workers N`` does (the ``--kafka-client`` consumer, decode + validation,
 binary COPY into PostgreSQL, offset commit after the store commit; ``tune_gc`` unless
 ``--gc default``) in one fresh consumer group, into a fresh database, until every offset is
 committed; the row count is then checked to be exactly N.
 
-``--decoder`` and ``--inflight`` compare the ingester's decoders (``SHADOW_AB_INGEST_DECODER``)
-and batches in flight per worker (``SHADOW_AB_INGEST_INFLIGHT_BATCHES``) side by side; the
+``--kafka-client``, ``--decoder`` and ``--inflight`` compare the ingester's Kafka client
+libraries (``SHADOW_AB_INGEST_KAFKA_CLIENT``: kafka-python, or confluent-kafka's librdkafka),
+decoders (``SHADOW_AB_INGEST_DECODER``) and batches in flight per worker
+(``SHADOW_AB_INGEST_INFLIGHT_BATCHES``) side by side; the
 "vs first" column is each row's rate over the first row's (list the old configuration first:
 ``--decoder pydantic,msgspec --inflight 1,2``), measured in the same run on the same records.
 
 The measurement starts once every worker holds partitions (so joining the group and the
 rebalances as workers join are excluded; they are printed apart as "startup") and counts the
 records committed from then on ("records measured"). The CPU columns split the machine's CPU
-time over that window per record: the ingester workers, PostgreSQL, Kafka (java), every other
-process, and idle (including I/O wait); 2 cores give 2 CPU-seconds a second.
+time over that window per record: the ingester workers (all their threads: librdkafka's too),
+PostgreSQL (every process of the server: other databases' work included), "pg db" (only the
+server backends of this run's database: the ingesters' connections), Kafka (java), every
+other process, and idle (including I/O wait); 2 cores give 2 CPU-seconds a second. "load"
+is the machine's 1-minute load average, sampled through the run (mean and highest): other
+work on a shared machine shows there ("other" is the change in the CPU of every process alive
+at the end: processes that end within the run make it low, or even negative).
 
 Then (unless ``--no-parts``) it measures the floors, each part alone on the same records, one
-after the other in the same run: fetching from Kafka (kafka-python's consumer poll only, for
-each ``--fetch-partition-kb``), decode + validation (each decoder), and the store write
-(storage.write.write_exchanges: row building + COPY + commit), with the records/s one core
-would reach doing only that part.
+after the other in the same run: fetching from Kafka (each client's consumer poll through the
+ingester's adapter, ``ingester.clients``, for each ``--fetch-partition-kb``; the process's CPU
+counts every thread, librdkafka's too), decode + validation (each decoder), and the store
+write (storage.write.write_exchanges) split into building the rows (``exchange_values``, the
+binary wire values), the COPY and commit on the client side (the write's CPU less the rows'),
+and PostgreSQL's CPU for it (the backend's own process), with the records/s one core would
+reach doing only that part.
 ``--profile`` prints each worker's top functions (cProfile) for the 1,000 batch size.
 """
 
@@ -73,11 +84,12 @@ from shadow_ab.settings import CommonSettings
 from shadow_ab.topics import TopicSpec, delete_topics, ensure_topics
 from storage.db import make_engine, normalize_url
 from storage.migrate import upgrade
-from storage.write import write_exchanges
+from storage.write import WIRE, exchange_values, write_exchanges
 
 GOAL = 10_000
 PARTITIONS = 6  # as shadow.exchanges
-CPU_GROUPS = ("ingester", "postgres", "kafka", "other", "idle")
+CPU_GROUPS = ("ingester", "postgres", "pg db", "kafka", "other", "idle")
+CLIENTS = ("kafka-python", "confluent")
 WORDS = (
     "the of and to in is that for it as with was on be by this are or at from an which have"
     " latency token model engine batch request response stream cache memory decode prefill"
@@ -243,7 +255,7 @@ def _worker(
             profiler.disable()
         assert processor.shutdown(30)
     finally:
-        consumer.close(autocommit=False)
+        consumer.close()
         producer.close(timeout=10)
         engine.dispose()
     if profiler:
@@ -252,23 +264,32 @@ def _worker(
         print(out.getvalue())
 
 
-def _cpu_by_process(workers: set[int]) -> dict[str, float]:
-    """CPU seconds used so far by the ingester workers, PostgreSQL, Kafka (java) and the rest
-    of the machine, from /proc (Linux); plus "idle" from /proc/stat."""
+def _proc_cpu(pid: int) -> tuple[str, float] | None:
+    """(command name, CPU seconds used so far) of a process, from /proc (Linux)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    comm = stat[stat.index("(") + 1 : stat.rindex(")")]
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return comm, (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_by_process(workers: set[int], backends: set[int] = frozenset()) -> dict[str, float]:
+    """CPU seconds used so far by the ingester workers, PostgreSQL (and apart, the server
+    backends ``backends``), Kafka (java) and the rest of the machine, from /proc (Linux); plus
+    "idle" from /proc/stat."""
     tick = os.sysconf("SC_CLK_TCK")
-    out = {"ingester": 0.0, "postgres": 0.0, "kafka": 0.0, "other": 0.0}
+    out = {"ingester": 0.0, "postgres": 0.0, "pg db": 0.0, "kafka": 0.0, "other": 0.0}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        comm = stat[stat.index("(") + 1 : stat.rindex(")")]
-        fields = stat[stat.rindex(")") + 2 :].split()
-        used = (int(fields[11]) + int(fields[12])) / tick
         pid = int(entry)
+        found = _proc_cpu(pid)
+        if found is None:
+            continue
+        comm, used = found
         group = (
             "ingester"
             if pid in workers
@@ -279,14 +300,34 @@ def _cpu_by_process(workers: set[int]) -> dict[str, float]:
             else "other"
         )
         out[group] += used
+        if pid in backends:
+            out["pg db"] += used
     with open("/proc/stat") as f:
         cpu = f.readline().split()
     out["idle"] = (int(cpu[4]) + int(cpu[5])) / tick
     return out
 
 
+def _backends(engine: Any) -> set[int]:
+    """Process ids of the PostgreSQL backends connected to ``engine``'s database, but its own."""
+    with engine.connect() as conn:
+        pids = conn.execute(
+            text(
+                "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+                " AND pid <> pg_backend_pid()"
+            )
+        ).scalars()
+        return {int(p) for p in pids}
+
+
+def _load() -> float:
+    return os.getloadavg()[0]
+
+
 LAST_CPU: dict[str, float] = {}
 """CPU seconds per record of the last measured run, by process group (see _cpu_by_process)."""
+LAST_LOAD: list[float] = []
+"""The 1-minute load averages sampled during the last measured run."""
 
 
 def ingest_once(
@@ -316,44 +357,80 @@ def ingest_once(
     for p in procs:
         p.start()
     start: tuple[float, int] | None = None
+    watch = make_engine(settings.database_url)  # one connection, left out of "pg db"
+    loads: list[float] = []
+    next_load = 0.0
+    pids: set[int] = set()
+    backends: set[int] = set()
     try:
         while True:
             done = sum(committed)
             if start is None and all(assigned) and sum(assigned) == PARTITIONS:
                 start = (time.perf_counter(), done)
-                cpu0 = _cpu_by_process({p.pid for p in procs if p.pid is not None})
+                pids = {p.pid for p in procs if p.pid is not None}
+                # Backends that exist now; those the writers open later are added as found
+                # (their CPU before the start is theirs to count: they did not exist).
+                backends = _backends(watch)
+                cpu0 = _cpu_by_process(pids, backends)
+            now = time.perf_counter()
+            if start is not None and now >= next_load:
+                loads.append(_load())
+                # A backend opened since the start used all its CPU within the window.
+                backends |= _backends(watch)
+                next_load = now + 1.0
             if done >= n:
                 break
             time.sleep(0.002)
             if time.perf_counter() - t0 > 900 or not all(p.is_alive() for p in procs):
                 raise SystemExit(f"gave up: {done} of {n} committed")
         end = time.perf_counter()
-        cpu1 = _cpu_by_process({p.pid for p in procs if p.pid is not None})
+        cpu1 = _cpu_by_process(pids, backends)
+        loads.append(_load())
     finally:
         stop.set()
         for p in procs:
             p.join(60)
             if p.is_alive():
                 p.kill()
-    with make_engine(settings.database_url).connect() as conn:
+    with watch.connect() as conn:
         rows = conn.execute(text("SELECT count(*) FROM exchanges")).scalar_one()
+    watch.dispose()
     if rows != n:
         raise SystemExit(f"expected {n} rows, found {rows}")
     assert start is not None
     LAST_CPU.clear()
     LAST_CPU.update({k: (cpu1[k] - cpu0[k]) / (n - start[1]) for k in cpu1})
+    LAST_LOAD[:] = loads
     return start[0] - t0, n - start[1], end - start[0]
 
 
 # -- parts, each alone -------------------------------------------------------------------------
 
 
-def time_consume_only(
-    bootstrap: str, topic: str, n: int, fetch_kb: int = 8192
-) -> tuple[float, float]:
+def _fetch_consumer(client: str, bootstrap: str, topic: str, fetch_kb: int) -> Any:
+    """The ingester's adapter (ingester.clients) over a group-less consumer assigned every
+    partition of ``topic`` from the start: the fetch alone, no group join."""
+    if client == "confluent":
+        from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+        from ingester.confluent_client import ConfluentConsumer
+
+        raw = Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": f"bench-fetch-{uuid.uuid4().hex[:8]}",  # never joined
+                "enable.auto.commit": False,
+                "max.partition.fetch.bytes": fetch_kb * 1024,
+                "fetch.max.bytes": 64 * 1024 * 1024,
+            }
+        )
+        raw.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(PARTITIONS)])
+        return ConfluentConsumer(raw, bootstrap)
     from kafka import KafkaConsumer
 
-    consumer = KafkaConsumer(
+    from ingester.kafka_python_client import KafkaPythonConsumer
+
+    raw = KafkaConsumer(
         topic,
         bootstrap_servers=bootstrap,
         group_id=None,
@@ -363,12 +440,20 @@ def time_consume_only(
         max_partition_fetch_bytes=fetch_kb * 1024,
         fetch_max_bytes=64 * 1024 * 1024,
     )
-    consumer.partitions_for_topic(topic)  # metadata first: not part of the fetch
+    raw.partitions_for_topic(topic)  # metadata first: not part of the fetch
+    return KafkaPythonConsumer(raw)
+
+
+def time_consume_only(
+    bootstrap: str, topic: str, n: int, fetch_kb: int = 8192, client: str = "kafka-python"
+) -> tuple[float, float]:
+    """(wall, CPU) seconds to fetch ``n`` records through the ingester's adapter; the CPU is
+    the whole process's (every thread: kafka-python's IO thread, librdkafka's threads)."""
+    consumer = _fetch_consumer(client, bootstrap, topic, fetch_kb)
     got = 0
     first, cpu = time.perf_counter(), time.process_time()
     while got < n:
-        records = consumer.poll(timeout_ms=200)
-        got += sum(len(v) for v in records.values())
+        got += len(consumer.poll(timeout_ms=200, max_records=5000))
     elapsed, cpu = time.perf_counter() - first, time.process_time() - cpu
     consumer.close()
     return elapsed, cpu
@@ -416,6 +501,11 @@ def main() -> None:
     parser.add_argument(
         "--inflight", default="2", help="SHADOW_AB_INGEST_INFLIGHT_BATCHES values, e.g. 1,2,3"
     )
+    parser.add_argument(
+        "--kafka-client",
+        default="confluent",
+        help="SHADOW_AB_INGEST_KAFKA_CLIENT values, e.g. kafka-python,confluent",
+    )
     parser.add_argument("--repeat", type=int, default=1, help="run each configuration N times")
     parser.add_argument("--parts", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument(
@@ -432,6 +522,10 @@ def main() -> None:
     fetch_kbs = [int(k) for k in args.fetch_partition_kb.split(",")]
     decoders = args.decoder.split(",")
     inflights = [int(k) for k in args.inflight.split(",")]
+    clients = args.kafka_client.split(",")
+    unknown = [c for c in clients if c not in CLIENTS]
+    if unknown:
+        raise SystemExit(f"--kafka-client: unknown {unknown}; choose from {', '.join(CLIENTS)}")
 
     common = CommonSettings()
     bootstrap = common.kafka_bootstrap
@@ -459,23 +553,25 @@ def main() -> None:
         )
         print()
         print(
-            "| batch size | workers | decoder | in flight | gc | fetch KiB | records measured"
-            " | startup s | seconds | records/s | vs first | ratio to 10,000/s"
-            " | CPU us/record: ingester / postgres / kafka / other / idle |"
+            "| batch size | workers | client | decoder | in flight | gc | fetch KiB"
+            " | records measured | startup s | seconds | records/s | vs first | ratio to 10,000/s"
+            " | CPU us/record: ingester / postgres (pg db) / kafka / other / idle"
+            " | load avg mean / max |"
         )
-        print("|---:|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|")
+        print("|---:|---:|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|---|")
         runs = [
-            (size, workers, decoder, inflight, gc_mode, fetch_kb)
+            (size, workers, client, decoder, inflight, gc_mode, fetch_kb)
             for _ in range(args.repeat)
             for size in sizes
             for workers in worker_counts
-            for decoder in decoders
             for inflight in inflights
+            for decoder in decoders
             for gc_mode in gcs
             for fetch_kb in fetch_kbs
+            for client in clients
         ]
         first_rate: float | None = None
-        for i, (size, workers, decoder, inflight, gc_mode, fetch_kb) in enumerate(
+        for i, (size, workers, client, decoder, inflight, gc_mode, fetch_kb) in enumerate(
             runs if args.runs else []
         ):
             settings = IngestSettings(
@@ -491,6 +587,7 @@ def main() -> None:
                 ingest_fetch_partition_kb=fetch_kb,
                 ingest_decoder=decoder,
                 ingest_inflight_batches=inflight,
+                ingest_kafka_client=client,
             )
             startup, measured, seconds = ingest_once(
                 settings,
@@ -502,12 +599,14 @@ def main() -> None:
             dbs.drop_all()
             rate = measured / seconds
             first_rate = first_rate or rate
+            us = {k: f"{LAST_CPU[k] * 1e6:.0f}" for k in CPU_GROUPS}
             print(
-                f"| {size:,} | {workers} | {decoder} | {inflight} | {gc_mode} | {fetch_kb:,}"
-                f" | {measured:,} | {startup:.2f} | {seconds:.2f} | {rate:,.0f}"
-                f" | {rate / first_rate:.2f} | {rate / GOAL:.2f} | "
-                + " / ".join(f"{LAST_CPU[k] * 1e6:.0f}" for k in CPU_GROUPS)
-                + " |",
+                f"| {size:,} | {workers} | {client} | {decoder} | {inflight} | {gc_mode}"
+                f" | {fetch_kb:,} | {measured:,} | {startup:.2f} | {seconds:.2f} | {rate:,.0f}"
+                f" | {rate / first_rate:.2f} | {rate / GOAL:.2f}"
+                f" | {us['ingester']} / {us['postgres']} ({us['pg db']}) / {us['kafka']}"
+                f" / {us['other']} / {us['idle']}"
+                f" | {sum(LAST_LOAD) / len(LAST_LOAD):.1f} / {max(LAST_LOAD):.1f} |",
                 flush=True,
             )
         if not args.parts:
@@ -515,14 +614,18 @@ def main() -> None:
 
         # Where the time goes: each part alone, on the same records, microseconds per record.
         print()
+        load0 = _load()
         consume = []
-        for kb in fetch_kbs:
-            wall, cpu = time_consume_only(bootstrap, topic, n, kb)
-            consume.append((kb, (wall / n, cpu / n)))
+        for client in clients:
+            for kb in fetch_kbs:
+                wall, cpu = time_consume_only(bootstrap, topic, n, kb, client)
+                consume.append((client, kb, (wall / n, cpu / n)))
         if "tuned" in gcs:
             tune_gc()  # as the ingester runs
         decodes = []
         for name, fast in (("pydantic", False), ("msgspec", True)):
+            if name not in decoders and (name != "msgspec" or "pydantic" in decoders):
+                continue
             decoded: list[Any] = []
 
             def run(f: bool = fast, out: list[Any] = decoded) -> None:
@@ -531,40 +634,64 @@ def main() -> None:
             decodes.append((name, cpu_per_record(run, n)))
             records = [r for r in decoded if isinstance(r, ExchangeRecord)]
             assert len(records) == n
+        rows_us = cpu_per_record(lambda: [exchange_values(r, WIRE) for r in records], n)
         url = dbs.create()
         engine = make_engine(url)
         chunks = [records[i : i + 1000] for i in range(0, n, 1000)]
+        write_exchanges(engine, records[:1])  # the connection and partitions: not the write
+        with engine.begin() as conn:
+            conn.execute(text("TRUNCATE exchanges"))
+            backend = conn.execute(text("SELECT pg_backend_pid()")).scalar_one()
+        pg0 = (_proc_cpu(backend) or ("", 0.0))[1]
         wall = time.perf_counter()
         cpu = time.process_time()
         _write_all(engine, chunks)
         write_us = ((time.perf_counter() - wall) / n, (time.process_time() - cpu) / n)
+        pg_us = ((_proc_cpu(backend) or ("", 0.0))[1] - pg0) / n
         engine.dispose()
         parts = [
             *(
-                (f"Kafka fetch, {kb:,} KiB a partition (consumer poll only)", s)
-                for kb, s in consume
+                (f"fetch: {client}, {kb:,} KiB a partition (consumer poll only)", s)
+                for client, kb, s in consume
             ),
             *((f"decode + validate ({name})", s) for name, s in decodes),
-            ("store write, batches of 1,000 (rows + binary COPY + commit)", write_us),
+            ("rows: exchange_values, binary wire values (part of the store write)", rows_us),
+            (
+                "copy: the store write less its rows (dedupe, sort, COPY, commit; client side)",
+                (write_us[0] - rows_us[0], write_us[1] - rows_us[1]),
+            ),
+            ("store write, batches of 1,000 (rows + copy)", write_us),
+            ("postgres: the server backend's CPU for the store write", (pg_us, pg_us)),
         ]
         print(
-            "| part (alone, same records) | wall us/record | this process's CPU us/record"
+            "| part (alone, same records) | wall us/record | CPU us/record"
             " | records/s a core gives it (by CPU) |"
         )
         print("|---|---:|---:|---:|")
         for name, (wall_s, cpu_s) in parts:
             rate = 1 / max(cpu_s, 1e-9)
             print(f"| {name} | {wall_s * 1e6:,.0f} | {cpu_s * 1e6:,.0f} | {rate:,.0f} |")
-        fetch_cpu = min(c for _, (_, c) in consume)
-        for name, (_, cpu_s) in decodes:
-            total = fetch_cpu + cpu_s + write_us[1]
+        for client, kb, (_, fetch_cpu) in consume:
+            for name, (_, cpu_s) in decodes:
+                total = fetch_cpu + cpu_s + write_us[1]
+                print(
+                    f"| ingester CPU, {client} ({kb:,} KiB) + {name}: fetch + decode + rows +"
+                    f" copy (PostgreSQL's own CPU not included) | | {total * 1e6:,.0f}"
+                    f" | {1 / total:,.0f} |"
+                )
+                both = total + pg_us
+                print(
+                    f"| the same + postgres: what 2 cores give ({client}, {name})"
+                    f" | | {both * 1e6:,.0f} | {2 / both:,.0f} for 2 cores |"
+                )
+        if len(decodes) == 2:
             print(
-                f"| ingester CPU with {name}: fetch + decode + write (PostgreSQL's own CPU not"
-                f" included) | | {total * 1e6:,.0f} | {1 / total:,.0f} |"
+                "| decode CPU, pydantic over msgspec | |"
+                f" {decodes[0][1][1] / decodes[1][1][1]:.2f}x | |"
             )
         print(
-            "| decode CPU, pydantic over msgspec | |"
-            f" {decodes[0][1][1] / decodes[1][1][1]:.2f}x | |"
+            f"\nload average (1 min) over the parts: {load0:.1f} at the start,"
+            f" {_load():.1f} at the end"
         )
     finally:
         dbs.drop_all()

@@ -39,7 +39,7 @@ from evaluator.rates import newcombe_interval, wilson_interval
 from evaluator.results import Interval, Measurement, Progress, Window
 from shadow_ab.timestamps import as_utc
 from storage.errors import translate
-from storage.models import EXCHANGES
+from storage.models import EXCHANGES, client_traffic
 
 OTHER_ROLES: tuple[str, ...] = ("candidate", "replay")
 SIMILARITY_EDGES: tuple[float, ...] = tuple(round(i * 0.05, 2) for i in range(21))
@@ -551,7 +551,7 @@ def sample_pair_ids(
         q = (
             select(s.pair_id)
             .where(s.deployment == deployment, s.role == role, s.sent_at >= lo, s.sent_at < hi)
-            .where(s.synthetic.is_(None))  # the mirror's probes: evaluator/quality.py
+            .where(client_traffic(sampled))
             .order_by(s.pair_id)
             .limit(limit)
         )
@@ -559,7 +559,7 @@ def sample_pair_ids(
     q = (
         select(x.pair_id)
         .where(x.deployment == deployment, x.role == role, x.sent_at >= lo, x.sent_at < hi)
-        .where(x.synthetic.is_(None))
+        .where(client_traffic())
         .order_by(x.pair_id)
         .limit(limit)
     )

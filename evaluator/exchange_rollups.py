@@ -57,12 +57,14 @@ from sqlalchemy.sql.elements import TextClause
 
 from shadow_ab.records import RECORD_TIME_MAX, RECORD_TIME_MIN
 from storage.models import (
+    CLIENT_TRAFFIC_SQL,
     EXCHANGE_COUNTS,
     EXCHANGE_NOTABLES,
     EXCHANGE_PARITY,
     EXCHANGE_ROLLUP_HOURS,
     EXCHANGES,
     Timestamp,
+    client_traffic,
 )
 
 STALL_FLOOR_S = 5.0
@@ -109,7 +111,7 @@ INSERT INTO exchange_counts (deployment, minute, role, n, n_failed, first_sent, 
 SELECT deployment, {minute}, role, count(*),
        sum(CASE WHEN status IN ({failed}) THEN 1 ELSE 0 END), min(sent_at), max(sent_at)
 FROM exchanges
-WHERE deployment = :deployment AND sent_at >= :lo AND sent_at < :hi AND synthetic IS NULL
+WHERE deployment = :deployment AND sent_at >= :lo AND sent_at < :hi AND {CLIENT_TRAFFIC_SQL}
 GROUP BY deployment, {minute}, role
 """
 
@@ -127,7 +129,7 @@ INSERT INTO exchange_notables (deployment, sent_at, pair_id, role, engine, statu
 SELECT deployment, sent_at, pair_id, role, engine, status, http_status, error, ttft_s, e2e_s,
        {longest}
 FROM exchanges
-WHERE deployment = :deployment AND sent_at >= :lo AND sent_at < :hi AND synthetic IS NULL
+WHERE deployment = :deployment AND sent_at >= :lo AND sent_at < :hi AND {CLIENT_TRAFFIC_SQL}
   AND (status <> 'ok' OR ttft_s >= :stall OR e2e_s >= :e2e
        OR (e2e_s >= :stall AND {gap}))
 """
@@ -141,7 +143,7 @@ def _parity_sql(pg: bool) -> str:
     state = "guard->>'state'" if pg else "json_extract(guard, '$.state')"
     where = (
         "deployment = :deployment AND sent_at >= :lo AND sent_at < :hi AND role = 'candidate'"
-        " AND synthetic IS NULL"
+        f" AND {CLIENT_TRAFFIC_SQL}"
     )
     return f"""
 INSERT INTO exchange_parity (deployment, hour, kind, key, n, sum_incumbent, sum_candidate)
@@ -165,7 +167,7 @@ def _stmt(sql: str) -> TextClause:
 def _compute_chunk(
     conn: Connection, deployment: str, lo: datetime, hi: datetime, closed_before: datetime
 ) -> None:
-    from evaluator.rollups import HOUR
+    from evaluator.rollups import hour_marks
 
     pg = conn.dialect.name == "postgresql"
     if pg:
@@ -208,21 +210,15 @@ def _compute_chunk(
             .group_by(notable_hour)
         )
     }
-    rows = []
-    h = lo
-    while h < hi:
-        rows.append(
-            {
-                "deployment": deployment,
-                "hour": h,
-                "n_exchanges": n_by_hour.get(h, 0),
-                "n_notable": notable_by_hour.get(h, 0),
-                "stall_floor_s": STALL_FLOOR_S,
-                "e2e_floor_s": E2E_FLOOR_S,
-                "closed": h + HOUR <= closed_before,
-            }
-        )
-        h += HOUR
+    rows = hour_marks(
+        deployment,
+        lo,
+        hi,
+        closed_before,
+        {"n_exchanges": n_by_hour, "n_notable": notable_by_hour},
+        stall_floor_s=STALL_FLOOR_S,
+        e2e_floor_s=E2E_FLOOR_S,
+    )
     conn.execute(insert(EXCHANGE_ROLLUP_HOURS), rows)
 
 
@@ -369,7 +365,7 @@ def role_extent(
                     x.deployment == deployment,
                     x.role.in_(roles),
                     in_ranges(x.sent_at, raw),
-                    x.synthetic.is_(None),
+                    client_traffic(),
                 )
             ).one()
         )

@@ -29,7 +29,7 @@ from sqlalchemy import Engine, case, func, select
 from evaluator.exchange_rollups import in_ranges, split_window
 from evaluator.results import Window
 from evaluator.rollups import LOAD_EDGES, bucket_labels
-from storage.models import EXCHANGE_COUNTS, EXCHANGE_PARITY, EXCHANGES
+from storage.models import EXCHANGE_COUNTS, EXCHANGE_PARITY, EXCHANGES, client_traffic
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,7 @@ def load_parity(engine: Engine, deployment: str, window: Window) -> dict[str, An
             in_raw = (
                 x.deployment == deployment,
                 in_ranges(x.sent_at, raw),
-                x.synthetic.is_(None),  # the mirror's probes are not client traffic
+                client_traffic(),
             )
             bucket = _bucket(x.inflight_incumbent)
             by_bucket = (

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
@@ -46,6 +46,7 @@ from sqlalchemy.sql.selectable import TextualSelect
 from evaluator.results import Progress, Window
 from evaluator.sketch import LN_GAMMA
 from storage.models import (
+    CLIENT_TRAFFIC_SQL,
     EXCHANGES,
     LATENCY_ROLLUP_HOURS,
     LATENCY_ROLLUPS,
@@ -165,7 +166,7 @@ def _x_sql(pg: bool, roles: Sequence[str]) -> str:
         f" {_TPS.format(r='')} AS tps, itl_s, {slice_cols}"
         " FROM exchanges WHERE deployment = :deployment AND sent_at >= :lo AND sent_at < :hi"
         f" AND status = 'ok' AND role IN ({role_list})"
-        " AND synthetic IS NULL"  # the mirror's probes are not client traffic
+        f" AND {CLIENT_TRAFFIC_SQL}"
     )
 
 
@@ -305,7 +306,7 @@ FROM (
                inflight_incumbent, prompt_tokens
         FROM exchanges
         WHERE deployment = :deployment AND role = 'incumbent'
-          AND sent_at >= :lo AND sent_at < :hi AND synthetic IS NULL
+          AND sent_at >= :lo AND sent_at < :hi AND {CLIENT_TRAFFIC_SQL}
     ) ranked
     WHERE rn <= :k
 ) i
@@ -322,7 +323,7 @@ def _pair_counts_sql(pg: bool) -> str:
 SELECT {hour} AS hour, count(*) AS n
 FROM exchanges
 WHERE deployment = :deployment AND role = 'incumbent' AND sent_at >= :lo AND sent_at < :hi
-  AND synthetic IS NULL
+  AND {CLIENT_TRAFFIC_SQL}
 GROUP BY {hour}
 """
 
@@ -406,6 +407,22 @@ def _compute_chunk(
             params,
         )
     }
+    rows = hour_marks(deployment, lo, hi, closed_before, {"n_pairs": pairs, "n_sampled": sampled})
+    conn.execute(insert(LatencyRollupHour), rows)
+
+
+def hour_marks(
+    deployment: str,
+    lo: datetime,
+    hi: datetime,
+    closed_before: datetime,
+    counts: Mapping[str, Mapping[datetime, int]],
+    **constants: Any,
+) -> list[dict[str, Any]]:
+    """The rows a refresh writes to mark the hours ``[lo, hi)`` of ``deployment`` done: each
+    hour's ``counts`` (column -> hour -> count; 0 where absent), the ``constants``, and whether
+    the hour is closed (ended by ``closed_before``). The latency and the exchange rollups'
+    hour tables both take these."""
     rows = []
     h = lo
     while h < hi:
@@ -413,13 +430,13 @@ def _compute_chunk(
             {
                 "deployment": deployment,
                 "hour": h,
-                "n_pairs": pairs.get(h, 0),
-                "n_sampled": sampled.get(h, 0),
+                **{col: by_hour.get(h, 0) for col, by_hour in counts.items()},
+                **constants,
                 "closed": h + HOUR <= closed_before,
             }
         )
         h += HOUR
-    conn.execute(insert(LatencyRollupHour), rows)
+    return rows
 
 
 def refresh_rollups(

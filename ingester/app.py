@@ -139,7 +139,7 @@ def close_all(resources: list[Any]) -> None:
     """Close what :func:`open_processor` opened: consumer, producer, engine."""
     consumer, producer, engine = resources
     try:
-        consumer.close(autocommit=False)
+        consumer.close()
     finally:
         try:
             producer.close(timeout=10)

@@ -10,14 +10,15 @@ from shadow_ab.records import ExchangeRecord, HealthSample, Record
 
 
 class Partition(NamedTuple):
-    """A topic partition; equal to (and hashed like) kafka-python's ``TopicPartition``."""
+    """A topic partition, whichever the Kafka client (:mod:`ingester.clients`)."""
 
     topic: str
     partition: int
 
 
 class Message(Protocol):
-    """The part of a Kafka message the ingester reads (kafka-python's ``ConsumerRecord``)."""
+    """The part of a Kafka message the ingester reads (kafka-python's ``ConsumerRecord``, or
+    :class:`ingester.confluent_client.Record`)."""
 
     @property
     def topic(self) -> str: ...

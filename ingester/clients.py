@@ -1,42 +1,86 @@
-"""The Kafka consumer and producer the ingester is handed: what it uses of them (the
-:class:`Consumer` and :class:`Producer` protocols, which tests fake), and building the real
-kafka-python ones."""
+"""The Kafka consumer and producer the ingester is handed, in the ingester's own terms.
+
+The steps and the processor see only :class:`Consumer` and :class:`Producer` (partitions are
+:class:`~ingester.batch.Partition`, offsets plain ints, messages anything with the
+:class:`~ingester.batch.Message` attributes), so they do not care which client library is
+underneath. Two are built here, chosen by ``SHADOW_AB_INGEST_KAFKA_CLIENT`` /
+``--kafka-client``:
+
+- ``confluent`` (:mod:`ingester.confluent_client`, the default): confluent-kafka, librdkafka
+  in C: the fetch, the decompression and the protocol parsing run in C threads, outside the
+  GIL (``bench/ingest.py``: about a fifth of kafka-python's CPU per record fetched);
+- ``kafka-python`` (:mod:`ingester.kafka_python_client`): pure Python.
+
+Both take the same settings and the same TLS / SASL variables
+(:mod:`shadow_ab.kafka_security`), commit only the offsets they are given, never on their
+own, and join the group with the same eager assignors (``range``, ``roundrobin``), so
+ingesters of both kinds can share a group during a switch from one to the other.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
+from ingester.batch import Message, Partition
 from ingester.errors import SettingsError
 from ingester.settings import IngestSettings
-from shadow_ab.kafka_security import kafka_security
-from shadow_ab.topics import DLQ_MAX_MESSAGE_BYTES
+
+PartitionsCallback = Callable[[list[Partition]], None]
 
 
 class Consumer(Protocol):
-    """What the ingester uses of kafka-python's ``KafkaConsumer`` (partitions are its
-    ``TopicPartition``)."""
+    """What the ingester uses of a Kafka consumer (one thread: the processor's)."""
 
-    def subscribe(self, topics: Sequence[str], *, listener: Any) -> None: ...
-    def partitions_for_topic(self, topic: str) -> set[int] | None: ...
-    def poll(self, timeout_ms: int = 0, max_records: int | None = None) -> dict[Any, list[Any]]: ...
-    def assignment(self) -> set[Any]: ...
-    def pause(self, *partitions: Any) -> None: ...
-    def paused(self) -> set[Any]: ...
-    def resume(self, *partitions: Any) -> None: ...
-    def commit(self, offsets: Mapping[Any, Any]) -> None: ...
-    def highwater(self, partition: Any) -> int | None: ...
-    def close(self, autocommit: bool = True) -> None: ...
+    def subscribe(
+        self,
+        topics: Sequence[str],
+        *,
+        on_assigned: PartitionsCallback,
+        on_revoked: PartitionsCallback,
+    ) -> None:
+        """Join the group for ``topics``; the callbacks are told of each rebalance (they may be
+        called on a client thread: they must only log)."""
+        ...
+
+    def partitions_for_topic(self, topic: str) -> set[int] | None:
+        """The topic's partitions (fetching its metadata), None if Kafka has no such topic."""
+        ...
+
+    def poll(self, timeout_ms: int, max_records: int | None = None) -> list[Message]:
+        """Up to ``max_records`` messages, waiting at most ``timeout_ms`` (keeps the group
+        membership alive)."""
+        ...
+
+    def assignment(self) -> set[Partition]: ...
+    def pause(self, *partitions: Partition) -> None: ...
+    def paused(self) -> set[Partition]: ...
+    def resume(self, *partitions: Partition) -> None: ...
+    def commit(self, offsets: Mapping[Partition, int]) -> None:
+        """Commit, synchronously, the next offset to read of each partition; raises if Kafka
+        did not take it."""
+        ...
+
+    def highwater(self, partition: Partition) -> int | None:
+        """The partition's last known high-water mark (no request to Kafka), None if unknown."""
+        ...
+
+    def close(self) -> None:
+        """Leave the group without committing anything."""
+        ...
 
 
 class SendResult(Protocol):
-    """A send's outcome, as kafka-python's ``FutureRecordMetadata``."""
+    """A send's outcome."""
 
-    def get(self, timeout: float | None = None) -> Any: ...
+    def get(self, timeout: float | None = None) -> Any:
+        """The send's metadata; raises if Kafka did not acknowledge it."""
+        ...
 
 
 class Producer(Protocol):
-    """What the ingester uses of kafka-python's ``KafkaProducer`` (the dead-letter topic)."""
+    """What the ingester uses of a Kafka producer (the dead-letter topic): acks=all,
+    idempotent."""
 
     def send(
         self,
@@ -50,67 +94,33 @@ class Producer(Protocol):
     def close(self, timeout: float | None = None) -> None: ...
 
 
-def _unreachable(bootstrap: str, exc: Exception) -> SettingsError:
+def unreachable(bootstrap: str, exc: Exception) -> SettingsError:
     return SettingsError(
         f"cannot reach Kafka at {bootstrap} ({exc}); check --kafka / SHADOW_AB_KAFKA_BOOTSTRAP,"
         " or start the local one with `shadow-ab services up`"
     )
 
 
-def _security() -> dict[str, Any]:
-    """TLS and SASL settings from the environment (:mod:`shadow_ab.kafka_security`)."""
-    try:
-        return kafka_security()
-    except ValueError as exc:
-        raise SettingsError(str(exc)) from None
-
-
 def make_consumer(settings: IngestSettings, *, client_id: str = "shadow-ab-ingester") -> Consumer:
-    from kafka import KafkaConsumer
-    from kafka.coordinator.assignors.range import RangePartitionAssignor
-    from kafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
-    from kafka.errors import KafkaError
+    """The consumer of ``settings.ingest_kafka_client``: manual commits, eager assignors."""
+    if settings.ingest_kafka_client == "confluent":
+        from ingester.confluent_client import confluent_consumer
 
-    bootstrap = settings.kafka_bootstrap or ""
-    try:
-        return KafkaConsumer(
-            bootstrap_servers=bootstrap,
-            client_id=client_id,
-            group_id=settings.ingest_group,
-            enable_auto_commit=False,
-            auto_offset_reset=settings.ingest_auto_offset_reset,
-            max_poll_records=settings.ingest_batch_size,
-            session_timeout_ms=settings.ingest_session_timeout_ms,
-            heartbeat_interval_ms=min(3000, settings.ingest_session_timeout_ms // 3),
-            # Larger fetches: records are 1-4 KB, the default 1 MiB per partition is ~300 of them.
-            max_partition_fetch_bytes=settings.ingest_fetch_partition_kb * 1024,
-            fetch_max_bytes=64 * 1024 * 1024,
-            # Eager rebalancing: every partition is revoked and positions restart from the
-            # committed offsets, which the processor relies on when it drops an unwritten batch.
-            partition_assignment_strategy=(RangePartitionAssignor, RoundRobinPartitionAssignor),
-            **_security(),
-        )
-    except KafkaError as exc:
-        raise _unreachable(bootstrap, exc) from exc
+        return confluent_consumer(settings, client_id=client_id)
+    from ingester.kafka_python_client import kafka_python_consumer
+
+    return kafka_python_consumer(settings, client_id=client_id)
 
 
 def make_producer(
     settings: IngestSettings, *, client_id: str = "shadow-ab-ingester-dlq"
 ) -> Producer:
-    from kafka import KafkaProducer
-    from kafka.errors import KafkaError
+    """The dead-letter producer of ``settings.ingest_kafka_client`` (the same library as the
+    consumer: one client library, one connection set-up and one TLS stack per process)."""
+    if settings.ingest_kafka_client == "confluent":
+        from ingester.confluent_client import confluent_producer
 
-    bootstrap = settings.kafka_bootstrap or ""
-    try:
-        return KafkaProducer(
-            bootstrap_servers=bootstrap,
-            client_id=client_id,
-            acks="all",
-            enable_idempotence=True,
-            linger_ms=5,
-            # A dead letter is a whole message of the other topics plus headers.
-            max_request_size=DLQ_MAX_MESSAGE_BYTES,
-            **_security(),
-        )
-    except KafkaError as exc:
-        raise _unreachable(bootstrap, exc) from exc
+        return confluent_producer(settings, client_id=client_id)
+    from ingester.kafka_python_client import kafka_python_producer
+
+    return kafka_python_producer(settings, client_id=client_id)

@@ -25,8 +25,8 @@ def dead_letter_headers(letter: DeadLetter) -> list[tuple[str, bytes]]:
 
 
 class DeadLetters:
-    """Sends dead letters through a kafka-python ``KafkaProducer`` (acks=all) and waits for
-    Kafka to acknowledge them, so their offsets may be committed."""
+    """Sends dead letters through the ingester's producer (:mod:`ingester.clients`: acks=all,
+    idempotent) and waits for Kafka to acknowledge them, so their offsets may be committed."""
 
     def __init__(self, producer: Producer, topic: str, timeout_s: float = 30.0) -> None:
         self.producer = producer

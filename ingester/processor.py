@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
 
 from ingester.batch import Message, Partition
 from ingester.clients import Consumer
@@ -59,19 +58,13 @@ class StreamProcessor:
     # -- lifecycle -------------------------------------------------------------------------
 
     def subscribe(self) -> None:
-        from kafka import ConsumerRebalanceListener
-
-        class Listener(ConsumerRebalanceListener):
-            # kafka-python 3 calls these on its IO thread, possibly while the processor's
-            # thread is busy (a join can complete in the background after a poll timed out),
-            # and the blocking consumer API cannot be used there: log only.
-            def on_partitions_revoked(self, revoked: Any) -> None:
-                log.info("partitions revoked: %s", _names(revoked))
-
-            def on_partitions_assigned(self, assigned: Any) -> None:
-                log.info("partitions assigned: %s", _names(assigned))
-
-        self.consumer.subscribe(self.topics, listener=Listener())
+        # The client may call these on its own thread (kafka-python 3 does, possibly while
+        # the processor's thread is busy): log only.
+        self.consumer.subscribe(
+            self.topics,
+            on_assigned=lambda tps: log.info("partitions assigned: %s", _names(tps)),
+            on_revoked=lambda tps: log.info("partitions revoked: %s", _names(tps)),
+        )
         # Fetch the topics' metadata now, after subscribing and before the first poll joins
         # the group: joined without it, a consumer gets no partitions (and may not notice for
         # minutes); fetched after the join, it makes kafka-python rebalance a second time.
@@ -140,8 +133,8 @@ class StreamProcessor:
         self._absorb(records)
         self._submit_held()
 
-    def _absorb(self, records: dict[Any, list[Message]]) -> None:
-        for messages in records.values():
+    def _absorb(self, messages: list[Message]) -> None:
+        if messages:
             self.taken += len(messages)
             self.held.extend(messages)
 
@@ -170,5 +163,5 @@ class StreamProcessor:
         self.paused = False
 
 
-def _names(partitions: Any) -> list[tuple[str, int]]:
+def _names(partitions: list[Partition]) -> list[tuple[str, int]]:
     return sorted((tp.topic, tp.partition) for tp in partitions)

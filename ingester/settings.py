@@ -75,6 +75,14 @@ class IngestSettings(CommonSettings):
     ingest_create_topics: bool = Field(
         default=True, description="create the topics at start if they are missing"
     )
+    ingest_kafka_client: Literal["kafka-python", "confluent"] = Field(
+        default="confluent",
+        description=(
+            "the Kafka client library of the consumer and the dead-letter producer:"
+            " confluent (confluent-kafka, librdkafka in C; a fifth of kafka-python's fetch CPU,"
+            " bench/ingest.py) or kafka-python (pure Python)"
+        ),
+    )
 
     @model_validator(mode="after")
     def _usable(self) -> IngestSettings:

@@ -103,25 +103,14 @@ class CommitOffsets:
         return self.clock.monotonic() if self.clock is not None else 0.0
 
     def _commit(self) -> None:
-        from kafka.structs import OffsetAndMetadata, TopicPartition
-
         assigned = self.consumer.assignment()
-        offsets = {
-            tp: off
-            for tp, off in self.uncommitted.items()
-            if TopicPartition(tp.topic, tp.partition) in assigned
-        }
+        offsets = {tp: off for tp, off in self.uncommitted.items() if tp in assigned}
         if not offsets:
             self.uncommitted.clear()
             return
         try:
-            self.consumer.commit(
-                {
-                    TopicPartition(tp.topic, tp.partition): OffsetAndMetadata(off, "", -1)
-                    for tp, off in offsets.items()
-                }
-            )
-        except Exception as exc:  # kafka-python raises several unrelated types here
+            self.consumer.commit(offsets)
+        except Exception as exc:  # the clients raise several unrelated types here
             metrics.OFFSET_COMMIT_FAILURES.inc()
             self._retry_at = self._now() + self.retry_s
             log.warning("offset commit failed after the store committed (will retry): %r", exc)
@@ -134,10 +123,8 @@ class CommitOffsets:
             self._update_lag(tp, off)
 
     def _update_lag(self, tp: Partition, committed: int) -> None:
-        from kafka.structs import TopicPartition
-
         try:
-            high = self.consumer.highwater(TopicPartition(tp.topic, tp.partition))
+            high = self.consumer.highwater(tp)
         except Exception:  # partition no longer assigned: no lag to report here
             return
         if high is not None:

@@ -17,7 +17,8 @@ same way by all of them:
 - ``SHADOW_AB_KAFKA_SSL_CERTFILE`` and ``SHADOW_AB_KAFKA_SSL_KEYFILE``: a client certificate and
   key (mutual TLS), optional.
 
-:func:`kafka_security` turns them into kafka-python's keyword arguments.
+:func:`kafka_security` turns them into kafka-python's keyword arguments,
+:func:`librdkafka_security` into librdkafka's (confluent-kafka's) configuration properties.
 
 Errors: :class:`ValueError` with a sentence naming the variable to fix.
 """
@@ -100,4 +101,34 @@ def kafka_security(env: Mapping[str, str] | None = None) -> dict[str, Any]:
         if certfile is not None:
             out.update(ssl_certfile=certfile, ssl_keyfile=keyfile)
         out["ssl_check_hostname"] = True
+    return out
+
+
+LIBRDKAFKA_NAMES = {
+    "security_protocol": "security.protocol",
+    "sasl_mechanism": "sasl.mechanism",
+    "sasl_plain_username": "sasl.username",
+    "sasl_plain_password": "sasl.password",
+    "ssl_cafile": "ssl.ca.location",
+    "ssl_certfile": "ssl.certificate.location",
+    "ssl_keyfile": "ssl.key.location",
+}
+"""kafka-python keyword -> librdkafka property, for every keyword :func:`kafka_security` sets
+(``ssl_check_hostname`` apart)."""
+
+
+def librdkafka_security(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The same settings as :func:`kafka_security`, as librdkafka configuration properties
+    (``security.protocol``, ``sasl.*``, ``ssl.*``), for confluent-kafka's clients; empty for
+    a plain-text cluster. Without ``SHADOW_AB_KAFKA_SSL_CAFILE`` the system's CA certificates
+    are used (``ssl.ca.location=probe``), as kafka-python does; the broker's host name is
+    checked against its certificate (``ssl.endpoint.identification.algorithm=https``)."""
+    out: dict[str, str] = {}
+    for key, value in kafka_security(env).items():
+        if key == "ssl_check_hostname":
+            out["ssl.endpoint.identification.algorithm"] = "https" if value else "none"
+        else:
+            out[LIBRDKAFKA_NAMES[key]] = str(value)
+    if out.get("security.protocol", "PLAINTEXT").endswith("SSL"):
+        out.setdefault("ssl.ca.location", "probe")
     return out

@@ -25,11 +25,13 @@ from sqlalchemy import (
     JSON,
     BigInteger,
     Boolean,
+    ColumnElement,
     Date,
     DateTime,
     Dialect,
     Float,
     ForeignKey,
+    FromClause,
     Index,
     Integer,
     MetaData,
@@ -381,6 +383,19 @@ DROPS: Table = Base.metadata.tables["drops"]
 LATENCY_ROLLUPS: Table = Base.metadata.tables["latency_rollups"]
 LATENCY_ROLLUP_HOURS: Table = Base.metadata.tables["latency_rollup_hours"]
 LATENCY_SAMPLES: Table = Base.metadata.tables["latency_samples"]
+
+
+CLIENT_TRAFFIC_SQL = "synthetic IS NULL"
+"""The rows of ``exchanges`` that are client traffic, in SQL text: the mirror's probes
+(``synthetic`` set, mirror/probes.py) are not. Every reader of ``exchanges`` outside the
+quality analysis filters with this or :func:`client_traffic`, never by hand."""
+
+
+def client_traffic(table: FromClause = EXCHANGES) -> ColumnElement[bool]:
+    """:data:`CLIENT_TRAFFIC_SQL` for a Core statement on ``exchanges`` (or an alias of it)."""
+    return table.c.synthetic.is_(None)
+
+
 # --- Exchange rollups (evaluator/exchange_rollups.py; migration 0004) ---------------
 
 

@@ -41,7 +41,13 @@ from evaluator.incidents.model import (
 )
 from evaluator.rates import observed_intervals
 from storage.errors import translate
-from storage.models import EXCHANGE_COUNTS, EXCHANGE_NOTABLES, EXCHANGES, HEALTH_SAMPLES
+from storage.models import (
+    EXCHANGE_COUNTS,
+    EXCHANGE_NOTABLES,
+    EXCHANGES,
+    HEALTH_SAMPLES,
+    client_traffic,
+)
 
 
 def epoch_bin(engine: Engine, column: Any, bin_s: int) -> Any:
@@ -49,6 +55,39 @@ def epoch_bin(engine: Engine, column: Any, bin_s: int) -> Any:
     if engine.dialect.name == "postgresql":
         return cast(func.floor(func.extract("epoch", column) / bin_s), Integer)
     return cast(func.strftime("%s", column), Integer) / bin_s
+
+
+def role_bin_counts(
+    engine: Engine,
+    deployment: str,
+    split: tuple[Sequence[Range], Sequence[Range]],
+    bin_s: int,
+    *,
+    raw_where: Sequence[Any] = (),
+    rolled: str = "n",
+    within: Sequence[Range] | None = None,
+) -> list[Any]:
+    """Statements giving (role, bin, count) of the client exchanges in ``split``: the raw rows
+    of its raw ranges that meet ``raw_where``, and the rolled-up minutes of its runs summing
+    the ``exchange_counts`` column ``rolled`` (``n``, or ``n_failed`` with a failure filter);
+    ``within``: only inside these ranges. Bins are ``bin_s`` wide from the epoch; the caller
+    adds the statements' counts up."""
+    runs, raw = split
+    x, c = EXCHANGES.c, EXCHANGE_COUNTS.c
+    out = []
+    if raw:
+        b = epoch_bin(engine, x.sent_at, bin_s)
+        where = [x.deployment == deployment, client_traffic(), in_ranges(x.sent_at, raw)]
+        if within is not None:
+            where.append(in_ranges(x.sent_at, within))
+        out.append(select(x.role, b, func.count()).where(*where, *raw_where).group_by(x.role, b))
+    if runs:
+        b = epoch_bin(engine, c.minute, bin_s)
+        where = [c.deployment == deployment, in_ranges(c.minute, runs)]
+        if within is not None:
+            where.append(in_ranges(c.minute, within))
+        out.append(select(c.role, b, func.sum(c[rolled])).where(*where).group_by(c.role, b))
+    return out
 
 
 def gap_at_least(engine: Engine, seconds: float) -> Any:
@@ -136,29 +175,13 @@ def _count_failures(
 ) -> Counter[tuple[str, int]]:
     """Failed exchanges per (role, day): the rolled-up hours' failed counts and censored
     incumbent answers (notables), the raw rows elsewhere."""
-    runs, raw = split
-    x, c, n = EXCHANGES.c, EXCHANGE_COUNTS.c, EXCHANGE_NOTABLES.c
+    runs, _ = split
+    n = EXCHANGE_NOTABLES.c
     out: Counter[tuple[str, int]] = Counter()
-    queries = []
-    if raw:
-        day = epoch_bin(engine, x.sent_at, 86400)
-        queries.append(
-            select(x.role, day, func.count())
-            .where(
-                x.deployment == deployment,
-                x.synthetic.is_(None),
-                in_ranges(x.sent_at, raw),
-                _failed(timeout_s),
-            )
-            .group_by(x.role, day)
-        )
+    queries = role_bin_counts(
+        engine, deployment, split, 86400, raw_where=[_failed(timeout_s)], rolled="n_failed"
+    )
     if runs:
-        day = epoch_bin(engine, c.minute, 86400)
-        queries.append(
-            select(c.role, day, func.sum(c.n_failed))
-            .where(c.deployment == deployment, in_ranges(c.minute, runs))
-            .group_by(c.role, day)
-        )
         day = epoch_bin(engine, n.sent_at, 86400)
         censored = and_(n.role == "incumbent", n.status == "ok", n.e2e_s >= timeout_s)
         queries.append(
@@ -196,7 +219,7 @@ def shadow_timeout(conn: Connection, deployment: str, config: IncidentConfig) ->
             select(x.error)
             .where(
                 x.deployment == deployment,
-                x.synthetic.is_(None),
+                client_traffic(),
                 x.role == "candidate",
                 x.status == "timeout",
                 in_ranges(x.sent_at, raw),
@@ -320,7 +343,7 @@ def load_detection_input(
     if raw:
         totals_qs.append(
             select(x.role, sent_day, func.count(), func.min(x.sent_at), func.max(x.sent_at))
-            .where(x.deployment == deployment, x.synthetic.is_(None), in_ranges(x.sent_at, raw))
+            .where(x.deployment == deployment, client_traffic(), in_ranges(x.sent_at, raw))
             .group_by(x.role, sent_day)
         )
     if runs:
@@ -347,7 +370,7 @@ def load_detection_input(
             )
             .where(
                 x.deployment == deployment,
-                x.synthetic.is_(None),
+                client_traffic(),
                 in_ranges(x.sent_at, event_split[1]),
                 or_(
                     x.status != "ok",
@@ -427,30 +450,7 @@ def load_detection_input(
         counted: dict[str, Counter[int]] = defaultdict(Counter)
         if ranges:
             near = [(utc_at(a), utc_at(b)) for a, b in ranges]  # whole minutes
-            bins_qs = []
-            if raw:
-                sent_bin = epoch_bin(engine, x.sent_at, 60)
-                bins_qs.append(
-                    select(x.role, sent_bin, func.count())
-                    .where(
-                        x.deployment == deployment,
-                        x.synthetic.is_(None),
-                        in_ranges(x.sent_at, near),
-                        in_ranges(x.sent_at, raw),
-                    )
-                    .group_by(x.role, sent_bin)
-                )
-            if runs:
-                minute_bin = epoch_bin(engine, c.minute, 60)
-                bins_qs.append(
-                    select(c.role, minute_bin, func.sum(c.n))
-                    .where(
-                        c.deployment == deployment,
-                        in_ranges(c.minute, near),
-                        in_ranges(c.minute, runs),
-                    )
-                    .group_by(c.role, minute_bin)
-                )
+            bins_qs = role_bin_counts(engine, deployment, (runs, raw), 60, within=near)
             for bins_q in bins_qs:
                 for role, b, k in conn.execute(bins_q):
                     counted[sent.key("", role)][int(b)] += int(k)

@@ -136,7 +136,7 @@ def run_until_committed(
                 pytest.fail(f"gave up after {timeout_s:.0f}s waiting for {what}", pytrace=False)
         assert processor.shutdown(30), "shutdown did not flush"
     finally:
-        consumer.close(autocommit=False)
+        consumer.close()
         producer.close(timeout=10)
         engine.dispose()
 
