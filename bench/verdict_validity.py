@@ -1,7 +1,9 @@
 """False NO-GO, power and GO over generated months looked at daily, old decision rule beside new.
 
     python bench/verdict_validity.py [--months 200] [--latency-months 24] [--leak-months 20]
-                                     [--curve-months 100] [--latency-pairs 10000]
+                                     [--effect-months N] [--new-only] [--curve-months 100]
+                                     [--groups latency,counts,leak]
+                                     [--latency-pairs 40000]
                                      [--resamples 999] [--kinds independent,clustered]
                                      [--curve-latency-months 6] [--workers 2] [--quick]
                                      [--no-curves | --curves-only]
@@ -25,9 +27,9 @@ evaluator's own interval functions and verdict (``shadow_ab/dev/verdict_months.p
 each as % of months with its Wilson 95 % interval (the binomial interval of that rate over the
 months simulated), for the **old** rule (every look at 95 %, NO-GO on any FAIL from day 1,
 ``pass_if_zero`` on zero events) and the **new** one (the default policy: 30 daily looks,
-false_nogo 0.05 split over its 11 criteria, O'Brien-Fleming spending, min_days 3, zero
+false_nogo 0.05 split over its criteria (16 today), O'Brien-Fleming spending, min_days 3, zero
 budgets, PASS on its own boundary of false_go 0.05 per criterion). Each criterion is judged at
-the level the shipped policy gives it (1/11 of the family-wise budget). Rows: ``ttft p95``,
+the level the shipped policy gives it (1/16 of the family-wise budget). Rows: ``ttft p95``,
 ``errors``, ``crash``, ``leak``, ``divergence``; ``all 5``: the five together on the months
 that have all five (a scenario's effect on its criterion, A/A data on the others: the
 criteria's data are drawn independently).
@@ -36,8 +38,13 @@ Then the **power curves**: crash 3x against the base rate of crash episodes, and
 x1.12 against the review's latency sample size and the engine day effect: what a target needs.
 
 The latency rows run the review's paired day/hour block bootstrap of the TTFT p95 ratio on
-``--latency-pairs`` pairs (the review's sample: 10 000 pairs in all, drawn per hour) with
-``--resamples`` resamples (999), its resamples drawn once per look and read at every level.
+``--latency-pairs`` pairs (the review's sample: 40 000 pairs in all, drawn per hour) with
+``--resamples`` resamples (999), its resamples drawn once per look and read at every level;
+``--effect-months``: months of each real-effect scenario (default: its group's A/A months; power
+needs fewer months than a bound on the false NO-GO); ``--new-only``: the new rule alone (the
+old one's rows left out, about half the time of the count and memory months); ``--groups``:
+only these groups' months (``latency``, ``counts``, ``leak``; the ``all 5`` rows need all
+three).
 ``--quick``: a few months of each (seconds to a minute; for smoke tests).
 """
 
@@ -131,13 +138,14 @@ def _leak_traces(job: Job) -> Traces:
         y = y + (cand.t - np.asarray(cand.starts)[idx]) / 3600.0 * LEAK_MB_H * MB
     policy = leak_policy()
     params = LeakParams()
-    out: Traces = {"new": [], "old": []}
+    out: Traces = {"new": [], "old": []} if job.old else {"new": []}
     for day in range(1, DAYS + 1):
         i, c = inc.until(day), cand.until(day)
         keep = cand.t < cand.t[0] + day * 86400.0
         g_i = growth(i.t, i.y, i.starts, params)
         g_c = growth(c.t, y[keep], c.starts, params)
-        for rule, level in (("new", policy.look(float(day)).level), ("old", 0.95)):
+        levels = [("new", policy.look(float(day)).level), ("old", 0.95)][: 2 if job.old else 1]
+        for rule, level in levels:
             if g_i is None or g_c is None:
                 m = Measurement(LEAK, None, None, 0, "MB/hour")
             else:
@@ -222,32 +230,41 @@ def run_all(jobs: list[Job], workers: int) -> dict[tuple[str, str, str, int], Tr
 
 def main_table(args: argparse.Namespace, kind: str, settings: Settings) -> list[str]:
     sizes = {"latency": args.latency_months, "counts": args.months, "leak": args.leak_months}
+    sizes = {g: n for g, n in sizes.items() if g in args.groups.split(",")}
+
+    def months(group: str, data: str) -> int:
+        effect = data != "A/A" and args.effect_months is not None
+        return int(args.effect_months) if effect else sizes[group]
+
     jobs = []
-    for group, n in sizes.items():
+    for group in sizes:
         for scenario in ("A/A", *(s for s in SCENARIOS if _effect_group(s) == group)):
-            jobs += [Job(group, kind, scenario, seed, settings=settings) for seed in range(n)]
+            n = months(group, scenario)
+            jobs += [
+                Job(group, kind, scenario, seed, settings=settings, old=not args.new_only)
+                for seed in range(n)
+            ]
     started = time.perf_counter()
     traces = run_all(jobs, args.workers)
     keys = {"latency": LATENCY, "counts": COUNTS, "leak": (LEAK,)}
     lines = []
-    both = min(sizes.values())
     for scenario in SCENARIOS:
-        for rule in ("old", "new"):
+        data_of = {g: scenario if _effect_group(scenario) == g else "A/A" for g in sizes}
+        both = min(months(g, d) for g, d in data_of.items())
+        for rule in ("new",) if args.new_only else ("old", "new"):
             rows: dict[str, Tally] = {}
-            for group, n in sizes.items():
-                data = scenario if _effect_group(scenario) == group else "A/A"
-                for seed in range(n):
-                    t = traces[(group, kind, data, seed)][rule]
+            for group in sizes:
+                data = data_of[group]
+                for seed in range(months(group, data)):
+                    trace = traces[(group, kind, data, seed)][rule]
                     for i, key in enumerate(keys[group]):
-                        rows.setdefault(ROWS[key], Tally()).add([x[i] for x in t])
+                        rows.setdefault(ROWS[key], Tally()).add([x[i] for x in trace])
             combined = Tally()
             for seed in range(both):
-                per = [
-                    traces[(g, kind, scenario if _effect_group(scenario) == g else "A/A", seed)]
-                    for g in sizes
-                ]
+                per = [traces[(g, kind, data_of[g], seed)] for g in sizes]
                 combined.add(["".join(p[rule][d] for p in per) for d in range(DAYS)])
-            rows["all 5"] = combined
+            if len(sizes) == 3:
+                rows["all 5"] = combined
             own = {"ttft": "ttft p95"}.get(scenario, scenario)
             for row, t in rows.items():
                 if scenario == "A/A" or row in (own, "all 5"):
@@ -332,7 +349,10 @@ def main() -> None:
     ap.add_argument(
         "--curve-latency-months", type=int, default=6, help="months per TTFT curve point (0: none)"
     )
-    ap.add_argument("--latency-pairs", type=int, default=10_000)
+    ap.add_argument("--effect-months", type=int, default=None, help="months per real effect")
+    ap.add_argument("--new-only", action="store_true", help="the new rule alone")
+    ap.add_argument("--groups", default="latency,counts,leak", help="which groups' months")
+    ap.add_argument("--latency-pairs", type=int, default=Settings().latency_pairs)
     ap.add_argument("--resamples", type=int, default=999)
     ap.add_argument("--kinds", default="independent,clustered")
     ap.add_argument("--workers", type=int, default=2, help="processes (the machine's cores)")

@@ -217,6 +217,18 @@ def common_prefix_len(a: str, b: str) -> int:
 Margin = tuple[float, bool]
 """(nats, is a lower bound)."""
 
+MARGIN_SLACK = 1e-4
+"""Nats a side's own token may fall below an alternative and still count as its greedy choice
+(float rounding of a tie). Further below, the side did not pick its most likely token by the
+logprobs it reported (penalties, or logprobs taken before processing): its margin says nothing,
+and is unknown rather than a near tie."""
+
+
+def _margin(value: float, bound: bool) -> Margin | None:
+    if value < -MARGIN_SLACK:
+        return None
+    return max(0.0, value), bound
+
 
 def side_margin(logprobs: Sequence[TokenLogprob], own: str, other: str) -> Margin | None:
     """How much more likely this side found its token at the first character where ``own`` and
@@ -226,34 +238,51 @@ def side_margin(logprobs: Sequence[TokenLogprob], own: str, other: str) -> Margi
     (they must concatenate to ``own``); the other side's token is the most likely alternative
     there that ``other`` continues with (a prefix of ``other`` from that token's start). None
     when the tokens do not spell ``own`` (byte-level pieces), when either text ends there (an
-    end of sequence is not among the alternatives) or when no alternatives were kept. When the
-    other's token is not among the alternatives, the margin is at least the distance to the
-    least listed one: a lower bound."""
+    end of sequence is not among the alternatives), when no alternatives were kept, or when this
+    side's own token is below the other's by more than :data:`MARGIN_SLACK` (not its greedy
+    choice). When the other's token is not among the alternatives, the margin is at least the
+    distance to the least listed one: a lower bound."""
     if own == other:
         return None
     c = common_prefix_len(own, other)
     if c >= len(own) or c >= len(other):
         return None
+    if "".join(t.token for t in logprobs) != own:
+        return None
+    # The decision is at the token covering the first differing character, or at the token
+    # ending just before it when the other side's token there was a longer one (" the" against
+    # " then"): own's alternatives that spell the other's text and not its own.
     start = 0
+    ending: tuple[TokenLogprob, int] | None = None
     for lp in logprobs:
         end = start + len(lp.token)
         if end > c:
             break
+        if end == c:
+            ending = (lp, start)
         start = end
     else:
         return None
-    if not own.startswith(lp.token, start) or not lp.top:
+    for tok, at in (ending, (lp, start)) if ending else ((lp, start),):
+        alts = _alternatives(tok, own[at:], other[at:])
+        if alts:
+            return _margin(tok.logprob - max(alts), False)
+    if not lp.top:
         return None
-    if "".join(t.token for t in logprobs) != own:
-        return None
-    rest = other[start:]
-    alts = [v for t, v in lp.top.items() if t and t != lp.token and rest.startswith(t)]
-    if alts:
-        return max(0.0, lp.logprob - max(alts)), False
     listed = [v for t, v in lp.top.items() if t != lp.token]
     if not listed:
         return None
-    return max(0.0, lp.logprob - min(listed)), True
+    return _margin(lp.logprob - min(listed), True)
+
+
+def _alternatives(lp: TokenLogprob, own: str, other: str) -> list[float]:
+    """Logprobs of ``lp``'s listed alternatives that continue ``other`` and not ``own`` (texts
+    from the token's start)."""
+    return [
+        v
+        for t, v in lp.top.items()
+        if t and t != lp.token and other.startswith(t) and not own.startswith(t)
+    ]
 
 
 def token_margin(own: TokenLogprob, other_token: str) -> Margin | None:
@@ -261,9 +290,9 @@ def token_margin(own: TokenLogprob, other_token: str) -> Margin | None:
     if not own.top:
         return None
     if other_token in own.top:
-        return max(0.0, own.logprob - own.top[other_token]), False
+        return _margin(own.logprob - own.top[other_token], False)
     listed = [v for t, v in own.top.items() if t != own.token]
-    return (max(0.0, own.logprob - min(listed)), True) if listed else None
+    return _margin(own.logprob - min(listed), True) if listed else None
 
 
 def divergence_margin(

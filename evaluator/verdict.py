@@ -37,6 +37,12 @@ data); else **INCONCLUSIVE** if any is INCONCLUSIVE or ALERT or the window holds
 days than the policy asks; else **GO**: every criterion's interval at the look's level -- a
 repeated confidence interval, valid at every look of the plan at once -- wholly on the good
 side. Pure functions, no I/O.
+
+**Power of count criteria**: a rate ratio that does not FAIL gets, in its reason, the smallest
+true ratio it would NO-GO by the horizon with 90 % probability at the pace of events so far,
+and "underpowered" with the events it would take when that is above 1.5x its threshold
+(:mod:`evaluator.power`): an INCONCLUSIVE or a GO on thin crash data says what it could not
+have seen.
 """
 
 from __future__ import annotations
@@ -48,6 +54,7 @@ from enum import StrEnum
 from typing import Any
 
 from evaluator.policy import Criterion, Policy
+from evaluator.power import power_note
 from evaluator.results import Interval, Measurement
 from evaluator.sequential import Look, level_text, z_of
 
@@ -76,6 +83,9 @@ class CriterionResult:
     outcome: Outcome
     measurement: Measurement | None
     reason: str
+    detectable: float | None = None
+    """A count criterion's detectable ratio (:mod:`evaluator.power`): the smallest true ratio
+    it would NO-GO by the horizon with 90 % probability at the pace of events so far."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -83,6 +93,7 @@ class CriterionResult:
             "outcome": str(self.outcome),
             "measurement": self.measurement.to_dict() if self.measurement else None,
             "reason": self.reason,
+            "detectable_ratio": self.detectable,
         }
 
 
@@ -315,6 +326,17 @@ def _alert(r: CriterionResult, policy: Policy, days: float) -> CriterionResult:
     )
 
 
+def _with_power(r: CriterionResult, look: Look) -> CriterionResult:
+    """A count criterion that did not FAIL, with what its data can detect in its reason
+    (:mod:`evaluator.power`): an INCONCLUSIVE or a PASS on thin data says so."""
+    if r.outcome is Outcome.FAIL:
+        return r
+    ratio, note = power_note(r.criterion, r.measurement, look)
+    if not note:
+        return r
+    return replace(r, reason=f"{r.reason}; {note}", detectable=ratio)
+
+
 def _data_check(
     key: str, minimum: float, by_key: dict[str, Measurement], what: str
 ) -> CriterionResult:
@@ -341,7 +363,8 @@ def decide(policy: Policy, measurements: Iterable[Measurement]) -> Verdict:
     days = float(days_m.value) if days_m is not None and days_m.value is not None else 0.0
     look = policy.look(days)
     results = tuple(
-        _alert(judge(c, by_key.get(c.key), look, by_key), policy, days) for c in policy.criteria
+        _with_power(_alert(judge(c, by_key.get(c.key), look, by_key), policy, days), look)
+        for c in policy.criteria
     )
     checks = (
         _data_check("data.pairs", policy.min_pairs, by_key, "pairs"),

@@ -390,7 +390,11 @@ class Mirror:
     def _session(self, cfg: Any, *, raw: bool) -> aiohttp.ClientSession:
         read = getattr(cfg, "read_timeout_s", None)
         session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=cfg.max_connections, ttl_dns_cache=300),
+            connector=aiohttp.TCPConnector(
+                limit=cfg.max_connections,
+                ttl_dns_cache=300,
+                keepalive_timeout=cfg.keepalive_timeout_s,
+            ),
             timeout=aiohttp.ClientTimeout(
                 total=None, sock_connect=cfg.connect_timeout_s, sock_read=read
             ),

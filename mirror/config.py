@@ -71,6 +71,13 @@ class EngineConfig(BaseModel):
     max_connections: int = Field(
         default=0, ge=0, description="pooled connections to this engine; 0 = no limit"
     )
+    keepalive_timeout_s: float = Field(
+        default=4.0,
+        gt=0,
+        description="a pooled connection idle longer than this is not reused: keep it below the"
+        " engine's own keep-alive (vLLM and uvicorn: 5 s), else a request can go out on a"
+        " connection the engine is closing and fail as a connection error",
+    )
 
     @field_validator("url")
     @classmethod

@@ -892,6 +892,7 @@ class WireServer:
             inc.url,
             connect_timeout_s=inc.connect_timeout_s,
             max_connections=inc.max_connections,
+            keepalive_s=inc.keepalive_timeout_s,
         )
         mirror.shadows.client_pool = self.upstream  # replays with shadow.replay_pool: shared
         self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]

@@ -19,9 +19,10 @@ What a generated month assumes (so a reader can question it):
   an hour or a day. A/A months draw both engines from the same model; the effect multiplies
   the candidate's TTFT by ``ttft_factor`` (1.12: p95 12 % slower). The review's sample is
   mimicked: every hour keeps ``pairs_per_hour`` pairs in random order and a look at day ``d``
-  takes the first ``latency_pairs / (24 d)`` of each hour (at most 10 000 in all). Not
-  modelled: drift over weeks, slowdowns that depend on the engine's own load, tails heavier
-  than log-normal, hours of a day correlated beyond the shared daily cycle.
+  takes the first ``latency_pairs / (24 d)`` of each hour (at most 40 000 in all, the
+  review's ``max_pairs``). Not modelled: drift over weeks, slowdowns that depend on the
+  engine's own load, tails heavier than log-normal, hours of a day correlated beyond the
+  shared daily cycle.
 - **Failed exchanges**: each engine sends ``exchanges_per_day`` a day and fails each with
   probability ``error_share``, independently (*independent*); *clustered* adds error bursts per
   engine, a Poisson process of rate uniform in ``bursts_per_day`` (0.05-0.2 a day), each of

@@ -196,6 +196,35 @@ def test_margin_from_one_side_only() -> None:
     assert d.margin_bound and d.near_tie is None
 
 
+def test_a_token_below_its_alternative_is_no_near_tie() -> None:
+    # The side's own token trails the other's by 1.5 nats in its own logprobs: it was not its
+    # greedy choice (penalties, or logprobs before processing), so the margin is unknown and
+    # the divergence counts as hard, never as a tie at 0.
+    cand = [
+        TokenLogprob(token="The", logprob=-0.1, top={"The": -0.1}),
+        TokenLogprob(token=" dog", logprob=-2.0, top={" dog": -2.0, " cat": -0.5}),
+        TokenLogprob(token=" ran", logprob=-0.2, top={" ran": -0.2}),
+    ]
+    d = compare_pair(side("The cat sat"), side("The dog ran", logprobs=cand))
+    assert d.margin is None and d.near_tie is None
+    # A tie within float rounding is still a tie.
+    cand[1] = TokenLogprob(token=" dog", logprob=-0.50001, top={" dog": -0.50001, " cat": -0.5})
+    d = compare_pair(side("The cat sat"), side("The dog ran", logprobs=cand))
+    assert d.margin == 0.0 and d.near_tie is True
+
+
+def test_a_longer_token_on_the_other_side_is_judged_where_it_was_chosen() -> None:
+    # The candidate chose " the" where the incumbent chose " then": the texts first differ just
+    # after the candidate's token, but the choice was that token against " then".
+    cand = [
+        TokenLogprob(token="Say", logprob=-0.1, top={"Say": -0.1}),
+        TokenLogprob(token=" the", logprob=-0.6, top={" the": -0.6, " then": -0.7, " th": -2.0}),
+        TokenLogprob(token="m", logprob=-0.1, top={"m": -0.1, "n": -5.0}),
+    ]
+    d = compare_pair(side("Say then"), side("Say them", logprobs=cand))
+    assert d.margin == pytest.approx(0.1) and not d.margin_bound and d.near_tie is True
+
+
 def test_margin_is_the_larger_sides() -> None:
     inc = lps(["The", " cat", " sat"], [{"The": -0.1}, {" cat": -0.1, " dog": -0.2}, {}])
     oth = [

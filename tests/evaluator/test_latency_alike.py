@@ -96,7 +96,7 @@ def test_a_day_of_pairs_gets_block_intervals(store: Engine) -> None:
     _write(store, pairs(1440, step=timedelta(seconds=60)))
     section = analyze_latency(store, "dep-lat", (T0, T0 + timedelta(days=1)), config=FAST, now=NOW)
     method = section.to_dict()["method"]["bootstrap"]
-    assert method["unit"] == "blocks" and "two-stage block bootstrap" in method["resampled"]
+    assert method["unit"] == "blocks" and "whole UTC days resampled" in method["resampled"]
     assert "24 hour(s)" in method["resampled"]
     m = _m(section, "latency.ttft.p95.ratio")
     assert m.interval is not None and m.interval.contains(1.0)

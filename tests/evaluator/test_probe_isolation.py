@@ -139,19 +139,28 @@ def _review(engine: Engine) -> Review:
 
 
 def _figures(review: Review) -> dict[str, Any]:
-    return {
-        m.key: (m.value, m.n, None if m.interval is None else dataclasses.astuple(m.interval))
-        for m in review.measurements
-        if not m.key.startswith("quality.")
-    }
+    return _untimed(
+        {
+            m.key: [
+                m.value,
+                m.n,
+                None if m.interval is None else list(dataclasses.astuple(m.interval)),
+            ]
+            for m in review.measurements
+            if not m.key.startswith("quality.")
+        }
+    )
 
 
 def _untimed(value: Any) -> Any:
-    """``value`` as JSON without the stages' own run times (``seconds_*``)."""
+    """``value`` as JSON without the stages' own run times (``seconds_*``), floats to 9
+    significant digits (PostgreSQL may add a sketch's floats up in another order)."""
     if isinstance(value, dict):
         return {k: _untimed(v) for k, v in value.items() if not str(k).startswith("seconds")}
     if isinstance(value, list):
         return [_untimed(v) for v in value]
+    if isinstance(value, float):
+        return float(f"{value:.9g}")
     return value
 
 

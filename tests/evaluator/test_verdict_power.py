@@ -117,3 +117,121 @@ def test_pass_judged_at_the_pass_level_fail_at_the_look_level() -> None:
     with pytest.raises(PolicyError, match="false_go must be between"):
         parse_policy({"criteria": [f"{crit.key} <= 1.1"], "false_go": 0.9})
     assert parse_policy(policy.to_dict()).false_go == 0.05
+
+
+# -- the day bootstrap (no double count of the hours) and the larger sample ------------------
+
+
+def _two_level_means(rng: np.random.Generator, days: int, day_sd: float) -> np.ndarray:
+    """Per hour (days x 24), the mean of 13 pairs: a day effect, an hour effect, pair noise."""
+    day = np.repeat(rng.normal(0, day_sd, days), 24)
+    hour = rng.normal(0, 0.05, days * 24)
+    return day + hour + rng.normal(0, 0.45, (days * 24, 13)).mean(axis=1)
+
+
+@pytest.mark.parametrize("day_sd", [0.0, 0.04])
+def test_whole_days_bootstrap_the_variance_of_a_mean_without_double_counting_hours(
+    day_sd: float,
+) -> None:
+    """30 days of hour means: the variance of the grand mean over resamples, against its true
+    variance over 300 simulated months. Days alone (n - 1 of n drawn): about right; days then
+    hours (the scheme before 7 days): the hour variance counted twice, too wide (about 2x
+    without day effects)."""
+    days = 30
+    blocks = _blocks(days, 24, 1)
+    assert blocks.days_only
+    rng = np.random.default_rng(7)
+    truth = float(np.var([_two_level_means(rng, days, day_sd).mean() for _ in range(300)]))
+    ratios: dict[bool, list[float]] = {True: [], False: []}
+    for _ in range(40):
+        y = _two_level_means(rng, days, day_sd)
+        for whole in (True, False):
+            hw = np.concatenate(list(hour_weights(blocks, 200, rng, days_only=whole)))
+            ratios[whole].append(float(np.var(hw @ y / hw.sum(axis=1))) / truth)
+    whole_days, two_stage = float(np.mean(ratios[True])), float(np.mean(ratios[False]))
+    assert 0.8 < whole_days < 1.2, whole_days
+    # the double count is the hours' share of the variance: all of it without day effects
+    assert two_stage > (1.5 if day_sd == 0 else 1.1) * whole_days, (two_stage, whole_days)
+
+
+def test_whole_days_are_drawn_n_minus_one_at_a_time_and_early_looks_keep_two_stages() -> None:
+    blocks = _blocks(10, 24, 1)
+    hw = np.concatenate(list(hour_weights(blocks, 100, np.random.default_rng(3))))
+    per_day = hw.reshape(100, 10, 24)
+    assert np.all(per_day == per_day[:, :, :1])  # every hour of a day weighs as its day
+    assert np.all(per_day[:, :, 0].sum(axis=1) == 9)  # 9 of 10 days drawn
+    assert "days resampled whole" in blocks.describe()
+    early = _blocks(6, 24, 1)
+    assert not early.days_only and "hours within them" in early.describe()
+
+
+def test_the_hour_weighted_paired_statistic_is_the_expanded_one() -> None:
+    from evaluator.stats import _hour_weighted_paired_statistic, _weighted_paired_statistic
+
+    rng = np.random.default_rng(5)
+    blocks = _blocks(8, 24, 7)
+    a = rng.lognormal(0, 0.5, len(blocks))
+    b = a * rng.lognormal(0, 0.2, len(blocks))
+    hw = np.concatenate(list(hour_weights(blocks, 30, rng)))
+    fast = _hour_weighted_paired_statistic(a, b, blocks, hw)
+    slow = _weighted_paired_statistic(a, b, hw[:, blocks.hour_of])
+    assert np.array_equal(fast, slow)
+    assert BootstrapConfig().max_pairs == 40_000
+
+
+# -- what a count criterion can detect ------------------------------------------------------
+
+
+def _crash_verdict(per_day: float, days: int, factor: float = 3.0) -> Any:
+    from evaluator.rates import compare_dispersed_rates
+    from evaluator.review import data_measurements
+    from evaluator.verdict import decide
+
+    policy = default_policy()
+    look = policy.look(float(days))
+    x_i = per_day * days
+    c = compare_dispersed_rates([factor * x_i], [float(days)], [x_i], [float(days)], look.level)
+    key = "incidents.crash.rate_ratio"
+    m = Measurement(key, c.ratio, c.interval, round(x_i * (1 + factor)), "ratio")
+    verdict = decide(policy, [m, *data_measurements({"pairs": 10**6, "days": float(days)})])
+    return next(r for r in verdict.results if r.criterion.key == key)
+
+
+def test_thin_crash_data_is_said_to_be_underpowered_rich_data_is_not() -> None:
+    thin = _crash_verdict(0.1, 30)  # ~3 incumbent and ~9 candidate episodes
+    assert thin.outcome is Outcome.INCONCLUSIVE
+    assert thin.detectable is not None and thin.detectable > 20
+    assert "underpowered" in thin.reason and "incumbent events" in thin.reason
+    rich = _crash_verdict(10.0, 10)  # not yet at the horizon: projected to it
+    assert rich.detectable is not None and rich.detectable < 3.0
+    assert "underpowered" not in rich.reason and "by the horizon" in rich.reason
+    assert rich.to_dict()["detectable_ratio"] == rich.detectable
+    failed = _crash_verdict(10.0, 30)
+    assert failed.outcome is Outcome.FAIL and failed.detectable is None
+    assert "power:" not in failed.reason
+    none = _crash_verdict(0.0, 5)
+    assert none.detectable is None and "too few events" in none.reason
+
+
+def test_the_detectable_ratio_is_failed_about_ninety_percent_of_the_time_at_the_last_look() -> None:
+    """Poisson counts at the ratio the note states (from one month at the same base rate):
+    the last look FAILs it in about 90 % of months (one look: loose bounds)."""
+    from evaluator.rates import compare_poisson_rates
+
+    policy = default_policy()
+    look = policy.look(30.0)
+    base = 300.0  # incumbent events in the month
+    c = compare_poisson_rates(round(2 * base), 30.0, round(base), 30.0, look.level)
+    m = Measurement("incidents.crash.rate_ratio", c.ratio, c.interval, 900, "ratio")
+    from evaluator.power import detectable_ratio
+
+    r = detectable_ratio(m, 2.0, look)
+    assert r is not None and 2.0 < r < 3.0
+    rng = np.random.default_rng(11)
+    fails = 0
+    for _ in range(300):
+        x_i = int(rng.poisson(base))
+        x_c = int(rng.poisson(base * r))
+        iv = compare_poisson_rates(x_c, 30.0, x_i, 30.0, look.level).interval
+        fails += iv is not None and iv.low > 2.0
+    assert 0.8 < fails / 300 < 0.97, fails
