@@ -72,6 +72,7 @@ class Shadows:
                 cand.url,
                 connect_timeout_s=cand.connect_timeout_s,
                 max_connections=cand.max_connections,
+                keepalive_s=cand.keepalive_timeout_s,
             )
         if s.shadow.replay_pool == "separate":
             inc = s.incumbent
@@ -79,6 +80,7 @@ class Shadows:
                 inc.url,
                 connect_timeout_s=inc.connect_timeout_s,
                 max_connections=inc.max_connections,
+                keepalive_s=inc.keepalive_timeout_s,
             )
         elif self.client_pool is not None:
             self.pools[Role.REPLAY] = self.client_pool
