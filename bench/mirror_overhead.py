@@ -20,8 +20,9 @@ Paths, side by side in one run, each with its own keep-alive client session:
 - ``mirror-slow``: the same with the 10x slower candidate;
 - ``mirror-off``: the same mirror with shadow rate 0 (the serving path's own cost, for scale);
 - ``wire``, ``wire-slow``, ``wire-off``: the same three on the protocol data plane
-  (``data_plane: protocol``, mirror/wire.py); ``mirror*`` are the ASGI plane (the default).
-  Default paths: direct, nginx, nginx-mirror, mirror, wire (the old and the new design);
+  (``data_plane: protocol``, mirror/wire.py, the default); ``mirror*`` are the ASGI plane
+  (``data_plane: asgi``, kept selectable). Default paths: direct, nginx, nginx-mirror, mirror,
+  wire (both planes; the shadow side is the same raw-connection client on both);
 - ``nginx``: a private Debian nginx (own prefix and config in a temp dir, free ports, one
   worker, ``proxy_buffering off``, upstream keep-alive) with ``proxy_pass`` only;
 - ``nginx-mirror``: the same plus nginx's ``mirror`` directive to the 10x slower candidate.
@@ -132,12 +133,12 @@ MIRRORS = {  # path: (data plane, shadow rate, slow candidate)
 }
 LABELS = {
     "direct": "direct",
-    "mirror-off": "mirror asgi (old), shadowing off",
-    "mirror": "mirror asgi (old), candidate",
-    "mirror-slow": "mirror asgi (old), 10x slow candidate",
-    "wire-off": "mirror protocol (new), shadowing off",
-    "wire": "mirror protocol (new), candidate",
-    "wire-slow": "mirror protocol (new), 10x slow candidate",
+    "mirror-off": "mirror asgi, shadowing off",
+    "mirror": "mirror asgi, candidate",
+    "mirror-slow": "mirror asgi, 10x slow candidate",
+    "wire-off": "mirror protocol (default), shadowing off",
+    "wire": "mirror protocol (default), candidate",
+    "wire-slow": "mirror protocol (default), 10x slow candidate",
     "nginx": "nginx proxy_pass",
     "nginx-mirror": "nginx `mirror`, 10x slow candidate",
 }

@@ -1,6 +1,6 @@
 """The mirror's CPU per shadow request: the candidate and replay requests, the record, the sink.
 
-    python bench/shadow_cost.py [--requests 400] [--concurrency 8] [--tokens 20]
+    python bench/shadow_cost.py [--requests 400] [--concurrency 8] [--tokens 20] [--rounds 3]
 
 A fake engine in another process streams a chat completion of ``--tokens`` SSE events (one
 token each, then the usage event and ``[DONE]``), as vLLM does. In this process a real
@@ -10,7 +10,10 @@ counts. CPU is this process's CPU time (``time.process_time``: every thread), so
 engine's work is not in it.
 
 The first table is each shadow request whole (send, read the stream to the end with arrival
-times, parse, build the record, privacy, hand to the sink), for the candidate and the replay.
+times, parse, build the record, privacy, hand to the sink), for the candidate and the replay
+(``replay_delay_s`` 0), each through the shadow side's raw connection pools
+(:mod:`mirror.shadow_client`, today) and through the aiohttp sessions it used before, in
+alternated rounds (``--rounds``; the median is shown, every round too).
 The second splits one request into its parts, each timed alone on the same data many times
 (the rest of the whole is aiohttp's request and stream machinery and the event loop):
 rewriting the candidate's body, the stored request, the trace of the kept chunks, building the
@@ -27,6 +30,7 @@ import multiprocessing as mp
 import os
 import shutil
 import socket
+import statistics
 import tempfile
 import time
 import uuid
@@ -37,6 +41,12 @@ from typing import Any
 import orjson
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+WHOLE = {
+    "candidate, raw": "candidate, raw pool (mirror/shadow_client.py, now)",
+    "candidate, aiohttp": "candidate, aiohttp session (before)",
+    "replay, raw": "replay, raw pool (now)",
+    "replay, aiohttp": "replay, aiohttp session (before)",
+}
 
 
 def _free_port() -> int:
@@ -219,6 +229,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=400)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
 
     from mirror.app import Mirror
@@ -249,21 +260,37 @@ def main() -> None:
             candidate={"url": url},
             health_enabled=False,
             database_url="sqlite:///unused.db",
+            shadow={"replay_delay_s": 0, "replay_rate": 1.0},
         )
         sink = CountingSink()
         mirror = Mirror(settings, sink=sink)
 
-        async def run() -> tuple[float, float, list[tuple[float, bytes]], float]:
+        async def run() -> tuple[dict[str, list[float]], list[tuple[float, bytes]], float]:
             await mirror.startup()
+            raw_pools = dict(mirror.shadows.pools)
+            aio = mirror._session(settings.candidate, raw=False)
+            got: dict[str, list[float]] = {k: [] for k in WHOLE}
             try:
-                cand = await _whole(mirror, Role.CANDIDATE, args.requests, args.concurrency)
-                replay = await _whole(mirror, Role.REPLAY, args.requests, args.concurrency)
+                for _ in range(args.rounds):  # alternated, so drift in the load hits both
+                    for client in ("raw", "aiohttp"):
+                        if client == "raw":
+                            mirror.shadows.pools.update(raw_pools)
+                            mirror.candidate_session = None
+                        else:  # the aiohttp sessions the shadow side used before
+                            mirror.shadows.pools.clear()
+                            mirror.candidate_session = aio
+                        for role in (Role.CANDIDATE, Role.REPLAY):
+                            cpu = await _whole(mirror, role, args.requests, args.concurrency)
+                            got[f"{role.value}, {client}"].append(cpu)
                 stash, t0 = await _stash(url)
             finally:
+                mirror.shadows.pools.update(raw_pools)
                 await mirror.shutdown()
-            return cand, replay, stash, t0
+            return got, stash, t0
 
-        cand_s, replay_s, stash, t0 = asyncio.run(run())
+        whole, stash, t0 = asyncio.run(run())
+        whole_s = {k: statistics.median(v) for k, v in whole.items()}
+        cand_s = whole_s["candidate, raw"]
         record = sink.records[-1]
         assert record.status is Status.OK and record.completion_tokens == args.tokens, record
 
@@ -350,11 +377,14 @@ def main() -> None:
         print()
         print(
             "| shadow request, whole (send, stream, trace, record, privacy, hand-off)"
-            " | CPU us/request |"
+            f" | CPU us/request (median of {args.rounds}) | rounds | vs aiohttp |"
         )
-        print("|---|---:|")
-        print(f"| candidate | {cand_s * 1e6:,.0f} |")
-        print(f"| replay (the incumbent again) | {replay_s * 1e6:,.0f} |")
+        print("|---|---:|---|---:|")
+        for key, label in WHOLE.items():
+            other = key.replace("raw", "aiohttp")
+            ratio = f"{whole_s[key] / whole_s[other]:.2f}" if other != key else ""
+            rounds = ", ".join(f"{v * 1e6:,.0f}" for v in whole[key])
+            print(f"| {label} | {whole_s[key] * 1e6:,.0f} | {rounds} | {ratio} |")
         print()
         print("| part (alone, same data) | CPU us/request | share of a candidate request |")
         print("|---|---:|---:|")

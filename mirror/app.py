@@ -233,8 +233,6 @@ class Mirror:
         self.sink = sink
         self.incumbent_session = incumbent_session
         self.candidate_session = candidate_session
-        self.replay_session: aiohttp.ClientSession | None = None
-        """Replays' own pool to the incumbent (``shadow.replay_pool: separate``)."""
         self.guard = guard or InterferenceGuard(settings.guard)
         self.sampler = sampler or Sampler(settings.shadow)
         self._clock = clock
@@ -371,15 +369,7 @@ class Mirror:
     async def startup(self) -> None:
         if self.incumbent_session is None:
             self.incumbent_session = self._session(self.settings.incumbent, raw=True)
-        if self.candidate_session is None:
-            self.candidate_session = self._session(self.settings.candidate, raw=False)
-        shadow = self.settings.shadow
-        if (
-            self.replay_session is None
-            and shadow.replay_rate > 0
-            and shadow.replay_pool == "separate"
-        ):
-            self.replay_session = self._session(self.settings.incumbent, raw=True)
+        self.shadows.start()  # the shadow requests' own connection pools (mirror/shadow.py)
         if self.settings.health_enabled:
             self._start_health()
         if self.settings.probes.per_minute > 0:
@@ -436,6 +426,7 @@ class Mirror:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._probe_task
         await self.shadows.drain(self.settings.drain_timeout_s)
+        self.shadows.close()
         if self._health_task is not None:
             self._health_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -599,7 +590,7 @@ class Mirror:
                     chat=chat,
                     top_logprobs=sc.top_logprobs,
                     delay_s=sc.replay_delay_s,
-                    pool="separate" if self.replay_session is not None else "shared",
+                    pool=sc.replay_pool,
                     cache_salt=uuid.uuid4().hex if sc.replay_cache_salt else None,
                 )
                 shadows.append(

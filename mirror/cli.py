@@ -62,8 +62,8 @@ log = logging.getLogger("mirror")
 @click.option(
     "--data-plane",
     type=click.Choice(["asgi", "protocol"]),
-    help="The client's path: asgi (uvicorn + aiohttp, the default) or protocol (raw"
-    " transports, mirror/wire.py).",
+    help="The client's path: protocol (raw transports, mirror/wire.py; the default) or asgi"
+    " (uvicorn + aiohttp, the earlier design, kept selectable).",
 )
 @click.option(
     "--health-only",

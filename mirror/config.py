@@ -265,10 +265,11 @@ class MirrorSettings(CommonSettings):
         description="synthetic probes to both engines, scored by the evaluator (mirror/probes.py)",
     )
     data_plane: Literal["asgi", "protocol"] = Field(
-        default="asgi",
-        description="the client's path: 'asgi' (uvicorn + aiohttp) or 'protocol' (raw asyncio"
-        " transports with httptools, each incumbent chunk written to the client as it arrives:"
-        " mirror/wire.py; measured in bench/mirror_overhead.py)",
+        default="protocol",
+        description="the client's path: 'protocol' (the default: raw asyncio transports with"
+        " httptools, each incumbent chunk written to the client as it arrives: mirror/wire.py)"
+        " or 'asgi' (uvicorn + aiohttp, the earlier design, kept selectable); measured side by"
+        " side in bench/mirror_overhead.py",
     )
 
     @field_validator("routes")

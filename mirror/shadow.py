@@ -14,6 +14,12 @@ waits was never sent and is not recorded). A shadow request ends within ``shadow
 (a timeout is recorded, not raised); its answer is read whole (a stream's chunks are kept with
 their arrival times and parsed at the end, :func:`mirror.trace.stream_trace`) and becomes one
 record handed to the sink.
+
+The requests go through this module's own raw connection pools (:mod:`mirror.shadow_client`:
+one per engine, plus the replays' own), not aiohttp: a chunk costs one parser callback instead
+of a stream-reader feed and a task wake-up. A replay with ``shadow.replay_pool: shared`` uses
+the clients' pool: on the protocol data plane its :class:`~mirror.upstream.Upstream`, on the
+ASGI plane the aiohttp session (the one path left on aiohttp).
 """
 
 from __future__ import annotations
@@ -27,11 +33,13 @@ import orjson
 
 from mirror.recording import ERROR_BODY_KEEP, Dispatch, error_text, status_of
 from mirror.rewrite import stored_request
+from mirror.shadow_client import ShadowAnswer, request_head
 from mirror.trace import Outcome, parse_body, stream_trace
 from shadow_ab.records import Endpoint, Role, Status
 
 if TYPE_CHECKING:
     from mirror.app import Mirror
+    from mirror.upstream import Upstream
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +47,7 @@ log = logging.getLogger(__name__)
 class Shadows:
     """The shadow requests of one :class:`~mirror.app.Mirror`: fired as tasks, counted, drained.
 
-    It sends through the mirror's sessions and hands records to the mirror's sink
+    It sends through its own connection pools (:meth:`start`) and hands records to the mirror's sink
     (``Mirror._finish``), sharing its in-flight counters."""
 
     def __init__(self, mirror: Mirror) -> None:
@@ -47,6 +55,42 @@ class Shadows:
         self.inflight = 0
         """Shadow requests not finished yet (the cap, ``shadow.max_concurrent``, is on this)."""
         self.tasks: set[asyncio.Task[None]] = set()
+        self.pools: dict[Role, Upstream] = {}
+        """Raw connection pools per role (:meth:`start`); a role without one uses aiohttp."""
+        self.client_pool: Upstream | None = None
+        """The clients' pool to the incumbent on the protocol data plane (shared replays)."""
+
+    def start(self) -> None:
+        """Open the candidate's and the replays' pools (at the mirror's start)."""
+        from mirror.upstream import Upstream
+
+        mirror = self._mirror
+        s = mirror.settings
+        cand = s.candidate
+        if mirror.candidate_session is None:  # else the session handed to the mirror is used
+            self.pools[Role.CANDIDATE] = Upstream(
+                cand.url,
+                connect_timeout_s=cand.connect_timeout_s,
+                max_connections=cand.max_connections,
+                keepalive_s=cand.keepalive_timeout_s,
+            )
+        if s.shadow.replay_pool == "separate":
+            inc = s.incumbent
+            self.pools[Role.REPLAY] = Upstream(
+                inc.url,
+                connect_timeout_s=inc.connect_timeout_s,
+                max_connections=inc.max_connections,
+                keepalive_s=inc.keepalive_timeout_s,
+            )
+        elif self.client_pool is not None:
+            self.pools[Role.REPLAY] = self.client_pool
+
+    def close(self) -> None:
+        """Close the pools' idle connections (after the drain)."""
+        for role, pool in self.pools.items():
+            if pool is not self.client_pool or role is not Role.REPLAY:
+                pool.close()
+        self.pools.clear()
 
     def fire(
         self,
@@ -88,11 +132,11 @@ class Shadows:
         common: dict[str, Any],
     ) -> None:
         mirror = self._mirror
+        pool = self.pools.get(Role.REPLAY if role is Role.INCUMBENT else role)  # probes
         if role is Role.CANDIDATE:
             session, url, engine = mirror.candidate_session, mirror.cand_url, mirror.cand_engine
         else:
             session, url, engine = mirror.incumbent_session, mirror.inc_url, mirror.inc_engine
-            session = mirror.replay_session or session
             delay = mirror.settings.shadow.replay_delay_s
             if delay > 0:  # not in the original's batch: the incumbent's own run-to-run noise
                 try:
@@ -100,7 +144,7 @@ class Shadows:
                 except asyncio.CancelledError:
                     self.inflight -= 1  # never sent: no exchange to record
                     raise
-        assert session is not None, "the mirror's lifespan has not started"
+        assert pool is not None or session is not None, "the mirror's lifespan has not started"
         chat = common["endpoint"] is Endpoint.CHAT
         clock = mirror._clock
         status = Status.OK
@@ -121,32 +165,49 @@ class Shadows:
             **common,
         )
         payload = orjson.dumps(body)
+        answer: ShadowAnswer | None = None
         t0 = clock()
         try:
-            async with (
-                asyncio.timeout(mirror.settings.shadow.timeout_s),
-                session.post(mirror._url(url, route), data=payload, headers=headers) as resp,
-            ):
-                http_status = resp.status
-                status = status_of(resp.status)
-                if resp.content_type == "text/event-stream":
-                    sse = True  # parsed when the stream ends (mirror.trace.stream_trace)
-                    async for chunk in resp.content.iter_any():
-                        stash.append((clock(), chunk))
+            async with asyncio.timeout(mirror.settings.shadow.timeout_s):
+                if pool is not None:
+                    # parsed when the answer ends (mirror.trace.stream_trace)
+                    answer = ShadowAnswer(clock)
+                    stash = answer.stash
+                    head = request_head("POST", mirror._url(url, route).raw_path_qs, pool, headers)
+                    await answer.fetch(pool, head, payload)
                 else:
-                    raw = await resp.read()
-                    last_t = clock()
+                    assert session is not None
+                    async with session.post(
+                        mirror._url(url, route), data=payload, headers=headers
+                    ) as resp:
+                        http_status = resp.status
+                        status = status_of(resp.status)
+                        if resp.content_type == "text/event-stream":
+                            sse = True  # parsed when the stream ends (mirror.trace.stream_trace)
+                            async for chunk in resp.content.iter_any():
+                                stash.append((clock(), chunk))
+                        else:
+                            raw = await resp.read()
+                            last_t = clock()
         except TimeoutError:
             status, error = (
                 Status.TIMEOUT,
                 f"no complete answer within {mirror.settings.shadow.timeout_s}s",
             )
-        except (aiohttp.ClientError, ValueError) as exc:
+        except (aiohttp.ClientError, OSError, ValueError) as exc:
             status, error = Status.CONNECTION_ERROR, repr(exc)
         except asyncio.CancelledError:
             status, error = Status.CANCELLED, "the client disconnected or the mirror stopped"
             raise
         finally:
+            if answer is not None:
+                if answer.status is not None:
+                    http_status = answer.status
+                    if status is Status.OK:
+                        status = status_of(answer.status)
+                sse, last_t = answer.sse, answer.last_t
+                if not sse:
+                    raw = b"".join(answer.parts)
             mirror._inflight[role] -= 1
             mirror._m_inflight[role].dec()
             self.inflight -= 1

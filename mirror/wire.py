@@ -26,7 +26,7 @@ and the pair's shadow requests (recorded as ``cancelled``), SIGTERM drains
 
 Differences from the ASGI plane: the incumbent's answers are asked on this module's own
 connection pool (:class:`mirror.upstream.Upstream`), so ``incumbent.max_connections`` no
-longer limits replays and client requests together (replays still use the aiohttp session);
+longer limits replays and client requests together (unless ``shadow.replay_pool: shared``);
 the engine gets no ``Accept: */*`` the client did not send (aiohttp added one); a request
 body over ``max_body_bytes`` gets 413 on any path.
 
@@ -676,8 +676,13 @@ class _Exchange:
             pool.host_header,
             b"\r\n",
         ]
+        auth = pool.authorization
         for name, value in p.raw_headers:
             out.append(name + b": " + value + b"\r\n")
+            if auth is not None and name == b"authorization":
+                auth = None
+        if auth is not None:  # the URL's credentials, as aiohttp sent them
+            out.append(b"authorization: " + auth + b"\r\n")
         out.append(b"content-length: %d\r\n\r\n" % len(p.body))
         out.append(p.body)
         return b"".join(out)
@@ -889,6 +894,7 @@ class WireServer:
             max_connections=inc.max_connections,
             keepalive_s=inc.keepalive_timeout_s,
         )
+        mirror.shadows.client_pool = self.upstream  # replays with shadow.replay_pool: shared
         self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]
         self.should_exit = asyncio.Event()
 

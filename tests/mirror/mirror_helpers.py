@@ -7,7 +7,7 @@ import contextlib
 import re
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -142,3 +142,40 @@ class StandInEngine:
     def __exit__(self, *exc: object) -> None:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
+
+
+PLANES = ("protocol", "asgi")
+"""The mirror's data planes (``data_plane``): the default first."""
+
+
+@contextlib.asynccontextmanager
+async def served_in_process(mirror: Any, plane: str) -> AsyncIterator[httpx.AsyncClient]:
+    """A client of ``mirror`` (a :class:`mirror.app.Mirror`) served in this event loop on
+    ``plane``: ``asgi`` through httpx's ASGI transport, ``protocol`` on a real socket by
+    :mod:`mirror.wire`'s connections. Runs the mirror's start-up, and its shutdown (the shadow
+    requests drain, the sink flushes) after the block."""
+    if plane == "asgi":
+        await mirror.startup()
+        try:
+            transport = httpx.ASGITransport(app=mirror)
+            async with httpx.AsyncClient(transport=transport, base_url="http://mirror") as client:
+                yield client
+        finally:
+            await mirror.shutdown()
+        return
+    from mirror.wire import ClientConnection, WireServer
+
+    wire = WireServer(mirror)  # before the start-up: shared replays use its pool
+    wire.loop = asyncio.get_running_loop()
+    await mirror.startup()
+    try:
+        server = await wire.loop.create_server(lambda: ClientConnection(wire), "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        try:
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+                yield client
+        finally:
+            server.close()
+            wire.upstream.close()
+    finally:
+        await mirror.shutdown()

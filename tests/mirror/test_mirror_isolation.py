@@ -30,7 +30,7 @@ CASES: dict[str, tuple[dict[str, Any], set[str]]] = {
         {"faults": [{"kind": "hang", "every_s": 3.0, "duration_s": 2.9}]},
         {"timeout", "ok"},
     ),
-    "hangs-protocol": (  # the same, on the protocol data plane (mirror/wire.py)
+    "hangs-asgi": (  # the same, on the ASGI data plane (the default is the protocol one)
         {"faults": [{"kind": "hang", "every_s": 3.0, "duration_s": 2.9}]},
         {"timeout", "ok"},
     ),
@@ -56,7 +56,7 @@ CASES: dict[str, tuple[dict[str, Any], set[str]]] = {
 }
 
 
-PLANES = {"hangs-protocol": "protocol"}
+PLANES = {"hangs-asgi": "asgi"}
 """The data plane of a case (default: the mirror's, or SHADOW_AB_DEV_DATA_PLANE's)."""
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 import pytest
-from mirror_helpers import FAST, MODEL, ListSink, normalize
+from mirror_helpers import FAST, MODEL, PLANES, ListSink, normalize, served_in_process
 
 from mirror.app import Mirror
 from mirror.config import MirrorSettings, load_settings
@@ -67,31 +67,27 @@ BODY = {
 }
 
 
-async def traffic(mirror: Mirror, n: int, settle_s: float) -> list[bytes]:
-    await mirror.startup()
-    try:
-        transport = httpx.ASGITransport(app=mirror)
-        async with httpx.AsyncClient(transport=transport, base_url="http://mirror") as client:
-            bodies = []
-            for _ in range(n):
-                resp = await client.post("/v1/chat/completions", json=BODY)
-                assert resp.status_code == 200
-                bodies.append(resp.content)
-            await asyncio.sleep(settle_s)
-            return bodies
-    finally:
-        await mirror.shutdown()
+async def traffic(mirror: Mirror, n: int, settle_s: float, plane: str = PLANES[0]) -> list[bytes]:
+    async with served_in_process(mirror, plane) as client:
+        bodies = []
+        for _ in range(n):
+            resp = await client.post("/v1/chat/completions", json=BODY)
+            assert resp.status_code == 200
+            bodies.append(resp.content)
+        await asyncio.sleep(settle_s)
+        return bodies
 
 
+@pytest.mark.parametrize("plane", PLANES)
 def test_probes_reach_both_engines_marked_and_the_client_is_unaffected(
-    sims: tuple[RunningSim, RunningSim],
+    sims: tuple[RunningSim, RunningSim], plane: str
 ) -> None:
     inc, cand = sims
     direct = httpx.post(inc.base_url + "/v1/chat/completions", json=BODY, timeout=10).content
     inc_model = httpx.get(inc.base_url + "/v1/models", timeout=10).json()["data"][0]["id"]
     sink = ListSink()
     mirror = Mirror(settings(sims, probes={"per_minute": 600, "seed": 3}), sink=sink)
-    bodies = asyncio.run(traffic(mirror, 10, settle_s=1.0))
+    bodies = asyncio.run(traffic(mirror, 10, settle_s=1.0, plane=plane))
     # The client's bytes are the incumbent's, probes or not.
     assert all(normalize(b) == normalize(direct) for b in bodies)
 

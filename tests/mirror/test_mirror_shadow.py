@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 import pytest
-from mirror_helpers import MODEL, ListSink
+from mirror_helpers import MODEL, PLANES, ListSink, served_in_process
 
 from mirror.app import Mirror
 from mirror.config import MirrorSettings, load_settings
@@ -44,19 +44,19 @@ def chat(i: int = 0, **extra: Any) -> dict[str, Any]:
 
 
 async def drive(
-    mirror: Mirror, requests: list[tuple[dict[str, Any], dict[str, str]]], *, concurrent: bool
+    mirror: Mirror,
+    requests: list[tuple[dict[str, Any], dict[str, str]]],
+    *,
+    concurrent: bool,
+    plane: str = PLANES[0],
 ) -> list[httpx.Response]:
-    """Send requests through the in-process mirror; then drain it (shadows finish)."""
-    await mirror.startup()
-    try:
-        transport = httpx.ASGITransport(app=mirror)
-        async with httpx.AsyncClient(transport=transport, base_url="http://mirror") as client:
-            calls = [client.post("/v1/chat/completions", json=b, headers=h) for b, h in requests]
-            if concurrent:
-                return list(await asyncio.gather(*calls))
-            return [await c for c in calls]
-    finally:
-        await mirror.shutdown()
+    """Send requests through the in-process mirror on ``plane``; then drain it (shadows
+    finish)."""
+    async with served_in_process(mirror, plane) as client:
+        calls = [client.post("/v1/chat/completions", json=b, headers=h) for b, h in requests]
+        if concurrent:
+            return list(await asyncio.gather(*calls))
+        return [await c for c in calls]
 
 
 def by_role(records: list[Any]) -> Counter[Role]:
@@ -121,9 +121,10 @@ def test_guard_off_window_admits_nothing_and_its_state_is_recorded(
     assert {r.guard["state"] for r in records} == {"off_window"}
 
 
+@pytest.mark.parametrize("plane", PLANES)
 @pytest.mark.parametrize("drop", [True, False])
 def test_candidate_rewrites_are_recorded(
-    engines: tuple[RunningSim, RunningSim], drop: bool
+    engines: tuple[RunningSim, RunningSim], drop: bool, plane: str
 ) -> None:
     # vLLM ignores a field it does not know; TensorRT-LLM answers 400 unless the field is dropped
     rewrite: dict[str, Any] = {"model": "trt-engine-model"}
@@ -132,7 +133,7 @@ def test_candidate_rewrites_are_recorded(
     s = settings(engines, candidate={"rewrite": rewrite})
     sink = ListSink()
     body = chat(1, guided_choice=["a", "b"], stream=True)
-    asyncio.run(drive(Mirror(s, sink=sink), [(body, {})], concurrent=False))
+    asyncio.run(drive(Mirror(s, sink=sink), [(body, {})], concurrent=False, plane=plane))
     recs = {r.role: r for r in sink.records if isinstance(r, ExchangeRecord)}
     inc, cand = recs[Role.INCUMBENT], recs[Role.CANDIDATE]
     assert inc.status is Status.OK and inc.model == MODEL
@@ -199,8 +200,9 @@ def test_the_client_path_never_awaits_the_shadow() -> None:
     ] == []
 
 
+@pytest.mark.parametrize("plane", PLANES)
 def test_replay_sent_apart_and_shadows_asked_for_logprobs(
-    engines: tuple[RunningSim, RunningSim],
+    engines: tuple[RunningSim, RunningSim], plane: str
 ) -> None:
     """A replay waits ``replay_delay_s`` and uses its own pool (so it is not batched with the
     request it repeats), and says so in its rewrites; the candidate and the replay are asked for
@@ -211,14 +213,23 @@ def test_replay_sent_apart_and_shadows_asked_for_logprobs(
     )
     sink = ListSink()
     mirror = Mirror(s, sink=sink)
-    responses = asyncio.run(drive(mirror, [(chat(i), {}) for i in range(3)], concurrent=False))
+    seen_pools: dict[Role, Any] = {}
+    start = mirror.shadows.start
+
+    def start_and_look() -> None:
+        start()
+        seen_pools.update(mirror.shadows.pools)
+
+    mirror.shadows.start = start_and_look  # type: ignore[method-assign]
+    responses = asyncio.run(
+        drive(mirror, [(chat(i), {}) for i in range(3)], concurrent=False, plane=plane)
+    )
     assert all(r.status_code == 200 for r in responses)
     assert "logprobs" not in responses[0].json()["choices"][0] or (
         responses[0].json()["choices"][0]["logprobs"] is None
     )
-    assert (
-        mirror.replay_session is not None and mirror.replay_session is not mirror.incumbent_session
-    )
+    assert seen_pools[Role.REPLAY] is not seen_pools[Role.CANDIDATE]  # its own pool
+    assert seen_pools[Role.REPLAY].host_header == mirror.inc_url.split("//")[1].encode()
     records = [r for r in sink.records if isinstance(r, ExchangeRecord)]
     by = {(str(r.pair_id), r.role): r for r in records}
     for resp in responses:

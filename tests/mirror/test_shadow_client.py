@@ -1,0 +1,175 @@
+"""The shadow side's raw-connection client (mirror/shadow_client.py) against a scripted engine:
+what the engine receives, a kept-alive connection the engine dropped, compressed answers,
+chunk arrival times, and a header that would split the request."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+from collections.abc import Awaitable, Callable
+
+import pytest
+
+from mirror.shadow_client import ShadowAnswer, request_head
+from mirror.upstream import Upstream
+
+Handler = Callable[[int, bytes, bytes], Awaitable[list[bytes] | None]]
+"""(request number on its connection, head, body) -> the answer's pieces, or None: close.
+A piece that is :data:`CLOSE` closes the connection there."""
+CLOSE = b"<close>"
+
+
+async def _engine(handler: Handler) -> tuple[asyncio.Server, int, list[bytes]]:
+    heads: list[bytes] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        n = 0
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = 0
+                for line in head.split(b"\r\n"):
+                    if line.lower().startswith(b"content-length:"):
+                        length = int(line.split(b":", 1)[1])
+                body = await reader.readexactly(length)
+                heads.append(head)
+                pieces = await handler(n, head, body)
+                n += 1
+                if pieces is None:
+                    break
+                for piece in pieces:
+                    if piece is CLOSE:
+                        return
+                    writer.write(piece)
+                    await writer.drain()
+                    await asyncio.sleep(0.01)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    return server, server.sockets[0].getsockname()[1], heads
+
+
+def _sse(events: list[bytes]) -> list[bytes]:
+    head = (
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+    )
+    out = [head]
+    out += [b"%x\r\n%b\r\n" % (len(e), e) for e in events]
+    out.append(b"0\r\n\r\n")
+    return out
+
+
+EVENTS = [b'data: {"n":%d}\n\n' % i for i in range(3)] + [b"data: [DONE]\n\n"]
+
+
+def test_a_stream_arrives_chunk_by_chunk_and_the_connection_is_kept() -> None:
+    async def handler(n: int, head: bytes, body: bytes) -> list[bytes]:
+        return _sse(EVENTS)
+
+    async def main() -> None:
+        server, port, heads = await _engine(handler)
+        pool = Upstream(f"http://127.0.0.1:{port}", connect_timeout_s=5)
+        try:
+            for _ in range(2):
+                answer = ShadowAnswer(asyncio.get_running_loop().time)
+                hdrs = [("content-type", "application/json"), ("x-shadow-pair-id", "p")]
+                head = request_head("POST", "/v1/chat/completions", pool, hdrs)
+                await answer.fetch(pool, head, b'{"a":1}')
+                assert answer.status == 200 and answer.sse and answer.broke is None
+                assert b"".join(c for _, c in answer.stash) == b"".join(EVENTS)
+                assert len(answer.stash) >= 2  # as they arrived, with their times
+                times = [t for t, _ in answer.stash]
+                assert times == sorted(times)
+            assert pool.open == 1 and len(pool.idle) == 1  # one connection, kept alive
+            assert heads[0].startswith(b"POST /v1/chat/completions HTTP/1.1\r\n")
+            assert b"host: 127.0.0.1:%d\r\n" % port in heads[0]
+            assert b"x-shadow-pair-id: p\r\n" in heads[0] and b"content-length: 7\r\n" in heads[0]
+            assert b"authorization" not in heads[0].lower()
+        finally:
+            pool.close()
+            server.close()
+
+    asyncio.run(main())
+
+
+def test_a_kept_alive_connection_the_engine_dropped_is_retried_once_on_a_new_one() -> None:
+    async def handler(n: int, head: bytes, body: bytes) -> list[bytes] | None:
+        if n == 1:  # the second request on a connection: dropped unanswered
+            return None
+        return [b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"]
+
+    async def main() -> None:
+        server, port, heads = await _engine(handler)
+        pool = Upstream(f"http://127.0.0.1:{port}", connect_timeout_s=5)
+        try:
+            head = request_head("POST", "/v1/completions", pool, [])
+            for _ in range(2):
+                answer = ShadowAnswer(asyncio.get_running_loop().time)
+                await answer.fetch(pool, head, b"{}")
+                assert answer.status == 200 and b"".join(answer.parts) == b"{}"
+                assert answer.last_t is not None and not answer.sse
+            assert len(heads) == 3  # the dropped one, then its retry
+        finally:
+            pool.close()
+            server.close()
+
+    asyncio.run(main())
+
+
+def test_a_connection_that_breaks_mid_answer_raises_and_keeps_what_arrived() -> None:
+    async def handler(n: int, head: bytes, body: bytes) -> list[bytes]:
+        return [*_sse(EVENTS)[:3], CLOSE]  # the head and two events, then the connection closes
+
+    async def main() -> None:
+        server, port, _ = await _engine(handler)
+        pool = Upstream(f"http://127.0.0.1:{port}", connect_timeout_s=5)
+        try:
+            answer = ShadowAnswer(asyncio.get_running_loop().time)
+            with pytest.raises(ConnectionError):
+                await answer.fetch(pool, request_head("POST", "/", pool, []), b"")
+            assert b"".join(c for _, c in answer.stash) == b"".join(EVENTS[:2])
+            assert pool.open == 0 and not pool.idle
+        finally:
+            pool.close()
+            server.close()
+
+    asyncio.run(main())
+
+
+def test_gzip_is_decompressed_and_url_credentials_become_basic_auth() -> None:
+    packed = gzip.compress(b'{"choices": []}')
+
+    async def handler(n: int, head: bytes, body: bytes) -> list[bytes]:
+        return [
+            b"HTTP/1.1 500 Internal Server Error\r\ncontent-type: application/json\r\n"
+            b"content-encoding: gzip\r\ncontent-length: %d\r\n\r\n" % len(packed),
+            packed,
+        ]
+
+    async def main() -> None:
+        server, port, heads = await _engine(handler)
+        pool = Upstream(f"http://user:pw@127.0.0.1:{port}", connect_timeout_s=5)
+        try:
+            answer = ShadowAnswer(asyncio.get_running_loop().time)
+            await answer.fetch(pool, request_head("POST", "/", pool, []), b"")
+            assert answer.status == 500 and b"".join(answer.parts) == b'{"choices": []}'
+            own = [("authorization", "Bearer own")]
+            await ShadowAnswer(asyncio.get_running_loop().time).fetch(
+                pool, request_head("POST", "/", pool, own), b""
+            )
+        finally:
+            pool.close()
+            server.close()
+        assert b"authorization: Basic dXNlcjpwdw==\r\n" in heads[0]  # user:pw
+        assert b"authorization: Bearer own\r\n" in heads[1] and b"Basic" not in heads[1]
+
+    asyncio.run(main())
+
+
+def test_a_header_with_a_line_break_is_refused() -> None:
+    pool = Upstream("http://127.0.0.1:1", connect_timeout_s=1)
+    with pytest.raises(ValueError, match="line break"):
+        request_head("POST", "/", pool, [("x-evil", "a\r\nhost: elsewhere")])
