@@ -374,7 +374,7 @@ def test_a_rebalance_with_batches_in_flight_writes_every_record_once_confluent(
     from ingester.clients import make_consumer, make_producer
     from storage.db import make_engine
 
-    n = 1200
+    n, more = 1200, 600
     produce(kafka_bootstrap, topics.exchanges, _exchanges(topics.deployment, 0, n))
     settings = settings_for(
         topics,
@@ -411,10 +411,17 @@ def test_a_rebalance_with_batches_in_flight_writes_every_record_once_confluent(
                 break
         assert in_flight(first), "nothing in flight when the second ingester joins"
         second = start()
+        while time.monotonic() < deadline and not second.consumer.assignment():
+            first.step()
+            second.step()
+        # On a busy machine the first may have read everything before the group settled: more
+        # records after the rebalance give the second's partitions something to take.
+        produce(kafka_bootstrap, topics.exchanges, _exchanges(topics.deployment, n, n + more))
         while time.monotonic() < deadline:
             first.step()
             second.step()
-            if second.taken and not (in_flight(first) or in_flight(second)) and stored() == n:
+            total = n + more
+            if second.taken and not (in_flight(first) or in_flight(second)) and stored() == total:
                 break
         assert first.shutdown(30) and second.shutdown(30)
     finally:
@@ -425,5 +432,5 @@ def test_a_rebalance_with_batches_in_flight_writes_every_record_once_confluent(
         for engine in engines:
             engine.dispose()
     assert second.taken > 0, "the second ingester was given no partition"
-    assert stored() == n
-    assert committed_total(kafka_bootstrap, topics.group) == n
+    assert stored() == n + more
+    assert committed_total(kafka_bootstrap, topics.group) == n + more
