@@ -43,7 +43,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from scipy import stats
-from sqlalchemy import Engine, and_, select
+from sqlalchemy import Engine, and_, case, null, select
 
 from evaluator.divergence import sample_pair_ids
 from evaluator.exchange_rollups import role_extent
@@ -230,8 +230,10 @@ def _load_sample(
             chosen = sample_pair_ids(
                 conn, deployment, "candidate", lo, hi, per_day, int(total), probes=True
             )
+            # only the incumbent's request is read (whether JSON was asked, and its schema)
+            request = case((x.role == "incumbent", x.request), else_=null()).label("request")
             stmt = select(
-                x.pair_id, x.role, x.sent_at, x.status, x.output_text, x.request, x.probe_id
+                x.pair_id, x.role, x.sent_at, x.status, x.output_text, request, x.probe_id
             ).where(
                 and_(
                     x.deployment == deployment,
