@@ -30,7 +30,7 @@ from urllib.parse import quote
 
 import numpy as np
 from scipy import stats
-from sqlalchemy import Connection, Engine, func, literal, select, tablesample
+from sqlalchemy import Connection, Engine, func, literal, select, tablesample, true
 
 from evaluator.compare import NEAR_TIE_NATS, PairDivergence, PairSide, compare_pair
 from evaluator.exchange_rollups import role_extent
@@ -540,8 +540,11 @@ def sample_pair_ids(
     hi: datetime,
     limit: int,
     total: int,
+    *,
+    probes: bool = False,
 ) -> list[Any]:
-    """Up to ``limit`` pair ids of ``role`` sent in ``[lo, hi)``, a random sample.
+    """Up to ``limit`` pair ids of ``role`` sent in ``[lo, hi)``, a random sample of client
+    traffic (``probes``: the mirror's probes too).
 
     Small days (and SQLite): the smallest pair ids (random UUIDs, so a uniform sample).
     Large days on PostgreSQL: ``TABLESAMPLE SYSTEM`` (random table blocks, twice as many rows
@@ -558,7 +561,7 @@ def sample_pair_ids(
         q = (
             select(s.pair_id)
             .where(s.deployment == deployment, s.role == role, s.sent_at >= lo, s.sent_at < hi)
-            .where(client_traffic(sampled))
+            .where(client_traffic(sampled) if not probes else true())
             .order_by(s.pair_id)
             .limit(limit)
         )
@@ -566,7 +569,7 @@ def sample_pair_ids(
     q = (
         select(x.pair_id)
         .where(x.deployment == deployment, x.role == role, x.sent_at >= lo, x.sent_at < hi)
-        .where(client_traffic())
+        .where(client_traffic() if not probes else true())
         .order_by(x.pair_id)
         .limit(limit)
     )

@@ -43,8 +43,10 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from scipy import stats
-from sqlalchemy import Engine, and_, select
+from sqlalchemy import Engine, and_, case, null, select
 
+from evaluator.divergence import sample_pair_ids
+from evaluator.exchange_rollups import role_extent
 from evaluator.rates import bucket_label, bucket_start
 from evaluator.results import Interval, Measurement, Progress, Window
 from shadow_ab.probes import ProbeSet, is_refusal, json_verdict, load_probe_set
@@ -211,7 +213,9 @@ def _load_probes(engine: Engine, deployment: str, window: Window) -> dict[Any, _
 def _load_sample(
     engine: Engine, deployment: str, window: Window, per_day: int, progress: Progress | None
 ) -> dict[Any, _Pair]:
-    """Up to ``per_day`` pairs per UTC day (smallest pair ids), both roles, all traffic."""
+    """Up to ``per_day`` pairs per UTC day, both roles, all traffic (probes too): a uniform
+    sample (``evaluator.divergence.sample_pair_ids``: table blocks on a big PostgreSQL day, so
+    the cost follows the sample, not the day)."""
     x = EXCHANGES.c
     out: dict[Any, _Pair] = {}
     day = bucket_start(window[0], "day")
@@ -219,19 +223,21 @@ def _load_sample(
     with engine.connect() as conn:
         for i in range(days):
             lo, hi = max(window[0], day + i * DAY), min(window[1], day + (i + 1) * DAY)
-            ids = select(x.pair_id).where(
-                x.deployment == deployment,
-                x.role == "candidate",
-                x.sent_at >= lo,
-                x.sent_at < hi,
+            # the day's client count (rollups where closed) sizes the block sample of a big day
+            total, _, _ = role_extent(conn, deployment, ("candidate",), (lo, hi))
+            if not total:
+                continue
+            chosen = sample_pair_ids(
+                conn, deployment, "candidate", lo, hi, per_day, int(total), probes=True
             )
-            chosen = ids.order_by(x.pair_id).limit(per_day).subquery()
+            # only the incumbent's request is read (whether JSON was asked, and its schema)
+            request = case((x.role == "incumbent", x.request), else_=null()).label("request")
             stmt = select(
-                x.pair_id, x.role, x.sent_at, x.status, x.output_text, x.request, x.probe_id
+                x.pair_id, x.role, x.sent_at, x.status, x.output_text, request, x.probe_id
             ).where(
                 and_(
                     x.deployment == deployment,
-                    x.pair_id.in_(select(chosen.c.pair_id)),
+                    x.pair_id.in_(chosen),
                     x.role.in_(("incumbent", "candidate")),
                     x.sent_at >= lo - timedelta(minutes=10),
                     x.sent_at < hi + timedelta(minutes=10),
