@@ -66,29 +66,17 @@ class Shadows:
 
         mirror = self._mirror
         s = mirror.settings
-        cand = s.candidate
         if mirror.candidate_session is None:  # else the session handed to the mirror is used
-            self.pools[Role.CANDIDATE] = Upstream(
-                cand.url,
-                connect_timeout_s=cand.connect_timeout_s,
-                max_connections=cand.max_connections,
-                keepalive_s=cand.keepalive_timeout_s,
-            )
+            self.pools[Role.CANDIDATE] = Upstream.to(s.candidate)
         if s.shadow.replay_pool == "separate":
-            inc = s.incumbent
-            self.pools[Role.REPLAY] = Upstream(
-                inc.url,
-                connect_timeout_s=inc.connect_timeout_s,
-                max_connections=inc.max_connections,
-                keepalive_s=inc.keepalive_timeout_s,
-            )
+            self.pools[Role.REPLAY] = Upstream.to(s.incumbent)
         elif self.client_pool is not None:
             self.pools[Role.REPLAY] = self.client_pool
 
     def close(self) -> None:
         """Close the pools' idle connections (after the drain)."""
-        for role, pool in self.pools.items():
-            if pool is not self.client_pool or role is not Role.REPLAY:
+        for pool in self.pools.values():
+            if pool is not self.client_pool:  # the clients' pool is the data plane's to close
                 pool.close()
         self.pools.clear()
 

@@ -21,10 +21,13 @@ import asyncio
 import base64
 import collections
 import ssl
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import httptools
 import yarl
+
+if TYPE_CHECKING:
+    from mirror.config import EngineConfig
 
 
 class Exchange(Protocol):
@@ -194,6 +197,16 @@ class Upstream:
             collections.deque()
         )
         self.closing = False
+
+    @classmethod
+    def to(cls, engine: EngineConfig) -> Upstream:
+        """A pool to ``engine`` with its connect timeout, connection cap and keep-alive."""
+        return cls(
+            engine.url,
+            connect_timeout_s=engine.connect_timeout_s,
+            max_connections=engine.max_connections,
+            keepalive_s=engine.keepalive_timeout_s,
+        )
 
     async def acquire(self) -> tuple[UpstreamConnection, bool]:
         """A connection (and whether it was used before): an idle one, else a new one."""

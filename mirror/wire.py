@@ -887,13 +887,7 @@ class WireServer:
         self.limits = mirror.settings.limits
         self.answers = limit_answers(self.limits)
         self.connections: set[ClientConnection] = set()
-        inc = mirror.settings.incumbent
-        self.upstream = Upstream(
-            inc.url,
-            connect_timeout_s=inc.connect_timeout_s,
-            max_connections=inc.max_connections,
-            keepalive_s=inc.keepalive_timeout_s,
-        )
+        self.upstream = Upstream.to(mirror.settings.incumbent)
         mirror.shadows.client_pool = self.upstream  # replays with shadow.replay_pool: shared
         self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]
         self.should_exit = asyncio.Event()
