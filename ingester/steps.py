@@ -35,6 +35,7 @@ from ingester.decode import Poison, PoisonReason, decode
 from ingester.errors import DeadLetterUnavailable, TransientError
 from ingester.sink import StoreSink
 from shadow_ab.records import Record
+from storage.write import ExchangeRow
 
 log = logging.getLogger(__name__)
 
@@ -458,18 +459,27 @@ class Decode:
     """First step: turn a raw message into a record or a :class:`Poison` and pass it on."""
 
     def __init__(
-        self, next_step: Step[Decoded], expected_kinds: dict[str, str], *, fast: bool = True
+        self,
+        next_step: Step[Decoded],
+        expected_kinds: dict[str, str],
+        *,
+        fast: bool = True,
+        rows: bool = False,
     ) -> None:
         self.next_step = next_step
         self.expected_kinds = expected_kinds
         """topic -> record kind allowed on it ("exchange" or "health")."""
         self.fast = fast
         """Try the msgspec decoder first (:mod:`ingester.fastdecode`); pydantic alone if not."""
+        self.rows = rows
+        """With ``fast``: exchanges straight to their store rows (``storage.write.ExchangeRow``)."""
 
     def submit(self, message: Message) -> None:
         kind = self.expected_kinds.get(message.topic)
         try:
-            result: Record | Poison = decode(message.value, kind, fast=self.fast)
+            result: Record | ExchangeRow | Poison = decode(
+                message.value, kind, fast=self.fast, rows=self.rows
+            )
         except Exception as exc:  # a bug a message trips: that message alone is poison
             log.exception("decoding a message at %s/%d@%d failed", *_where(message))
             result = Poison(PoisonReason.DECODE_FAILED, f"{type(exc).__name__}: {exc}")
