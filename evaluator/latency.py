@@ -23,10 +23,11 @@ window). Database errors are SQLAlchemy's, as the store raises them.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -44,8 +45,10 @@ from evaluator.rollups import (
     SketchRow,
     bucket_labels,
     load_itl,
+    load_raw_sketches,
     load_sample,
     load_sketch_columns,
+    load_stored_sketches,
     merge_intervals,
     raw_role_rows,
     refresh_rollups,
@@ -54,6 +57,7 @@ from evaluator.sketch import RELATIVE_ACCURACY, LogSketch
 from evaluator.stats import (
     BootstrapConfig,
     Estimate,
+    PairedComparison,
     goodput_mask,
     paired_comparison,
     pooled_comparison,
@@ -61,6 +65,7 @@ from evaluator.stats import (
     subsample,
 )
 
+T = TypeVar("T")
 METRICS = ("ttft", "tpot", "itl", "e2e", "tokens_per_s")
 """Metric names as in the measurement keys (evaluator/results.py)."""
 QUANTILES = {"p50": 0.50, "p95": 0.95, "p99": 0.99}
@@ -176,6 +181,18 @@ _SAMPLE_COLUMN = {
     "tokens_per_s": "tokens_per_s",
     "itl": "itl_mean_s",
 }
+
+
+def _in_background(engine: Engine, fn: Callable[..., T], *args: Any) -> Callable[[], T]:
+    """``fn(*args)`` started in a thread of its own on PostgreSQL (the server reads while this
+    process computes; the thread takes its own pooled connection); call the returned function
+    for its result (its error, if it failed). Elsewhere (SQLite) it runs when asked."""
+    if engine.dialect.name != "postgresql":
+        return lambda: fn(*args)
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shadow-ab-latency")
+    future = pool.submit(fn, *args)
+    pool.shutdown(wait=False)  # the thread ends with its one task
+    return future.result
 
 
 def _check(window: Window, warmup: Sequence[WarmupWindow]) -> tuple[datetime, datetime]:
@@ -683,15 +700,14 @@ def analyze_latency(
             progress=(lambda _s, f: report("latency: rollups", 0.5 * f)),
             now=now,
         )
+    # the month's stored sketch rows: read while the sample's statistics are computed
+    stored_sketches = _in_background(engine, load_stored_sketches, engine, deployment, (lo, hi))
     sample = load_sample(engine, deployment, (lo, hi), target=config.max_pairs)
     cols = sample.columns
     warmup = _until_normal(engine, deployment, warmup, (lo, hi), _steady_from_sample(cols))
     exclude: dict[str, list[tuple[datetime, datetime]]] = {}
     for w in warmup:
         exclude.setdefault(w.role, []).append((w.start.astimezone(UTC), w.end.astimezone(UTC)))
-    rows = load_sketch_columns(engine, deployment, (lo, hi), exclude=exclude)
-    sketches = group_sketches(rows)
-    report("latency: sketches", 0.6)
 
     all_spans = merge_intervals(s for spans in exclude.values() for s in spans)
     in_warmup = _in_any(cols["sent_at"], all_spans)
@@ -707,7 +723,7 @@ def analyze_latency(
     n_paired = int(paired.sum())
 
     measurements: list[Measurement] = []
-    overall: list[dict[str, Any]] = []
+    compared: list[tuple[str, dict[str, Estimate], Estimate, PairedComparison]] = []
     hours = list(cols["hour"])
     paired_blocks = _blocks(hours, paired, config)
     unit_text = (
@@ -727,7 +743,7 @@ def analyze_latency(
         f" {unit_text}"
     )
     for mi, metric in enumerate(METRICS):
-        report("latency: bootstrap", 0.6 + 0.35 * mi / len(METRICS))
+        report("latency: bootstrap", 0.5 + 0.35 * mi / len(METRICS))
         column = _SAMPLE_COLUMN[metric]
         inc_vals = _floats(cols[f"incumbent_{column}"])[paired]
         cand_vals = _floats(cols[f"candidate_{column}"])[paired]
@@ -793,25 +809,14 @@ def analyze_latency(
                 "paired Wilcoxon signed-rank test (two-sided) on the sampled pairs",
             )
         )
-        overall.append(
-            {
-                "metric": metric,
-                "unit": UNITS[metric],
-                "incumbent": _qs(sketches.get(("all", "", "incumbent", metric, "all"))),
-                "candidate": _qs(sketches.get(("all", "", "candidate", metric, "all"))),
-                "ratio": {q: ratios[q].to_dict() for q in QUANTILES},
-                "spread_ratio": spread.to_dict(),
-                "median_delta": comp.median_delta.to_dict(),
-                "rank_test_p": None if math.isnan(comp.rank_test_p) else comp.rank_test_p,
-            }
-        )
+        compared.append((metric, ratios, spread, comp))
 
     # failures counted as slowest, both roles censored at the shadow timeout
     censored, censored_table = _with_failures(cols, keep_pairs, hours, config, shadow_timeout_s)
     measurements += censored
 
     # goodput: every sampled pair outside warm-up, failed requests are not good
-    report("latency: goodput", 0.95)
+    report("latency: goodput", 0.9)
     good = {}
     for role in ROLES:
         good[role] = goodput_mask(
@@ -849,6 +854,27 @@ def analyze_latency(
             level=config.level,
         )
     )
+    rows = SketchColumns.concat(
+        [
+            stored_sketches(),
+            load_raw_sketches(engine, deployment, (lo, hi), exclude=exclude),
+        ]
+    )
+    sketches = group_sketches(rows)
+    report("latency: sketches", 0.97)
+    overall = [
+        {
+            "metric": metric,
+            "unit": UNITS[metric],
+            "incumbent": _qs(sketches.get(("all", "", "incumbent", metric, "all"))),
+            "candidate": _qs(sketches.get(("all", "", "candidate", metric, "all"))),
+            "ratio": {q: ratios[q].to_dict() for q in QUANTILES},
+            "spread_ratio": spread.to_dict(),
+            "median_delta": comp.median_delta.to_dict(),
+            "rank_test_p": None if math.isnan(comp.rank_test_p) else comp.rank_test_p,
+        }
+        for metric, ratios, spread, comp in compared
+    ]
     steady: dict[str, float] = {}
     for role in ROLES:
         sk = sketches.get(("all", "", role, "ttft", "all"))

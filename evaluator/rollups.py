@@ -764,11 +764,21 @@ def load_sketch_columns(
     exclude: dict[str, list[tuple[datetime, datetime]]] | None = None,
 ) -> SketchColumns:
     """:func:`load_sketches`' rows as :class:`SketchColumns` (the same rows in the same
-    order)."""
+    order): :func:`load_stored_sketches`, then :func:`load_raw_sketches`."""
+    return SketchColumns.concat(
+        [
+            load_stored_sketches(engine, deployment, window),
+            load_raw_sketches(engine, deployment, window, exclude=exclude),
+        ]
+    )
+
+
+def load_stored_sketches(engine: Engine, deployment: str, window: Window) -> SketchColumns:
+    """The stored rollups of the whole hours inside ``window`` (the bulk of a month's sketch
+    rows; nothing else depends on them, so a caller may read them while it does other work)."""
     lo, hi = _check_window(window)
     inner_lo, inner_hi = ceil_hour(lo), floor_hour(hi)
     parts: list[SketchColumns] = []
-    raw: list[SketchRow] = []
     with engine.connect() as conn:
         if inner_lo < inner_hi:
             # JSON columns as text, parsed by numpy at once (the driver's json.loads per
@@ -786,6 +796,25 @@ def load_sketch_columns(
                 {"deployment": deployment, "lo": inner_lo, "hi": inner_hi},
             ).all()
             parts.append(_stored_columns(stored, conn.dialect if pg else None))
+    parts.append(SketchColumns.from_rows([]))
+    return SketchColumns.concat(parts)
+
+
+def load_raw_sketches(
+    engine: Engine,
+    deployment: str,
+    window: Window,
+    *,
+    exclude: dict[str, list[tuple[datetime, datetime]]] | None = None,
+) -> SketchColumns:
+    """The rows :func:`load_sketches` aggregates from the raw exchanges: the window's partial
+    hours at its edges (the whole window when it holds no whole hour), then (sign -1) every
+    ``exclude[role]`` span within the window, to subtract."""
+    lo, hi = _check_window(window)
+    inner_lo, inner_hi = ceil_hour(lo), floor_hour(hi)
+    raw: list[SketchRow] = []
+    with engine.connect() as conn:
+        if inner_lo < inner_hi:
             raw += raw_sketch_rows(conn, deployment, lo, inner_lo)
             raw += raw_sketch_rows(conn, deployment, inner_hi, hi)
         else:
@@ -795,8 +824,7 @@ def load_sketch_columns(
                 a, b = max(a, lo), min(b, hi)
                 if a < b:
                     raw += raw_sketch_rows(conn, deployment, a, b, roles=(role,), sign=-1)
-    parts.append(SketchColumns.from_rows(raw))
-    return SketchColumns.concat(parts)
+    return SketchColumns.from_rows(raw)
 
 
 @dataclass(frozen=True)
@@ -861,9 +889,10 @@ def load_sample(
                 # the same pairs in the same order give the same intervals (seeded bootstrap)
                 .order_by(table.c.hour, table.c.pair_id)
             )
-            for row in conn.execute(stmt, {"hours": hs}):
-                for f, v in zip(SAMPLE_FIELDS, row, strict=True):
-                    cols[f].append(v)
+            rows = conn.execute(stmt, {"hours": hs}).all()  # one fetch, columns by zip
+            if rows:
+                for f, values in zip(SAMPLE_FIELDS, zip(*rows, strict=True), strict=True):
+                    cols[f].extend(values)
     return SampledPairs(cols, total)
 
 
