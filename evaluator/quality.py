@@ -37,13 +37,13 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
 from scipy import stats
-from sqlalchemy import Engine, and_, case, null, select
+from sqlalchemy import Engine, and_, select
 
 from evaluator.divergence import sample_pair_ids
 from evaluator.exchange_rollups import role_extent
@@ -182,7 +182,11 @@ class _Pair:
     sides: dict[str, _Side] = field(default_factory=dict)
 
 
-def _pairs(rows: Iterable[Any]) -> dict[Any, _Pair]:
+def _pairs(
+    rows: Iterable[Any], request: Callable[[Any], dict[str, Any]] | None = None
+) -> dict[Any, _Pair]:
+    """Pairs of exchange rows; ``request(row)``: the row's request (default its ``request``
+    column, {} when NULL)."""
     out: dict[Any, _Pair] = {}
     for r in rows:
         sent = as_utc(r.sent_at)
@@ -191,8 +195,27 @@ def _pairs(rows: Iterable[Any]) -> dict[Any, _Pair]:
             p = out[r.pair_id] = _Pair(sent)
         if r.role == "incumbent":
             p.sent_at = sent
-        p.sides[r.role] = _Side(r.status, r.output_text, r.request or {}, r.probe_id)
+        req = (r.request or {}) if request is None else request(r)
+        p.sides[r.role] = _Side(r.status, r.output_text, req, r.probe_id)
     return out
+
+
+JSON_REQUEST_FIELDS = ("response_format", "guided_json", "structured_outputs")
+"""The request fields :func:`shadow_ab.probes.json_asked` reads: all the all-traffic sample
+needs of a request (read from the incumbent's alone, extracted in SQL: a request carries the
+prompt, which can be large)."""
+
+
+def _json_request(row: Any) -> dict[str, Any]:
+    """The incumbent's request as far as :func:`json_asked` reads it ({} for the candidate's:
+    whether JSON was asked is the incumbent's request's say)."""
+    if row.role != "incumbent":
+        return {}
+    return {
+        key: value
+        for key in JSON_REQUEST_FIELDS
+        if (value := getattr(row, f"request_{key}")) is not None
+    }
 
 
 def _load_probes(engine: Engine, deployment: str, window: Window) -> dict[Any, _Pair]:
@@ -230,10 +253,10 @@ def _load_sample(
             chosen = sample_pair_ids(
                 conn, deployment, "candidate", lo, hi, per_day, int(total), probes=True
             )
-            # only the incumbent's request is read (whether JSON was asked, and its schema)
-            request = case((x.role == "incumbent", x.request), else_=null()).label("request")
+            # only the request fields that say whether JSON was asked (and its schema)
+            fields = [x.request[key].label(f"request_{key}") for key in JSON_REQUEST_FIELDS]
             stmt = select(
-                x.pair_id, x.role, x.sent_at, x.status, x.output_text, request, x.probe_id
+                x.pair_id, x.role, x.sent_at, x.status, x.output_text, *fields, x.probe_id
             ).where(
                 and_(
                     x.deployment == deployment,
@@ -243,7 +266,7 @@ def _load_sample(
                     x.sent_at < hi + timedelta(minutes=10),
                 )
             )
-            out.update(_pairs(conn.execute(stmt)))
+            out.update(_pairs(conn.execute(stmt).all(), _json_request))
             if progress is not None:
                 progress("quality: all traffic", (i + 1) / days)
     return out

@@ -235,3 +235,44 @@ def test_int_lists_read_stored_bucket_lists(texts: list[Any]) -> None:
     ]
     assert lengths.tolist() == [len(e) for e in expected]
     assert flat.tolist() == [x for e in expected for x in e]
+
+
+# -- the quality sample reads the request fields that say whether JSON was asked --------------
+
+
+@pytest.mark.parametrize("store", ["postgresql", "sqlite"], indirect=True)
+def test_the_quality_sample_judges_json_as_the_whole_request_does(store: Any) -> None:
+    from latency_factories import T0, pairs
+
+    from evaluator.quality import _load_sample
+    from shadow_ab.probes import json_asked
+    from storage.partitions import ensure_partitions
+    from storage.write import write_exchanges
+
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    asks: list[dict[str, Any]] = [
+        {"model": "m", "messages": [{"role": "user", "content": "x" * 500}]},
+        {"model": "m", "response_format": {"type": "json_object"}},
+        {
+            "model": "m",
+            "response_format": {"type": "json_schema", "json_schema": {"schema": schema}},
+        },
+        {"model": "m", "guided_json": schema},
+        {"model": "m", "guided_json": None, "structured_outputs": {"json": '{"type": "object"}'}},
+        {"model": "m", "response_format": None, "structured_outputs": None},
+    ]
+    records = pairs(len(asks) * 2, deployment="dep-quality-req")
+    records = [
+        r.model_copy(update={"request": asks[(i // 2) % len(asks)]}) if r.role == "incumbent" else r
+        for i, r in enumerate(records)
+    ]
+    if store.dialect.name == "postgresql":
+        ensure_partitions(store, T0, days_ahead=3)
+    assert write_exchanges(store, records) == len(records)
+    window = (T0, T0 + timedelta(days=1))
+    sample = _load_sample(store, "dep-quality-req", window, 100, None)
+    wanted = {r.pair_id: r.request for r in records if r.role == "incumbent"}
+    assert set(sample) == set(wanted)
+    for pid, pair in sample.items():
+        assert json_asked(pair.sides["incumbent"].request) == json_asked(wanted[pid])
+        assert pair.sides["candidate"].request == {}
