@@ -3,7 +3,7 @@
     eval "$(shadow-ab services env)"
     python bench/ingest.py [--records N] [--batch-sizes 100,1000,5000] [--workers 1,2]
                            [--kafka-client kafka-python,confluent]
-                           [--decoder msgspec,pydantic] [--inflight 1,2]
+                           [--decoder pydantic,msgspec,rows] [--inflight 1,2]
                            [--gc tuned|default|both] [--fetch-partition-kb 8192] [--repeat R]
                            [--no-parts] [--profile]
 
@@ -31,7 +31,10 @@ libraries (``SHADOW_AB_INGEST_KAFKA_CLIENT``: kafka-python, or confluent-kafka's
 decoders (``SHADOW_AB_INGEST_DECODER``) and batches in flight per worker
 (``SHADOW_AB_INGEST_INFLIGHT_BATCHES``) side by side; the
 "vs first" column is each row's rate over the first row's (list the old configuration first:
-``--decoder pydantic,msgspec --inflight 1,2``), measured in the same run on the same records.
+``--decoder msgspec,rows --inflight 1,2``), measured in the same run on the same records. The
+decoders run back to back on each setting, and "vs <first decoder>" is each row's rate over
+the first decoder's on the same setting (``rows``, the default, over ``msgspec``, the decoder
+before it: msgspec straight to the store's row values against msgspec into the records).
 
 The measurement starts once every worker holds partitions (so joining the group and the
 rebalances as workers join are excluded; they are printed apart as "startup") and counts the
@@ -47,11 +50,12 @@ at the end: processes that end within the run make it low, or even negative).
 Then (unless ``--no-parts``) it measures the floors, each part alone on the same records, one
 after the other in the same run: fetching from Kafka (each client's consumer poll through the
 ingester's adapter, ``ingester.clients``, for each ``--fetch-partition-kb``; the process's CPU
-counts every thread, librdkafka's too), decode + validation (each decoder), and the store
-write (storage.write.write_exchanges) split into building the rows (``exchange_values``, the
-binary wire values), the COPY and commit on the client side (the write's CPU less the rows'),
-and PostgreSQL's CPU for it (the backend's own process), with the records/s one core would
-reach doing only that part.
+counts every thread, librdkafka's too), decode + validation (each decoder; ``rows`` includes
+making the row values), and the store write (storage.write.write_exchanges) split into
+building the rows (``exchange_values``, the binary wire values), the COPY and commit on the
+client side (the write's CPU less the rows'), and PostgreSQL's CPU for it (the backend's own
+process), then the same write of the ``rows`` decoder's rows (no rows to build), with the
+records/s one core would reach doing only that part.
 ``--profile`` prints each worker's top functions (cProfile) for the 1,000 batch size.
 """
 
@@ -84,12 +88,13 @@ from shadow_ab.settings import CommonSettings
 from shadow_ab.topics import TopicSpec, delete_topics, ensure_topics
 from storage.db import make_engine, normalize_url
 from storage.migrate import upgrade
-from storage.write import WIRE, exchange_values, write_exchanges
+from storage.write import WIRE, ExchangeRow, exchange_values, write_exchanges
 
 GOAL = 10_000
 PARTITIONS = 6  # as shadow.exchanges
 CPU_GROUPS = ("ingester", "postgres", "pg db", "kafka", "other", "idle")
 CLIENTS = ("kafka-python", "confluent")
+DECODERS = ("pydantic", "msgspec", "rows")
 WORDS = (
     "the of and to in is that for it as with was on be by this are or at from an which have"
     " latency token model engine batch request response stream cache memory decode prefill"
@@ -459,7 +464,7 @@ def time_consume_only(
     return elapsed, cpu
 
 
-def _write_all(engine: Any, chunks: list[list[ExchangeRecord]]) -> None:
+def _write_all(engine: Any, chunks: list[list[Any]]) -> None:
     for chunk in chunks:
         write_exchanges(engine, chunk)
 
@@ -495,8 +500,8 @@ def main() -> None:
     )
     parser.add_argument(
         "--decoder",
-        default="msgspec",
-        help="SHADOW_AB_INGEST_DECODER values, e.g. pydantic,msgspec",
+        default="msgspec,rows",
+        help="SHADOW_AB_INGEST_DECODER values, e.g. pydantic,msgspec,rows (the old first)",
     )
     parser.add_argument(
         "--inflight", default="2", help="SHADOW_AB_INGEST_INFLIGHT_BATCHES values, e.g. 1,2,3"
@@ -521,6 +526,9 @@ def main() -> None:
     gcs = ["tuned", "default"] if args.gc == "both" else [args.gc]
     fetch_kbs = [int(k) for k in args.fetch_partition_kb.split(",")]
     decoders = args.decoder.split(",")
+    unknown = [d for d in decoders if d not in DECODERS]
+    if unknown:
+        raise SystemExit(f"--decoder: unknown {unknown}; choose from {', '.join(DECODERS)}")
     inflights = [int(k) for k in args.inflight.split(",")]
     clients = args.kafka_client.split(",")
     unknown = [c for c in clients if c not in CLIENTS]
@@ -554,24 +562,27 @@ def main() -> None:
         print()
         print(
             "| batch size | workers | client | decoder | in flight | gc | fetch KiB"
-            " | records measured | startup s | seconds | records/s | vs first | ratio to 10,000/s"
+            " | records measured | startup s | seconds | records/s | vs first"
+            f" | vs {decoders[0]} | ratio to 10,000/s"
             " | CPU us/record: ingester / postgres (pg db) / kafka / other / idle"
             " | load avg mean / max |"
         )
-        print("|---:|---:|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|---|")
+        print("|---:|---:|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|")
+        # The decoders innermost: the old and the new one run back to back on each setting.
         runs = [
-            (size, workers, client, decoder, inflight, gc_mode, fetch_kb)
-            for _ in range(args.repeat)
+            (rep, size, workers, client, decoder, inflight, gc_mode, fetch_kb)
+            for rep in range(args.repeat)
             for size in sizes
             for workers in worker_counts
             for inflight in inflights
-            for decoder in decoders
             for gc_mode in gcs
             for fetch_kb in fetch_kbs
             for client in clients
+            for decoder in decoders
         ]
         first_rate: float | None = None
-        for i, (size, workers, client, decoder, inflight, gc_mode, fetch_kb) in enumerate(
+        old_rate: dict[tuple[Any, ...], float] = {}
+        for i, (rep, size, workers, client, decoder, inflight, gc_mode, fetch_kb) in enumerate(
             runs if args.runs else []
         ):
             settings = IngestSettings(
@@ -599,11 +610,13 @@ def main() -> None:
             dbs.drop_all()
             rate = measured / seconds
             first_rate = first_rate or rate
+            setting = (rep, size, workers, client, inflight, gc_mode, fetch_kb)
+            old = old_rate.setdefault(setting, rate)  # the first decoder's, on this setting
             us = {k: f"{LAST_CPU[k] * 1e6:.0f}" for k in CPU_GROUPS}
             print(
                 f"| {size:,} | {workers} | {client} | {decoder} | {inflight} | {gc_mode}"
                 f" | {fetch_kb:,} | {measured:,} | {startup:.2f} | {seconds:.2f} | {rate:,.0f}"
-                f" | {rate / first_rate:.2f} | {rate / GOAL:.2f}"
+                f" | {rate / first_rate:.2f} | {rate / old:.2f} | {rate / GOAL:.2f}"
                 f" | {us['ingester']} / {us['postgres']} ({us['pg db']}) / {us['kafka']}"
                 f" / {us['other']} / {us['idle']}"
                 f" | {sum(LAST_LOAD) / len(LAST_LOAD):.1f} / {max(LAST_LOAD):.1f} |",
@@ -622,47 +635,70 @@ def main() -> None:
                 consume.append((client, kb, (wall / n, cpu / n)))
         if "tuned" in gcs:
             tune_gc()  # as the ingester runs
-        decodes = []
-        for name, fast in (("pydantic", False), ("msgspec", True)):
-            if name not in decoders and (name != "msgspec" or "pydantic" in decoders):
+        decodes: list[tuple[str, tuple[float, float]]] = []
+        outputs: dict[str, list[Any]] = {}
+        for name in DECODERS:
+            # msgspec's records feed the rows and write parts below: always measured
+            if name not in decoders and name != "msgspec":
                 continue
             decoded: list[Any] = []
 
-            def run(f: bool = fast, out: list[Any] = decoded) -> None:
-                out[:] = [decode(v, "exchange", fast=f) for _, v in values]
+            def run(name: str = name, out: list[Any] = decoded) -> None:
+                fast, rows = name != "pydantic", name == "rows"
+                out[:] = [decode(v, "exchange", fast=fast, rows=rows) for _, v in values]
 
             decodes.append((name, cpu_per_record(run, n)))
-            records = [r for r in decoded if isinstance(r, ExchangeRecord)]
-            assert len(records) == n
+            outputs[name] = decoded
+            kind = ExchangeRow if name == "rows" else ExchangeRecord
+            assert sum(isinstance(r, kind) for r in decoded) == n
+        records = outputs["msgspec"]
         rows_us = cpu_per_record(lambda: [exchange_values(r, WIRE) for r in records], n)
         url = dbs.create()
         engine = make_engine(url)
-        chunks = [records[i : i + 1000] for i in range(0, n, 1000)]
         write_exchanges(engine, records[:1])  # the connection and partitions: not the write
-        with engine.begin() as conn:
-            conn.execute(text("TRUNCATE exchanges"))
-            backend = conn.execute(text("SELECT pg_backend_pid()")).scalar_one()
-        pg0 = (_proc_cpu(backend) or ("", 0.0))[1]
-        wall = time.perf_counter()
-        cpu = time.process_time()
-        _write_all(engine, chunks)
-        write_us = ((time.perf_counter() - wall) / n, (time.process_time() - cpu) / n)
-        pg_us = ((_proc_cpu(backend) or ("", 0.0))[1] - pg0) / n
+        writes: dict[str, tuple[tuple[float, float], float]] = {}
+        for name in ("records", "rows") if "rows" in outputs else ("records",):
+            items = outputs["msgspec" if name == "records" else "rows"]
+            chunks = [items[i : i + 1000] for i in range(0, n, 1000)]
+            with engine.begin() as conn:
+                conn.execute(text("TRUNCATE exchanges"))
+                backend = conn.execute(text("SELECT pg_backend_pid()")).scalar_one()
+            pg0 = (_proc_cpu(backend) or ("", 0.0))[1]
+            wall = time.perf_counter()
+            cpu = time.process_time()
+            _write_all(engine, chunks)
+            write_us = ((time.perf_counter() - wall) / n, (time.process_time() - cpu) / n)
+            pg_us = ((_proc_cpu(backend) or ("", 0.0))[1] - pg0) / n
+            writes[name] = (write_us, pg_us)
         engine.dispose()
+        write_us, pg_us = writes["records"]
         parts = [
             *(
                 (f"fetch: {client}, {kb:,} KiB a partition (consumer poll only)", s)
                 for client, kb, s in consume
             ),
-            *((f"decode + validate ({name})", s) for name, s in decodes),
+            *(
+                (
+                    "decode + validate + rows (rows: msgspec straight to the row values)"
+                    if name == "rows"
+                    else f"decode + validate ({name})",
+                    s,
+                )
+                for name, s in decodes
+            ),
             ("rows: exchange_values, binary wire values (part of the store write)", rows_us),
             (
                 "copy: the store write less its rows (dedupe, sort, COPY, commit; client side)",
                 (write_us[0] - rows_us[0], write_us[1] - rows_us[1]),
             ),
-            ("store write, batches of 1,000 (rows + copy)", write_us),
+            ("store write of records, batches of 1,000 (rows + copy)", write_us),
             ("postgres: the server backend's CPU for the store write", (pg_us, pg_us)),
         ]
+        if "rows" in writes:
+            parts += [
+                ("store write of the rows decoder's rows (copy only)", writes["rows"][0]),
+                ("postgres: the backend's CPU for that write", (writes["rows"][1],) * 2),
+            ]
         print(
             "| part (alone, same records) | wall us/record | CPU us/record"
             " | records/s a core gives it (by CPU) |"
@@ -671,23 +707,36 @@ def main() -> None:
         for name, (wall_s, cpu_s) in parts:
             rate = 1 / max(cpu_s, 1e-9)
             print(f"| {name} | {wall_s * 1e6:,.0f} | {cpu_s * 1e6:,.0f} | {rate:,.0f} |")
+        totals: dict[str, float] = {}
         for client, kb, (_, fetch_cpu) in consume:
             for name, (_, cpu_s) in decodes:
-                total = fetch_cpu + cpu_s + write_us[1]
+                if name not in decoders:
+                    continue
+                (_, write_cpu), pg = writes["rows" if name == "rows" else "records"]
+                total = fetch_cpu + cpu_s + write_cpu
+                totals[f"{client}, {kb:,} KiB, {name}"] = total
                 print(
                     f"| ingester CPU, {client} ({kb:,} KiB) + {name}: fetch + decode + rows +"
                     f" copy (PostgreSQL's own CPU not included) | | {total * 1e6:,.0f}"
                     f" | {1 / total:,.0f} |"
                 )
-                both = total + pg_us
+                both = total + pg
                 print(
                     f"| the same + postgres: what 2 cores give ({client}, {name})"
                     f" | | {both * 1e6:,.0f} | {2 / both:,.0f} for 2 cores |"
                 )
-        if len(decodes) == 2:
+        decode_cpu = {name: s[1] for name, s in decodes}
+        if "pydantic" in decode_cpu:
             print(
                 "| decode CPU, pydantic over msgspec | |"
-                f" {decodes[0][1][1] / decodes[1][1][1]:.2f}x | |"
+                f" {decode_cpu['pydantic'] / decode_cpu['msgspec']:.2f}x | |"
+            )
+        if "rows" in decode_cpu:
+            old = decode_cpu["msgspec"] + writes["records"][0][1]
+            new = decode_cpu["rows"] + writes["rows"][0][1]
+            print(
+                "| decode + store write CPU (client side), rows over msgspec | |"
+                f" {new / old:.2f}x ({new * 1e6:,.0f} against {old * 1e6:,.0f}) | |"
             )
         print(
             f"\nload average (1 min) over the parts: {load0:.1f} at the start,"

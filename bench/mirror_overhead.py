@@ -2,7 +2,7 @@
 
     python bench/mirror_overhead.py [--duration 24 | --requests N] [--concurrency 1,32,128]
         [--repeat 3] [--max-tokens 32] [--quick] [--database-url URL] [--json PATH]
-        [--paths direct,nginx,nginx-mirror,mirror,wire] [--no-install-nginx]
+        [--paths direct,nginx,nginx-mirror,mirror,wire] [--no-install-nginx] [--kafka HOST:PORT]
 
 Engines (``shadow-ab sim`` subprocesses, real HTTP on 127.0.0.1):
 
@@ -64,6 +64,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
@@ -90,6 +91,7 @@ from shadow_ab.dev.traffic import (
     quantile,
     run_traffic,
 )
+from shadow_ab.topics import TopicSpec, delete_topics, ensure_topics
 
 GOAL_CONCURRENCY = 32
 GOAL_TTFT_P50_MS = 1.0
@@ -227,20 +229,40 @@ def running_mirror(
     name: str,
     rate: float = 1.0,
     data_plane: str = "asgi",
+    kafka: str | None = None,
 ) -> Iterator[Proxy]:
     """``shadow-ab mirror`` as a subprocess on ``data_plane``: shadow ``rate`` of requests
-    (default every one), guard off, direct sink."""
-    db = database_url or f"sqlite:///{workdir / (name + '.db')}"
-    with dev_running_mirror(
-        incumbent,
-        candidate,
-        database_url=db,
-        deployment=f"bench-{name}",
-        startup_timeout=180.0,
-        shadow={"rate": rate, "max_concurrent": 512, "timeout_s": 60.0},
-        guard={"enabled": False},
-        data_plane=data_plane,
-    ) as mirror:
+    (default every one), guard off; records to the Kafka sink at ``kafka`` (topics of this run,
+    deleted after), else to the direct sink."""
+    sink: dict[str, Any] = {}
+    topics: list[str] = []
+    if kafka is not None:
+        run = f"bench-mirror-{name}-{uuid.uuid4().hex[:8]}"
+        topics = [f"{run}.exchanges", f"{run}.health"]
+        ensure_topics(kafka, [TopicSpec(topics[0], 6), TopicSpec(topics[1], 1)])
+        sink = {
+            "topic_exchanges": topics[0],
+            "topic_health": topics[1],
+            "spool_dir": str(workdir / f"spool-{name}"),
+        }
+    db = None if kafka is not None else database_url or f"sqlite:///{workdir / (name + '.db')}"
+    with contextlib.ExitStack() as cleanup:
+        if kafka is not None:
+            cleanup.callback(delete_topics, kafka, topics)
+        mirror = cleanup.enter_context(
+            dev_running_mirror(
+                incumbent,
+                candidate,
+                database_url=db,
+                kafka=kafka,
+                kafka_settings=sink,
+                deployment=f"bench-{name}",
+                startup_timeout=180.0,
+                shadow={"rate": rate, "max_concurrent": 512, "timeout_s": 60.0},
+                guard={"enabled": False},
+                data_plane=data_plane,
+            )
+        )
         models = mirror.base_url + "/v1/models"
         mirror.wait_until(lambda: answers(models), f"answering {models}", 60.0, interval=0.1)
         yield Proxy(mirror.base_url, mirror.pid, mirror.admin_url + "/metrics")
@@ -649,6 +671,13 @@ def main() -> None:
         help=f"which paths to run, of {', '.join(PATHS)}",
     )
     ap.add_argument("--database-url", default=None, help="the mirror's store (default: SQLite)")
+    ap.add_argument(
+        "--kafka",
+        default=None,
+        metavar="HOST:PORT",
+        help="records to the Kafka sink there (the production sink; topics of the run, deleted"
+        " after) instead of the direct sink",
+    )
     ap.add_argument("--json", type=Path, default=None, help="also write the cells' summaries")
     ap.add_argument("--quick", action="store_true", help="a short smoke run")
     ap.add_argument(
@@ -707,7 +736,14 @@ def main() -> None:
             cand_sim = slow if slow_cand else cand
             m = stack.enter_context(
                 running_mirror(
-                    inc.base_url, cand_sim.base_url, tmp, args.database_url, path, rate, plane
+                    inc.base_url,
+                    cand_sim.base_url,
+                    tmp,
+                    args.database_url,
+                    path,
+                    rate,
+                    plane,
+                    args.kafka,
                 )
             )
             settle = [cand_sim] if rate > 0 else []

@@ -90,7 +90,8 @@ def build_processor(
             max_size=settings.ingest_batch_size,
             max_wait_s=settings.ingest_batch_timeout_ms / 1000,
         )
-        return Decode(accumulate, expected, fast=settings.ingest_decoder == "msgspec")
+        decoder = settings.ingest_decoder
+        return Decode(accumulate, expected, fast=decoder != "pydantic", rows=decoder == "rows")
 
     processor = StreamProcessor(
         consumer,

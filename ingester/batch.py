@@ -7,6 +7,7 @@ from typing import NamedTuple, Protocol
 
 from ingester.decode import Poison
 from shadow_ab.records import ExchangeRecord, HealthSample, Record
+from storage.write import ExchangeRow
 
 
 class Partition(NamedTuple):
@@ -37,7 +38,9 @@ class Decoded:
     """One message and what decoding made of it."""
 
     message: Message
-    result: Record | Poison
+    result: Record | ExchangeRow | Poison
+    """An :class:`~storage.write.ExchangeRow` from the ``rows`` decoder: an exchange record
+    as its store row, stored like the record."""
 
     @property
     def partition(self) -> Partition:
@@ -62,7 +65,7 @@ class Batch:
     """
 
     started_at: float
-    exchanges: list[ExchangeRecord] = field(default_factory=list)
+    exchanges: list[ExchangeRecord | ExchangeRow] = field(default_factory=list)
     exchange_messages: list[Message] = field(default_factory=list)
     health: list[HealthSample] = field(default_factory=list)
     health_messages: list[Message] = field(default_factory=list)
@@ -76,7 +79,7 @@ class Batch:
         result = item.result
         if isinstance(result, Poison):
             self.dead_letters.append(DeadLetter(item.message, result))
-        elif isinstance(result, ExchangeRecord):
+        elif isinstance(result, ExchangeRow | ExchangeRecord):
             self.exchanges.append(result)
             self.exchange_messages.append(item.message)
         else:

@@ -11,7 +11,7 @@ from typing import Any
 
 import orjson
 
-from ingester.fastdecode import decode_fast
+from ingester.fastdecode import decode_exchange_row, decode_fast
 from shadow_ab.records import (
     SCHEMA_VERSION,
     ExchangeRecord,
@@ -20,6 +20,7 @@ from shadow_ab.records import (
     RecordError,
     parse_record,
 )
+from storage.write import ExchangeRow
 
 _MODELS: dict[str, type[ExchangeRecord] | type[HealthSample]] = {
     "exchange": ExchangeRecord,
@@ -55,19 +56,30 @@ class Poison:
 
 
 def decode(
-    value: bytes | None, expected_kind: str | None = None, *, fast: bool = True
-) -> Record | Poison:
+    value: bytes | None,
+    expected_kind: str | None = None,
+    *,
+    fast: bool = True,
+    rows: bool = False,
+) -> Record | ExchangeRow | Poison:
     """Parse one message value.
 
     ``expected_kind`` ("exchange" or "health") rejects a valid record sent to the other
     topic, which would otherwise be stored but break the topic's keying promise. ``fast``
     tries the msgspec decoder first (:mod:`ingester.fastdecode`: the same records, the same
     verdicts, several times less CPU); without it, or when it is not certain, pydantic decides.
+    ``rows`` (with ``fast``) makes an exchange straight into its store row
+    (:class:`storage.write.ExchangeRow`, what the store would make of the record) when the
+    msgspec decoder is certain, skipping the record object; anything else as without it.
     """
     if not value:
         return Poison(PoisonReason.EMPTY, "message has no value (null or empty)")
     model = _MODELS.get(expected_kind or "")
     if model is not None:
+        if rows and fast and expected_kind == "exchange":
+            row = decode_exchange_row(value)
+            if row is not None:
+                return row
         if fast:
             record = decode_fast(value, expected_kind or "")
             if record is not None:

@@ -7,7 +7,10 @@ what pydantic accepts, and builds exactly what pydantic builds from it. Anything
 certain of (a value pydantic would coerce, such as ``"5"`` for a count or ``5.0`` for a status,
 a naive or out-of-range time, a non-finite float, any invalid or unusual message) makes it
 return None, and the caller takes pydantic's path, which accepts, coerces or names the
-problem exactly as before. ``tests/ingester/test_ingest_fastdecode.py`` feeds both decoders the
+problem exactly as before. :func:`decode_exchange_row` goes one step further for exchanges: from
+the struct straight to the store's row values, the very values ``storage.write`` would make of
+pydantic's record, with no record object at all (the ingester's ``rows`` decoder).
+``tests/ingester/test_ingest_fastdecode.py`` feeds both decoders the
 same valid and invalid messages, every field's bad types and bounds, and checks that they agree.
 
 The structs below repeat the fields of :class:`~shadow_ab.records.ExchangeRecord` and
@@ -24,6 +27,7 @@ from datetime import UTC, datetime
 from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
+import orjson
 from msgspec import Meta
 from pydantic import BaseModel
 
@@ -40,6 +44,7 @@ from shadow_ab.records import (
     Status,
     TokenLogprob,
 )
+from storage.write import ExchangeRow, float8_array_wire, jsonb_wire
 
 Name = Annotated[str, Meta(min_length=1, max_length=200)]
 NonNegFloat = Annotated[float, Meta(ge=0.0)]  # finiteness checked after decoding
@@ -112,8 +117,9 @@ class _Health(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     metrics: dict[str, float] = {}
 
 
+_EXCHANGE = msgspec.json.Decoder(_Exchange)
 _DECODERS: dict[str, msgspec.json.Decoder[Any]] = {
-    "exchange": msgspec.json.Decoder(_Exchange),
+    "exchange": _EXCHANGE,
     "health": msgspec.json.Decoder(_Health),
 }
 STRUCTS: dict[type[Any], type[msgspec.Struct]] = {
@@ -128,6 +134,8 @@ _decode_time = msgspec.json.Decoder(datetime).decode
 _LONG_FRACTION = re.compile(rb"[.,][0-9]{7}").search
 _asdict = msgspec.structs.asdict
 _set_attr = object.__setattr__
+_jsonb = jsonb_wire
+_floats = float8_array_wire
 
 
 def _time(raw: msgspec.Raw) -> datetime | None:
@@ -163,25 +171,81 @@ def _new(cls: type[_M], values: dict[str, Any]) -> _M:
     return obj
 
 
-def _exchange(s: _Exchange) -> ExchangeRecord | None:
-    sent_at = _time(s.sent_at)
-    if sent_at is None:
-        return None
+def _sent_at(s: _Exchange) -> datetime | None:
+    """The exchange's ``sent_at`` when its floats are all finite and its time is one pydantic
+    reads the same way (see :func:`_time`); None otherwise."""
     for v in (s.ttft_s, s.e2e_s, s.tpot_s):
         if v is not None and not _isfinite(v):
             return None
     if s.itl_s and not _finite(s.itl_s):
         return None
+    if s.logprobs is not None and not all(_isfinite(t.logprob) for t in s.logprobs):
+        return None
+    return _time(s.sent_at)
+
+
+def _exchange(s: _Exchange) -> ExchangeRecord | None:
+    sent_at = _sent_at(s)
+    if sent_at is None:
+        return None
     values = _asdict(s)
     values["sent_at"] = sent_at
     if s.logprobs is not None:
-        logprobs = []
-        for t in s.logprobs:
-            if not _isfinite(t.logprob):
-                return None
-            logprobs.append(_new(TokenLogprob, _asdict(t)))
-        values["logprobs"] = logprobs
+        values["logprobs"] = [_new(TokenLogprob, _asdict(t)) for t in s.logprobs]
     return _new(ExchangeRecord, values)
+
+
+def decode_exchange_row(value: bytes) -> ExchangeRow | None:
+    """The exchange record ``value`` holds as its store row (:class:`storage.write.ExchangeRow`:
+    exactly ``exchange_values(record, WIRE)`` of the record pydantic would build), with no
+    record object in between; None when not certain (take :func:`decode_fast` or pydantic's
+    path then). Also None for text the store must scrub (an escaped NUL, ``\\u0000``: the
+    writer's scrubbing retry needs a record), and for JSON values the jsonb encoder refuses
+    (integers beyond 64 bits): the record path stores or dead-letters those as before."""
+    if b"\\u0000" in value:
+        return None
+    try:
+        s = _EXCHANGE.decode(value)
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        return None
+    sent_at = _sent_at(s)
+    if sent_at is None:
+        return None
+    try:
+        logprobs = s.logprobs
+        row = (
+            s.pair_id,
+            s.role.value,
+            sent_at,
+            s.deployment,
+            s.schema_version,
+            s.engine,
+            s.endpoint.value,
+            s.stream,
+            s.model,
+            s.status.value,
+            s.http_status,
+            s.error,
+            s.ttft_s,
+            s.e2e_s,
+            s.tpot_s,
+            _floats(s.itl_s),
+            s.prompt_tokens,
+            s.completion_tokens,
+            s.finish_reason,
+            _jsonb(s.request),
+            _jsonb(s.rewrites),
+            s.output_text,
+            None if logprobs is None else _jsonb([_asdict(t) for t in logprobs]),
+            s.inflight_incumbent,
+            s.inflight_candidate,
+            _jsonb(s.guard),
+            s.synthetic,
+            s.probe_id,
+        )
+    except orjson.JSONEncodeError:
+        return None
+    return ExchangeRow(row, value)
 
 
 def _health(s: _Health) -> HealthSample | None:

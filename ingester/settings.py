@@ -46,9 +46,13 @@ class IngestSettings(CommonSettings):
             " next (1: write inline); offsets are still committed in order, after the store"
         ),
     )
-    ingest_decoder: Literal["msgspec", "pydantic"] = Field(
-        default="msgspec",
-        description="msgspec: validate by schema in C, pydantic for anything it is unsure of",
+    ingest_decoder: Literal["rows", "msgspec", "pydantic"] = Field(
+        default="rows",
+        description=(
+            "rows: msgspec straight to the store's row values (no record objects); msgspec:"
+            " validate by schema in C into the records; pydantic for anything either is unsure"
+            " of, or alone"
+        ),
     )
     ingest_metrics_port: int = Field(
         default=0, ge=0, le=65535, description="serve Prometheus /metrics here; 0 = off"

@@ -246,7 +246,9 @@ class Mirror:
         self.inc_engine = settings.incumbent_engine()
         self.cand_engine = settings.candidate_engine()
         self.deployment = settings.deployment
-        self._cand_extra = settings.candidate.own_headers()
+        self._cand_extra = settings.candidate.own_headers("candidate")
+        self._inc_own = settings.incumbent.own_headers("incumbent")
+        """The incumbent's own headers, for the mirror's own requests to it (probes)."""
         self._cand_forward = frozenset(settings.candidate.forward_headers)
         self.privacy = Privacy(settings.privacy)
         self._inflight = {Role.INCUMBENT: 0, Role.CANDIDATE: 0, Role.REPLAY: 0}

@@ -79,6 +79,43 @@ class EngineConfig(BaseModel):
         " connection the engine is closing and fail as a connection error",
     )
 
+    headers: dict[str, str] = Field(
+        default_factory=dict,
+        description="the engine's own headers (e.g. its Authorization): the candidate gets them"
+        " on every request, instead of the client's of the same name; the incumbent on the"
+        " mirror's own requests only (probes, the model lookup), never on a client's",
+    )
+    headers_env: dict[str, str] = Field(
+        default_factory=dict,
+        description="header name -> environment variable holding its value, sent as `headers`"
+        " (e.g. {authorization: CANDIDATE_AUTHORIZATION})",
+    )
+    headers_files: dict[str, Path] = Field(
+        default_factory=dict,
+        description="header name -> file holding its value (a mounted Secret), sent as `headers`",
+    )
+
+    def own_headers(self, role: str) -> list[tuple[str, str]]:
+        """The headers configured for this engine (lower-case names): ``headers``, then
+        ``headers_env``, then ``headers_files``; raise ValueError, naming the setting under
+        ``role``, when a source is missing."""
+        out = {k.lower(): v for k, v in self.headers.items()}
+        for name, var in self.headers_env.items():
+            value = os.environ.get(var)
+            if not value:
+                raise ValueError(
+                    f"{role}.headers_env.{name}: the environment variable {var} is not set"
+                )
+            out[name.lower()] = value.strip()
+        for name, path in self.headers_files.items():
+            try:
+                out[name.lower()] = path.read_text().strip()
+            except OSError as exc:
+                raise ValueError(
+                    f"{role}.headers_files.{name}: cannot read {path} ({exc.strerror})"
+                ) from None
+        return list(out.items())
+
     @field_validator("url")
     @classmethod
     def _http_root(cls, v: str) -> str:
@@ -118,26 +155,11 @@ class IncumbentConfig(EngineConfig):
 
 class CandidateConfig(EngineConfig):
     id_flavor: ClassVar[str] = "trtllm"
-    headers: dict[str, str] = Field(
-        default_factory=dict,
-        description="headers sent to the candidate instead of the client's of the same name"
-        " (e.g. the candidate's own Authorization)",
-    )
     rewrite: CandidateRewrite = Field(default_factory=CandidateRewrite)
     forward_headers: list[str] = Field(
         default_factory=lambda: list(CANDIDATE_FORWARD_DEFAULT),
         description="the client's headers the candidate gets (an allow-list; never"
         " Authorization, Cookie, api-key, x-api-key: give the candidate its own in `headers`)",
-    )
-    headers_env: dict[str, str] = Field(
-        default_factory=dict,
-        description="header name -> environment variable holding its value, sent to the"
-        " candidate (e.g. {authorization: CANDIDATE_AUTHORIZATION})",
-    )
-    headers_files: dict[str, Path] = Field(
-        default_factory=dict,
-        description="header name -> file holding its value (a mounted Secret), sent to the"
-        " candidate",
     )
 
     @field_validator("forward_headers")
@@ -152,26 +174,6 @@ class CandidateConfig(EngineConfig):
                 " headers_files"
             )
         return names
-
-    def own_headers(self) -> list[tuple[str, str]]:
-        """The headers configured for the candidate (lower-case names): ``headers``, then
-        ``headers_env``, then ``headers_files``; raise ValueError when a source is missing."""
-        out = {k.lower(): v for k, v in self.headers.items()}
-        for name, var in self.headers_env.items():
-            value = os.environ.get(var)
-            if not value:
-                raise ValueError(
-                    f"candidate.headers_env.{name}: the environment variable {var} is not set"
-                )
-            out[name.lower()] = value.strip()
-        for name, path in self.headers_files.items():
-            try:
-                out[name.lower()] = path.read_text().strip()
-            except OSError as exc:
-                raise ValueError(
-                    f"candidate.headers_files.{name}: cannot read {path} ({exc.strerror})"
-                ) from None
-        return list(out.items())
 
 
 _YAML: ContextVar[dict[str, Any] | None] = ContextVar("mirror_yaml", default=None)
@@ -328,7 +330,8 @@ class MirrorSettings(CommonSettings):
                 "incumbent.engine and candidate.engine must differ (they name the engines in the"
                 " records and health samples)"
             )
-        self.candidate.own_headers()  # every configured source of a header is readable
+        self.incumbent.own_headers("incumbent")  # every configured source of a header is readable
+        self.candidate.own_headers("candidate")
         return self
 
     def incumbent_engine(self) -> str:

@@ -3,13 +3,15 @@
 An HTTP server that reads headers without a limit or a deadline, and accepts connections
 without a cap, lets a few clients take all its memory (issue 14: one connection sending 200 MB
 of headers took the mirror from 109 to 317 MB; 1,000 idle and 200 slow-header connections all
-stayed open). :class:`ServerLimits` holds the four limits a reverse proxy sets, with nginx's
+stayed open). :class:`ServerLimits` holds the six limits a reverse proxy sets, with nginx's
 and Envoy's defaults in mind:
 
 | limit | default | nginx | Envoy | beyond it |
 |---|---|---|---|---|
 | ``max_header_bytes`` | 64 KiB | ``large_client_header_buffers`` 4x8k | ``max_request_headers_kb`` 60 | 431, closed |
 | ``header_timeout_s`` | 60 s | ``client_header_timeout`` 60s | ``request_headers_timeout`` | 408, closed (a connection that sent nothing is closed silently, as nginx does) |
+| ``body_timeout_s`` | 60 s | ``client_body_timeout`` 60s (between reads) | ``request_timeout`` (whole request) | 408, closed |
+| ``send_timeout_s`` | 60 s | ``send_timeout`` 60s | ``stream_idle_timeout`` 5m | closed; the engine's request is cancelled |
 | ``idle_timeout_s`` | 75 s | ``keepalive_timeout`` 75s | ``idle_timeout`` 1h | closed |
 | ``max_connections`` | 4096 | ``worker_connections`` | overload manager | 503, closed |
 
@@ -49,6 +51,20 @@ class ServerLimits(BaseModel):
         description="a request's headers must arrive within this time (from the connection or"
         " the request's first byte), else 408 and closed",
     )
+    body_timeout_s: float = Field(
+        default=60.0,
+        gt=0,
+        le=3600,
+        description="a request's body must arrive whole within this time after its headers,"
+        " else 408 and closed (a client trickling a body holds no connection for ever)",
+    )
+    send_timeout_s: float = Field(
+        default=60.0,
+        gt=0,
+        le=3600,
+        description="a client that takes none of its answer's bytes for this long is"
+        " disconnected, and the engine's request cancelled (it holds no engine slot for ever)",
+    )
     idle_timeout_s: float = Field(
         default=75.0,
         gt=0,
@@ -66,6 +82,7 @@ class ServerLimits(BaseModel):
 CONNECTION_CAP = "connection_cap"
 HEADER_TOO_LARGE = "header_too_large"
 HEADER_TIMEOUT = "header_timeout"
+BODY_TIMEOUT = "body_timeout"
 IDLE_CLOSED = "header_timeout_idle"
 
 
@@ -102,5 +119,10 @@ def limit_answers(limits: ServerLimits) -> dict[str, bytes]:
             408,
             f"the request's headers did not arrive within {limits.header_timeout_s:g}s"
             " (limits.header_timeout_s): send the whole head at once",
+        ),
+        BODY_TIMEOUT: reject_bytes(
+            408,
+            f"the request's body did not arrive within {limits.body_timeout_s:g}s of its headers"
+            " (limits.body_timeout_s): send the whole body at once",
         ),
     }

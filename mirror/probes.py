@@ -152,7 +152,7 @@ class ProbeInjector:
                 raise RuntimeError("the mirror has not started")
             async with session.get(
                 url,
-                headers={"accept-encoding": "identity"},
+                headers={"accept-encoding": "identity", **dict(self.mirror._inc_own)},
                 timeout=aiohttp.ClientTimeout(total=5.0),
             ) as resp:
                 body = await resp.read()
@@ -225,5 +225,5 @@ class ProbeInjector:
             mirror.shadows.fire(
                 Role.CANDIDATE, ROUTE, cand_body, cand_rewrites, cand_headers, common
             ),
-            mirror.shadows.fire(Role.INCUMBENT, ROUTE, body, [], base, common),
+            mirror.shadows.fire(Role.INCUMBENT, ROUTE, body, [], base + mirror._inc_own, common),
         ]

@@ -1,6 +1,7 @@
 """uvicorn's httptools protocol with the limits of :class:`mirror.limits.ServerLimits`: a
 header size limit (431), a header deadline (408, or a silent close of a connection that sent
-nothing) and a cap on open connections per server (503); the idle keep-alive timeout is
+nothing), a body deadline (408), a send deadline (a client that takes none of its answer is
+dropped) and a cap on open connections per server (503); the idle keep-alive timeout is
 uvicorn's own ``timeout_keep_alive``.
 
 Cost on the client's path: two attribute tests per chunk received and, per request, one sum
@@ -21,6 +22,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from mirror import metrics as m
 from mirror.limits import (
+    BODY_TIMEOUT,
     CONNECTION_CAP,
     HEADER_TIMEOUT,
     HEADER_TOO_LARGE,
@@ -46,6 +48,8 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._in_head = True  # between requests or reading a request's head
         self._head_bytes = 0
         self._head_timer: asyncio.TimerHandle | None = None
+        self._body_timer: asyncio.TimerHandle | None = None
+        self._send_timer: asyncio.TimerHandle | None = None
         self._reject: str | None = None
 
     # -- connections --------------------------------------------------------------------------
@@ -62,13 +66,42 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._head_timer = self.loop.call_later(self.limits.header_timeout_s, self._head_late)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._cancel_head_timer()
+        self._cancel_timers()
         super().connection_lost(exc)
 
     def _cancel_head_timer(self) -> None:
         if self._head_timer is not None:
             self._head_timer.cancel()
             self._head_timer = None
+
+    def _cancel_timers(self) -> None:
+        self._cancel_head_timer()
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
+        if self._send_timer is not None:
+            self._send_timer.cancel()
+            self._send_timer = None
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._send_timer is None:
+            self._send_timer = self.loop.call_later(self.limits.send_timeout_s, self._send_late)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if self._send_timer is not None:
+            self._send_timer.cancel()
+            self._send_timer = None
+
+    def _send_late(self) -> None:
+        """The client took none of its answer for ``send_timeout_s``: dropped; the app sees
+        the client gone (and cancels the engine's request)."""
+        self._send_timer = None
+        if self.transport.is_closing() or not self.flow.write_paused:
+            return
+        m.SEND_TIMEOUTS.inc()
+        self.transport.abort()
 
     # -- reading ------------------------------------------------------------------------------
 
@@ -116,6 +149,22 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._head_bytes = 0
         self._cancel_head_timer()
         super().on_headers_complete()
+        self._body_timer = self.loop.call_later(self.limits.body_timeout_s, self._body_late)
+
+    def on_message_complete(self) -> None:
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
+        super().on_message_complete()
+
+    def _body_late(self) -> None:
+        self._body_timer = None
+        if self.transport.is_closing():
+            return
+        if self.flow.read_paused:  # uvicorn stopped reading (pipelining, a full buffer)
+            self._body_timer = self.loop.call_later(self.limits.body_timeout_s, self._body_late)
+            return
+        self._refuse(BODY_TIMEOUT)
 
     def _head_late(self) -> None:
         self._head_timer = None
@@ -130,7 +179,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     def _refuse(self, reason: str) -> None:
         """Answer ``reason``'s refusal and hand the connection to a lingering close; this
         protocol lets go of it as if it were lost."""
-        self._cancel_head_timer()
+        self._cancel_timers()
         self._in_head = False
         m.EDGE_REJECTIONS.labels(reason=reason).inc()
         transport = self.transport

@@ -51,6 +51,7 @@ from mirror import metrics as m
 from mirror.app import ROUTES, SKIPPED_TOO_LARGE, Mirror, Prepared
 from mirror.headers import PAIR_HEADER, client_headers
 from mirror.limits import (
+    BODY_TIMEOUT,
     CONNECTION_CAP,
     HEADER_TIMEOUT,
     HEADER_TOO_LARGE,
@@ -152,6 +153,8 @@ class ClientConnection(asyncio.Protocol):
         self.head_bytes = 0
         self.head_timer: asyncio.TimerHandle | None = None
         self.idle_timer: asyncio.TimerHandle | None = None
+        self.body_timer: asyncio.TimerHandle | None = None
+        self.send_timer: asyncio.TimerHandle | None = None
         self.reject: str | None = None
         self.exchange: _Exchange | None = None
         self.write_paused = False
@@ -191,13 +194,33 @@ class ClientConnection(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self.write_paused = True
+        if self.send_timer is None:
+            self.send_timer = self.loop.call_later(self.limits.send_timeout_s, self._send_late)
         if self.exchange is not None:
             self.exchange.pause()
 
     def resume_writing(self) -> None:
         self.write_paused = False
+        if self.send_timer is not None:
+            self.send_timer.cancel()
+            self.send_timer = None
         if self.exchange is not None:
             self.exchange.resume()
+
+    def _send_late(self) -> None:
+        """The client took none of its answer for ``send_timeout_s``: the connection is
+        dropped (what is buffered for it cannot be sent) and the engine's request cancelled."""
+        self.send_timer = None
+        if self.closed or not self.write_paused:
+            return
+        m.SEND_TIMEOUTS.inc()
+        if self.exchange is not None:
+            self.exchange.client_gone(
+                f"the client took none of its answer for {self.limits.send_timeout_s:g}s"
+                " (limits.send_timeout_s)"
+            )
+        self.transport.abort()
+        self._lose()
 
     def _cancel_timers(self) -> None:
         if self.head_timer is not None:
@@ -206,6 +229,12 @@ class ClientConnection(asyncio.Protocol):
         if self.idle_timer is not None:
             self.idle_timer.cancel()
             self.idle_timer = None
+        if self.body_timer is not None:
+            self.body_timer.cancel()
+            self.body_timer = None
+        if self.send_timer is not None:
+            self.send_timer.cancel()
+            self.send_timer = None
 
     def gone(self) -> asyncio.Future[None]:
         """Resolved when the client's connection is lost."""
@@ -289,6 +318,7 @@ class ClientConnection(asyncio.Protocol):
                 expect = True
         if expect:
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        self.body_timer = self.loop.call_later(self.limits.body_timeout_s, self._body_late)
 
     def on_body(self, body: bytes) -> None:
         self.size += len(body)
@@ -298,6 +328,9 @@ class ClientConnection(asyncio.Protocol):
         self.parts.append(body)
 
     def on_message_complete(self) -> None:
+        if self.body_timer is not None:
+            self.body_timer.cancel()
+            self.body_timer = None
         parts = self.parts
         body = parts[0] if len(parts) == 1 else b"".join(parts)
         p = self.parser
@@ -327,6 +360,15 @@ class ClientConnection(asyncio.Protocol):
         else:  # never sent a byte of a request: closed without an answer (as nginx)
             m.EDGE_REJECTIONS.labels(reason=IDLE_CLOSED).inc()
             self.close()
+
+    def _body_late(self) -> None:
+        self.body_timer = None
+        if self.closed:
+            return
+        if self.read_paused:  # the mirror stopped reading (pipelined requests), not the client
+            self.body_timer = self.loop.call_later(self.limits.body_timeout_s, self._body_late)
+            return
+        self._refuse(BODY_TIMEOUT)
 
     def _refuse(self, reason: str) -> None:
         if reason == _TOO_LARGE:
@@ -744,13 +786,14 @@ class _Exchange:
         if self.up is not None:
             self.up.resume()
 
-    def client_gone(self) -> None:
-        """The client disconnected before its answer was complete: the incumbent's
-        connection is closed (the engine stops) and the pair's shadow requests cancelled."""
+    def client_gone(self, why: str = "the client disconnected") -> None:
+        """The client disconnected (or was disconnected, ``why``) before its answer was
+        complete: the incumbent's connection is closed (the engine stops) and the pair's shadow
+        requests cancelled."""
         if self.complete or self.gone:
             return
         self.gone = True
-        self.status, self.error = Status.CANCELLED, "the client disconnected"
+        self.status, self.error = Status.CANCELLED, why
         if self.up is not None:
             self.up.close()
         for t in self.p.shadows:

@@ -31,6 +31,7 @@ from typing import Any, TypeVar
 
 import orjson
 import psycopg
+from psycopg.types.string import BytesBinaryDumper
 from pydantic import BaseModel
 from sqlalchemy import Connection, Engine, Table, insert
 from sqlalchemy.dialects import postgresql, sqlite
@@ -151,7 +152,29 @@ HEALTH_PG_TYPES = (
 # was dropped (retention in another process). Forget the cache, create it, retry once.
 _NO_PARTITION = "23514"
 
-R = TypeVar("R", ExchangeRecord, HealthSample)
+R = TypeVar("R")
+
+
+class ExchangeRow:
+    """An exchange record as its row, already in :data:`WIRE` values (exactly
+    ``exchange_values(record, WIRE)``), built straight from the record's JSON by a caller that
+    validated it without making an :class:`~shadow_ab.records.ExchangeRecord`
+    (``ingester.fastdecode.decode_exchange_row``: the ingester's fast path).
+    :func:`write_exchanges` takes these as it takes records. Where another encoding is needed
+    (SQLite, the retry that scrubs text the store refused) the record is parsed again from
+    ``source``, its JSON, by the record contract (pydantic)."""
+
+    __slots__ = ("deployment", "key", "row", "sent_at", "source")
+
+    def __init__(self, row: tuple[Any, ...], source: bytes) -> None:
+        self.row = row
+        self.source = source
+        self.sent_at: datetime = row[2]
+        self.deployment: str = row[3]
+        self.key = (row[0].int, row[1], row[2])
+
+    def record(self) -> ExchangeRecord:
+        return ExchangeRecord.model_validate_json(self.source)
 
 
 def plain_json(value: Any) -> Any:
@@ -280,9 +303,20 @@ def health_values(rec: HealthSample, enc: Encoding = PLAIN) -> tuple[Any, ...]:
     )
 
 
-def _exchange_key(rec: ExchangeRecord) -> Hashable:
-    # uuid.int hashes and compares in C; UUID objects do both in Python.
+def _exchange_key(rec: ExchangeRecord | ExchangeRow) -> Hashable:
+    if type(rec) is ExchangeRow:
+        return rec.key
+    assert isinstance(rec, ExchangeRecord)
+    # uuid.int hashes and compares in C; UUID objects do both in Python. (A Role is a str:
+    # a record and an ExchangeRow of the same exchange have equal keys.)
     return (rec.pair_id.int, rec.role, rec.sent_at)
+
+
+def _exchange_row(rec: ExchangeRecord | ExchangeRow, enc: Encoding) -> tuple[Any, ...]:
+    if type(rec) is ExchangeRow:
+        return rec.row if enc is WIRE else exchange_values(rec.record(), enc)
+    assert isinstance(rec, ExchangeRecord)
+    return exchange_values(rec, enc)
 
 
 def _health_key(rec: HealthSample) -> Hashable:
@@ -322,25 +356,27 @@ def scrub_text(value: Any) -> Any:
     return value
 
 
-def _check_types(records: Sequence[Any], kind: type) -> None:
+def _check_types(records: Sequence[Any], kind: type | tuple[type, ...]) -> None:
     for rec in records:
         if not isinstance(rec, kind):
+            names = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
             raise TypeError(
-                f"expected {kind.__name__} objects, got {type(rec).__name__}:"
+                f"expected {names} objects, got {type(rec).__name__}:"
                 " parse payloads with shadow_ab.records.parse_record first"
             )
 
 
-def write_exchanges(engine: Engine, records: Sequence[ExchangeRecord]) -> int:
-    """Store exchange records, skipping any already stored; return how many rows were new."""
-    _check_types(records, ExchangeRecord)
+def write_exchanges(engine: Engine, records: Sequence[ExchangeRecord | ExchangeRow]) -> int:
+    """Store exchange records (or their :class:`ExchangeRow`), skipping any already stored;
+    return how many rows were new."""
+    _check_types(records, (ExchangeRecord, ExchangeRow))
     unique = dedupe(records, _exchange_key)
     if not unique:
         return 0
     return _write(
         engine,
         _EXCHANGE_SPEC,
-        lambda enc: [exchange_values(r, enc) for r in unique],
+        lambda enc: [_exchange_row(r, enc) for r in unique],
         {r.deployment for r in unique},
         {day_of(r.sent_at) for r in unique},
     )
@@ -540,6 +576,10 @@ def _sort_key(row: tuple[Any, ...]) -> tuple[Any, ...]:
 
 
 def _copy_rows(cur: psycopg.Cursor[Any], target: str, spec: _TableSpec, rows: list[Any]) -> None:
+    # The values announced as bytea (WIRE's jsonb and float8[]) through psycopg's own bytes
+    # dumper, compiled in C with psycopg[binary]: the one it would pick by the bytea oid is
+    # the DBAPI Binary wrapper's, in Python (a quarter of the COPY's client CPU).
+    cur.adapters.register_dumper(None, BytesBinaryDumper)
     with cur.copy(f"COPY {target} ({', '.join(spec.columns)}) FROM STDIN (FORMAT BINARY)") as copy:
         copy.set_types(spec.copy_types)
         for row in rows:
@@ -591,6 +631,7 @@ def _insert_new_rows(cur: psycopg.Cursor[Any], spec: _TableSpec, rows: list[Any]
 
 
 __all__ = [
+    "ExchangeRow",
     "dedupe",
     "exchange_values",
     "health_values",

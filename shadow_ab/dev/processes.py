@@ -469,6 +469,7 @@ def running_mirror(
     *,
     database_url: str | None = None,
     kafka: str | None = None,
+    kafka_settings: dict[str, Any] | None = None,
     host: str = "127.0.0.1",
     port: int | None = None,
     startup_timeout: float = 60.0,
@@ -479,7 +480,8 @@ def running_mirror(
     """Run one ``shadow-ab mirror`` subprocess for the duration of the ``with`` block.
 
     Records go to ``database_url`` (default: a SQLite file in a temporary folder, migrated by
-    the mirror), or to Kafka at ``kafka`` (``HOST:PORT``). ``overrides`` are settings, e.g.
+    the mirror), or to Kafka at ``kafka`` (``HOST:PORT``; ``kafka_settings`` are the rest of
+    the sink's ``kafka:`` settings, e.g. its topics). ``overrides`` are settings, e.g.
     ``shadow={"rate": 0.5, "replay_rate": 0.1}``, ``deployment="exp1"``,
     ``candidate={"rewrite": {"model": "m"}}`` (merged with the URLs), ``health_enabled=False``.
     ``health_only=True`` runs ``shadow-ab mirror --health-only`` (the sampler and its /metrics).
@@ -499,6 +501,8 @@ def running_mirror(
             settings.setdefault("data_plane", plane)
         settings["incumbent"] = {**settings.get("incumbent", {}), "url": incumbent_url}
         settings["candidate"] = {**settings.get("candidate", {}), "url": candidate_url}
+        if kafka is not None and kafka_settings:
+            settings["kafka"] = {"bootstrap": kafka, **kafka_settings}
         if kafka is None and database_url is None:
             database_url = f"sqlite:///{workdir / 'records.db'}"
         config_path = workdir / "mirror.yaml"

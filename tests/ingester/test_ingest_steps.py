@@ -429,3 +429,34 @@ def test_writer_threads_write_every_batch_and_commit_in_order() -> None:
     for k in (0, 1):
         seen = [c[Partition(EX, k)] for c in p.commits.offsets if Partition(EX, k) in c]
         assert seen == sorted(seen)
+
+
+def test_metrics_move_once_a_batch_and_on_every_poll() -> None:
+    """Messages consumed and pending: updated when a batch is handed on and on poll (the
+    processor's every step), not once a message; nothing taken is left uncounted."""
+    from prometheus_client import REGISTRY
+
+    topic = f"t.metrics.{random.Random().getrandbits(32)}"
+    p = Pipeline(batch_size=3)
+    p.decode = Decode(p.acc, {topic: "exchange"})
+    p.offsets[topic] = 0
+
+    def consumed() -> float:
+        value = REGISTRY.get_sample_value(
+            "shadow_ab_ingest_messages_consumed_total", {"topic": topic}
+        )
+        return value or 0.0
+
+    def pending() -> float | None:
+        return REGISTRY.get_sample_value("shadow_ab_ingest_pending_messages")
+
+    for i in range(2):
+        p.decode.submit(p.msg(topic, numbered_exchange("dep", i).to_json()))
+    assert consumed() == 0  # not yet: once a batch, or on poll
+    p.decode.poll()
+    assert (consumed(), pending()) == (2, 2)
+    p.decode.submit(p.msg(topic, numbered_exchange("dep", 2).to_json()))  # the batch is full
+    assert (consumed(), pending()) == (3, 0)
+    p.decode.submit(p.msg(topic, numbered_exchange("dep", 3).to_json()))
+    p.decode.poll()
+    assert (consumed(), pending()) == (4, 1)

@@ -30,6 +30,8 @@ LIMITS = {
     "max_header_bytes": MAX_HEADER,
     "header_timeout_s": 3.0,
     "idle_timeout_s": 2.0,
+    "body_timeout_s": 3.0,
+    "send_timeout_s": 2.0,
     "max_connections": 24,
 }
 WAIT = 60.0  # socket timeouts: far beyond every limit above
@@ -186,6 +188,103 @@ def test_idle_keep_alive_connections_are_closed(edge: RunningMirror) -> None:
     finally:
         s.close()
     assert answer.startswith(b"HTTP/1.1 200 ") and answer.count(b"HTTP/1.1 ") == 1
+
+
+def test_a_trickled_body_gets_408_and_is_closed(edge: RunningMirror) -> None:
+    """Headers whole, then a tenth of the body the Content-Length promised, then nothing: the
+    body deadline answers 408 (nginx's ``client_body_timeout``), so a slow-body client holds no
+    connection (or engine request) for ever."""
+    before = edge.metric("shadow_ab_mirror_edge_rejections_total", reason="body_timeout")
+    s = connect(edge)
+    try:
+        s.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: m\r\n"
+            b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n" + b"{" * 10
+        )
+        answer = read_all(s)  # returns when the mirror closes the connection
+    finally:
+        s.close()
+    assert answer.startswith(b"HTTP/1.1 408 "), answer[:200]
+    assert b"body_timeout_s" in answer
+    after = edge.metric("shadow_ab_mirror_edge_rejections_total", reason="body_timeout")
+    assert after == before + 1
+
+
+class FloodEngine(StandInEngine):
+    """Streams 16 KiB SSE events as fast as its client takes them (up to 256 MiB), and notes
+    whether its client (the mirror) cut the stream, and how many bytes it had written."""
+
+    EVENT = (
+        b'data: {"id":"x","object":"chat.completion.chunk","created":1,"model":"m",'
+        b'"choices":[{"index":0,"delta":{"content":"' + b"x" * 16384 + b'"},"finish_reason":null}]}'
+        b"\n\n"
+    )
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cut = threading.Event()
+        self.written = 0
+
+    async def _stream(self, request: web.Request) -> web.StreamResponse:
+        await request.read()
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        try:
+            while self.written < 256 << 20:
+                await resp.write(self.EVENT)
+                self.written += len(self.EVENT)
+        except Exception:  # the mirror closed the connection: the engine stops generating
+            self.cut.set()
+        return resp
+
+    def routes(self, app: web.Application) -> None:
+        app.router.add_post("/v1/chat/completions", self._stream)
+
+
+@pytest.mark.parametrize("plane", ["protocol", "asgi"])
+def test_a_client_that_stops_reading_is_dropped_and_the_engine_request_cancelled(
+    tmp_path: Path, plane: str
+) -> None:
+    """A client that takes none of its answer (back-pressure pauses the engine's stream) is
+    dropped after ``send_timeout_s`` (nginx's ``send_timeout``), and the engine's request
+    closed, so it holds no engine slot for ever; the record says why."""
+    db = tmp_path / "records.db"
+    with (
+        FloodEngine() as inc,
+        FloodEngine() as cand,
+        running_mirror(
+            inc.url,
+            cand.url,
+            data_plane=plane,
+            database_url=f"sqlite:///{db}",
+            deployment="send-timeout",
+            health_enabled=False,
+            limits=LIMITS,
+            shadow={"rate": 0.0},
+        ) as mirror,
+    ):
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connect: a tiny window
+        s.settimeout(WAIT)
+        s.connect((mirror.host, mirror.port))
+        try:
+            body = b'{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}'
+            s.sendall(
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: m\r\n"
+                b"Content-Type: application/json\r\nContent-Length: "
+                + str(len(body)).encode()
+                + b"\r\n\r\n"
+                + body
+            )
+            assert inc.cut.wait(WAIT), f"the engine wrote {inc.written} bytes, never cut"
+            assert inc.written < 256 << 20
+        finally:
+            s.close()
+        assert mirror.metric("shadow_ab_mirror_send_timeouts_total") == 1
+        (row,) = wait_rows(mirror.database_url, 1, "role = 'incumbent'", timeout=WAIT)
+        assert row["status"] == "cancelled"
+        if plane == "protocol":
+            assert "send_timeout_s" in row["error"]
 
 
 @pytest.fixture(scope="module", params=["asgi", "protocol"])

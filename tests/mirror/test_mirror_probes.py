@@ -12,7 +12,16 @@ from typing import Any
 
 import httpx
 import pytest
-from mirror_helpers import FAST, MODEL, PLANES, ListSink, normalize, served_in_process
+from aiohttp import web
+from mirror_helpers import (
+    FAST,
+    MODEL,
+    PLANES,
+    ListSink,
+    StandInEngine,
+    normalize,
+    served_in_process,
+)
 
 from mirror.app import Mirror
 from mirror.config import MirrorSettings, load_settings
@@ -222,3 +231,88 @@ def test_without_a_model_name_probes_are_skipped_not_sent_without_one(
 
     assert asyncio.run(ask(m)) == (None, "llama")
     assert sink.records == []
+
+
+class LockedEngine(StandInEngine):
+    """An engine behind an API key (vLLM's ``--api-key``): 401 without ``Bearer <key>``; with
+    it, /v1/models lists one model and chat completions answer. Keeps the Authorization
+    header of every request."""
+
+    KEY = "s3cret"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.auth: list[str | None] = []
+
+    def _locked(self, request: web.Request) -> bool:
+        self.auth.append(request.headers.get("Authorization"))
+        return request.headers.get("Authorization") != f"Bearer {self.KEY}"
+
+    async def _models(self, request: web.Request) -> web.Response:
+        if self._locked(request):
+            return web.json_response({"error": "unauthorized"}, status=401)
+        return web.json_response({"object": "list", "data": [{"id": MODEL}]})
+
+    async def _chat(self, request: web.Request) -> web.Response:
+        await request.read()
+        if self._locked(request):
+            return web.json_response({"error": "unauthorized"}, status=401)
+        return web.json_response(
+            {
+                "id": "x",
+                "object": "chat.completion",
+                "created": 1,
+                "model": MODEL,
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": "4"},
+                        "finish_reason": "stop",
+                    }
+                ],
+                "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6},
+            }
+        )
+
+    def routes(self, app: web.Application) -> None:
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_post("/v1/chat/completions", self._chat)
+
+
+def test_probes_to_an_incumbent_behind_an_api_key_carry_its_own_headers(
+    sims: tuple[RunningSim, RunningSim],
+) -> None:
+    """``incumbent.headers`` (or ``headers_env`` / ``headers_files``) go on the mirror's own
+    requests to the incumbent: the model lookup and the probes succeed against an engine that
+    requires a key, and the candidate never sees the incumbent's key."""
+    _, cand = sims
+    sink = ListSink()
+    with LockedEngine() as inc:
+        s = load_settings(
+            None,
+            incumbent={"url": inc.url, "headers": {"Authorization": f"Bearer {inc.KEY}"}},
+            candidate={"url": cand.base_url, "flavor": "vllm"},
+            health_enabled=False,
+            database_url="sqlite:///unused.db",
+            guard={"enabled": False},
+            probes={"per_minute": 1},
+        )
+        m = Mirror(s, sink=sink)
+
+        async def probe(mirror: Mirror) -> str | None:
+            await mirror.startup()
+            try:
+                inj = ProbeInjector(mirror, mirror.settings.probes)
+                model = await inj.model_name()
+                await asyncio.gather(*inj.tick(model))
+                return model
+            finally:
+                await mirror.shutdown()
+
+        assert asyncio.run(probe(m)) == MODEL
+        assert inc.auth and set(inc.auth) == {f"Bearer {inc.KEY}"}
+    by_role = {r.role: r for r in sink.records if isinstance(r, ExchangeRecord)}
+    assert by_role[Role.INCUMBENT].http_status == 200
+    assert by_role[Role.INCUMBENT].output_text == "4"
+    assert by_role[Role.CANDIDATE].http_status == 200
+    assert inc.KEY not in str(by_role[Role.CANDIDATE].request)
