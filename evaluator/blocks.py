@@ -89,10 +89,19 @@ class Blocks:
         return int(self.hour_of.size)
 
     def take(self, idx: IntArray) -> Blocks:
-        """The blocks of items ``idx`` (a subsample), indexes made dense again."""
-        return blocks_from_keys(
-            [(int(self.day_of_hour[h]), int(h)) for h in self.hour_of[np.asarray(idx)]]
+        """The blocks of items ``idx`` (a subsample), indexes made dense again (in the order
+        :func:`blocks_from_keys` gives the keys ``(day index, hour index)``: by their text)."""
+        sub = self.hour_of[np.asarray(idx, dtype=np.intp)]
+        present = np.unique(sub)  # the old hours still holding items
+        keys = sorted(
+            ((int(self.day_of_hour[h]), int(h)) for h in present),
+            key=lambda k: (str(k[0]), str(k[1])),
         )
+        day_index = {d: i for i, d in enumerate(sorted({d for d, _ in keys}, key=str))}
+        new_of_old = np.full(self.n_hours, -1, dtype=np.intp)
+        new_of_old[np.array([h for _, h in keys], dtype=np.intp)] = np.arange(len(keys))
+        day_of_hour = np.array([day_index[d] for d, _ in keys], dtype=np.intp)
+        return Blocks(new_of_old[sub], day_of_hour)
 
     @property
     def days_only(self) -> bool:
@@ -117,7 +126,10 @@ def blocks_from_keys(keys: Sequence[tuple[object, object]]) -> Blocks:
 
 def blocks_from_hours(hours: Sequence[datetime]) -> Blocks:
     """Blocks of items from each item's UTC hour (a datetime truncated to the hour)."""
-    return blocks_from_keys([(h.date().isoformat(), h.isoformat()) for h in hours])
+    keys: dict[datetime, tuple[str, str]] = {}
+    for h in set(hours):  # each distinct hour's keys once (a month's sample: 40 000 items)
+        keys[h] = (h.date().isoformat(), h.isoformat())
+    return blocks_from_keys([keys[h] for h in hours])
 
 
 def block_weights(
@@ -169,6 +181,14 @@ def _day_weights(
 ) -> Iterator[FloatArray]:
     """Whole days: ``n - 1`` of the ``n`` days drawn with replacement per resample (Rao and
     Wu's rescaling), each hour weighted by how often its day was drawn."""
+    for day_w in _day_counts(blocks, n_resamples, rng, batch):
+        yield day_w[:, blocks.day_of_hour]
+
+
+def _day_counts(
+    blocks: Blocks, n_resamples: int, rng: np.random.Generator, batch: int
+) -> Iterator[FloatArray]:
+    """:func:`_day_weights` per day: batches ``(b, n_days)`` of how often each day was drawn."""
     n_days = blocks.n_days
     done = 0
     while done < n_resamples:
@@ -176,8 +196,91 @@ def _day_weights(
         drawn = rng.integers(0, n_days, size=(b, n_days - 1))
         rows = np.repeat(np.arange(b), n_days - 1)
         counts = np.bincount(rows * n_days + drawn.ravel(), minlength=b * n_days)
-        yield counts.reshape(b, n_days)[:, blocks.day_of_hour].astype(np.float64)
+        yield counts.reshape(b, n_days).astype(np.float64)
         done += b
+
+
+def resample_units(blocks: Blocks) -> tuple[IntArray, int]:
+    """What a resample gives one weight to: (each item's unit, the number of units). The days
+    when days are resampled whole (:data:`MIN_DAYS` days or more), else the hours. An item's
+    weight in a resample is its unit's weight in :func:`unit_weights`."""
+    if blocks.days_only:
+        return blocks.day_of_hour[blocks.hour_of], blocks.n_days
+    return blocks.hour_of, blocks.n_hours
+
+
+def unit_weights(
+    blocks: Blocks, n_resamples: int, rng: np.random.Generator, batch: int = 50
+) -> Iterator[FloatArray]:
+    """:func:`hour_weights` per unit of :func:`resample_units`: batches ``(b, n_days)`` when
+    days are resampled whole, else ``(b, n_hours)``; the same draws from ``rng`` (a day's
+    hours all carry its weight, so nothing is lost by not repeating it for each hour)."""
+    if blocks.days_only:
+        yield from _day_counts(blocks, n_resamples, rng, batch)
+    else:
+        yield from hour_weights(blocks, n_resamples, rng, batch)
+
+
+class GroupedQuantiles:
+    """Inverted-CDF quantiles ``qs`` of fixed ``values`` under many rows of weights given per
+    group (item i weighs ``w[:, group_of[i]]``), computed without expanding the weights to
+    every item: the values are sorted and each group's running counts on a coarse grid of the
+    sorted positions are computed once (``__init__``), so a batch of weights costs one small
+    matrix product (the weighted CDF on the grid) and a refinement within the bracket of each
+    row. Exact: the same positions as :func:`weighted_quantiles_rows` of the expanded weights
+    (integer weights and counts add up exactly in float64), whatever the grid's ``step``."""
+
+    def __init__(
+        self,
+        values: FloatArray,
+        group_of: IntArray,
+        n_groups: int,
+        qs: Sequence[float],
+        step: int | None = None,
+    ) -> None:
+        order = np.argsort(values, kind="stable")
+        self.v = values[order]
+        self.g = np.asarray(group_of)[order]
+        self.qs = tuple(qs)
+        n = self.v.size
+        if step is None:
+            # the grid product costs b * n_groups * n / step multiply-adds, the refinement
+            # b * step * len(qs) gathers, each ~16 times as costly: measured best near this
+            step = int(min(4096, max(64, math.sqrt(n_groups * n / (16 * max(1, len(qs)))))))
+        self.step = step
+        # grid point k is sorted position min(step (k + 1) - 1, n - 1): the CDF is computed there
+        self.grid = np.minimum(np.arange(step - 1, n + step - 1, step), n - 1)
+        in_bucket = np.bincount(
+            self.g * self.grid.size + np.arange(n) // step, minlength=n_groups * self.grid.size
+        ).reshape(n_groups, self.grid.size)
+        self.running = np.cumsum(in_bucket, axis=1).astype(np.float64)  # items <= each point
+
+    def __call__(self, w: FloatArray) -> FloatArray:
+        """The quantiles under each row of group weights ``w`` (b, n_groups): ``(len(qs), b)``,
+        NaN for a row of zero weight."""
+        v, g, grid, step = self.v, self.g, self.grid, self.step
+        n, b = v.size, w.shape[0]
+        out = np.full((len(self.qs), b), np.nan)
+        if n == 0:
+            return out
+        # (b, grid); einsum rather than a BLAS product: this small product, run on a busy
+        # machine's threaded BLAS, took 10x longer than in one thread
+        cdf = np.einsum("bh,hg->bg", w, self.running, optimize=False)
+        total = cdf[:, -1]
+        rows = np.arange(b)
+        span = np.arange(step)
+        for i, q in enumerate(self.qs):
+            target = q * total
+            k = (cdf < target[:, None]).sum(axis=1)  # first grid point reaching the target
+            k = np.minimum(k, grid.size - 1)
+            lo = np.where(k > 0, grid[np.maximum(k - 1, 0)] + 1, 0)  # the bracket's first
+            base = np.where(k > 0, cdf[rows, np.maximum(k - 1, 0)], 0.0)
+            pos = np.minimum(lo[:, None] + span[None, :], n - 1)  # (b, step)
+            cum = base[:, None] + np.cumsum(w[rows[:, None], g[pos]], axis=1)
+            j = (cum < target[:, None]).sum(axis=1)
+            out[i] = v[np.minimum(lo + j, n - 1)]
+        out[:, total <= 0] = np.nan
+        return out
 
 
 def hour_weighted_quantiles(
@@ -188,45 +291,11 @@ def hour_weighted_quantiles(
     step: int | None = None,
 ) -> FloatArray:
     """:func:`weighted_quantiles_rows` of ``values`` under item weights
-    ``hour_w[:, blocks.hour_of]``, without expanding them: the weighted CDF is read on a coarse
-    grid of the sorted values (one matrix product of the hour weights with each hour's running
-    counts) and refined within the bracket of each resample. The same inverted-CDF quantiles,
-    a few times faster for thousands of items; ``(len(qs), b)``."""
-    order = np.argsort(values, kind="stable")
-    v = values[order]
-    h = blocks.hour_of[order]
-    n, b = v.size, hour_w.shape[0]
-    out = np.full((len(qs), b), np.nan)
-    if n == 0:
-        return out
-    if step is None:
-        # the grid product costs b * n_hours * n / step multiply-adds, the refinement
-        # b * step * len(qs) gathers, each ~16 times as costly: measured best near this
-        step = int(min(4096, max(64, math.sqrt(blocks.n_hours * n / (16 * max(1, len(qs)))))))
-    # grid point g is sorted position min(step (g + 1) - 1, n - 1): the CDF is computed there
-    grid = np.minimum(np.arange(step - 1, n + step - 1, step), n - 1)
-    in_bucket = np.bincount(
-        h * grid.size + np.arange(n) // step, minlength=blocks.n_hours * grid.size
-    ).reshape(blocks.n_hours, grid.size)
-    running = np.cumsum(in_bucket, axis=1).astype(np.float64)  # items <= each grid point
-    # (b, grid); einsum rather than a BLAS product: this small product, run on a busy machine's
-    # threaded BLAS, took 10x longer than in one thread
-    cdf = np.einsum("bh,hg->bg", hour_w, running, optimize=False)
-    total = cdf[:, -1]
-    rows = np.arange(b)
-    for i, q in enumerate(qs):
-        target = q * total
-        k = (cdf < target[:, None]).sum(axis=1)  # first grid point reaching the target
-        k = np.minimum(k, grid.size - 1)
-        lo = np.where(k > 0, grid[np.maximum(k - 1, 0)] + 1, 0)  # first position of the bracket
-        base = np.where(k > 0, cdf[rows, np.maximum(k - 1, 0)], 0.0)
-        span = np.arange(step)
-        pos = np.minimum(lo[:, None] + span[None, :], n - 1)  # (b, step)
-        cum = base[:, None] + np.cumsum(hour_w[rows[:, None], h[pos]], axis=1)
-        j = (cum < target[:, None]).sum(axis=1)
-        out[i] = v[np.minimum(lo + j, n - 1)]
-    out[:, total <= 0] = np.nan
-    return out
+    ``hour_w[:, blocks.hour_of]``, without expanding them (:class:`GroupedQuantiles` with the
+    hours as groups: the same inverted-CDF quantiles, a few times faster for thousands of
+    items); ``(len(qs), b)``. To apply many batches of weights to the same values, build the
+    :class:`GroupedQuantiles` once."""
+    return GroupedQuantiles(values, blocks.hour_of, blocks.n_hours, qs, step)(hour_w)
 
 
 def weighted_quantiles_rows(
@@ -326,6 +395,7 @@ def block_bootstrap(
     batch: int = 50,
     point: FloatArray | None = None,
     per_hour: bool = False,
+    per_unit: bool = False,
 ) -> tuple[FloatArray, FloatArray]:
     """Interval at ``level`` of ``statistic(weights (b, n)) -> (k, b)`` over block resamples:
     (low, high), each of length k; percentile, or the normal approximation beyond what
@@ -334,7 +404,20 @@ def block_bootstrap(
     the weighted statistic at unit weights, so both are computed alike (with few blocks, most
     resamples are the data itself). ``per_hour``: ``statistic`` takes the hour weights
     ``(b, n_hours)`` instead (the same resamples, never expanded to every item: for statistics
-    such as :func:`hour_weighted_quantiles`)."""
+    such as :func:`hour_weighted_quantiles`). ``per_unit``: it takes the weights of the units
+    of :func:`resample_units` instead (days when days are resampled whole, else hours: the
+    same resamples again, for :class:`GroupedQuantiles` over those units)."""
+    if per_unit:
+        reps = np.concatenate(
+            [
+                np.asarray(statistic(w), dtype=np.float64).T
+                for w in unit_weights(blocks, n_resamples, rng, batch)
+            ],
+            axis=0,
+        )
+        n_units = resample_units(blocks)[1]
+        at_ones = np.asarray(statistic(np.ones((1, n_units))), dtype=np.float64)[:, 0]
+        return shifted_interval(reps, level, at_ones, point)
     stat = statistic if per_hour else (lambda hw: statistic(hw[:, blocks.hour_of]))
     reps = np.concatenate(
         [

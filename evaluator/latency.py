@@ -23,10 +23,11 @@ window). Database errors are SQLAlchemy's, as the store raises them.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -40,11 +41,14 @@ from evaluator.rates import wilson_interval
 from evaluator.results import Interval, Measurement, Progress, Window
 from evaluator.rollups import (
     SLICES,
+    SketchColumns,
     SketchRow,
     bucket_labels,
     load_itl,
+    load_raw_sketches,
     load_sample,
-    load_sketches,
+    load_sketch_columns,
+    load_stored_sketches,
     merge_intervals,
     raw_role_rows,
     refresh_rollups,
@@ -53,6 +57,7 @@ from evaluator.sketch import RELATIVE_ACCURACY, LogSketch
 from evaluator.stats import (
     BootstrapConfig,
     Estimate,
+    PairedComparison,
     goodput_mask,
     paired_comparison,
     pooled_comparison,
@@ -60,6 +65,7 @@ from evaluator.stats import (
     subsample,
 )
 
+T = TypeVar("T")
 METRICS = ("ttft", "tpot", "itl", "e2e", "tokens_per_s")
 """Metric names as in the measurement keys (evaluator/results.py)."""
 QUANTILES = {"p50": 0.50, "p95": 0.95, "p99": 0.99}
@@ -177,6 +183,18 @@ _SAMPLE_COLUMN = {
 }
 
 
+def _in_background(engine: Engine, fn: Callable[..., T], *args: Any) -> Callable[[], T]:
+    """``fn(*args)`` started in a thread of its own on PostgreSQL (the server reads while this
+    process computes; the thread takes its own pooled connection); call the returned function
+    for its result (its error, if it failed). Elsewhere (SQLite) it runs when asked."""
+    if engine.dialect.name != "postgresql":
+        return lambda: fn(*args)
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shadow-ab-latency")
+    future = pool.submit(fn, *args)
+    pool.shutdown(wait=False)  # the thread ends with its one task
+    return future.result
+
+
 def _check(window: Window, warmup: Sequence[WarmupWindow]) -> tuple[datetime, datetime]:
     lo, hi = window
     if lo.tzinfo is None or hi.tzinfo is None:
@@ -196,52 +214,125 @@ def _iso_week(ts: datetime) -> str:
     return f"{year}-W{week:02d}"
 
 
-@dataclass
-class _Acc:
-    keys: list[Any] = field(default_factory=list)
-    counts: list[Any] = field(default_factory=list)
-    zero: int = 0
-    total: float = 0.0
-    lo: float = math.inf
-    hi: float = -math.inf
-
-    def add(self, row: SketchRow) -> None:
-        s = row.sign
-        self.keys.extend(row.keys)
-        self.counts.extend(row.counts if s > 0 else [-c for c in row.counts])
-        self.zero += s * row.zero_count
-        self.total += s * row.sum
-        if s > 0 and row.min is not None and row.max is not None:
-            self.lo = min(self.lo, row.min)
-            self.hi = max(self.hi, row.max)
-
-    def sketch(self) -> LogSketch:
-        return LogSketch.from_parts(
-            [self.keys],
-            [self.counts],
-            zero_count=self.zero,
-            sum=self.total,
-            min=self.lo if self.lo <= self.hi else None,
-            max=self.hi if self.lo <= self.hi else None,
-        )
-
-
 SketchKey = tuple[str, str, str, str, str]
 """(period kind "all"/"day"/"week", period, role, metric, slice)."""
 
+DENSE_BINS = 20_000_000
+"""Largest (row groups x bucket range) merged in one dense count table; wider ranges are
+merged by sorting the buckets instead."""
 
-def group_sketches(rows: Sequence[SketchRow]) -> dict[SketchKey, LogSketch]:
+
+def group_sketches(rows: Sequence[SketchRow] | SketchColumns) -> dict[SketchKey, LogSketch]:
     """Merge sketch rows (subtracting sign -1 rows) into whole-window sketches per slice and
-    per-day / per-ISO-week sketches of slice ``all``."""
-    accs: dict[SketchKey, _Acc] = {}
-    for r in rows:
-        keys: list[SketchKey] = [("all", "", r.role, r.metric, r.slice)]
-        if r.slice == "all":
-            keys.append(("day", r.hour.date().isoformat(), r.role, r.metric, "all"))
-            keys.append(("week", _iso_week(r.hour), r.role, r.metric, "all"))
-        for k in keys:
-            accs.setdefault(k, _Acc()).add(r)
-    return {k: a.sketch() for k, a in accs.items()}
+    per-day / per-ISO-week sketches of slice ``all``.
+
+    Vectorized (a month is ~100 k rows, ~10 M buckets): the buckets are counted per row group
+    (its day, role, metric and slice) in one count table, whose rows add up to each sketch's
+    (days to windows and weeks: integer counts, exact); each sketch's sum is added over its
+    rows in row order (the same floating-point sum as adding them one by one), min and max
+    over the positive rows that have them."""
+    cols = rows if isinstance(rows, SketchColumns) else SketchColumns.from_rows(rows)
+    index: dict[SketchKey, int] = {}  # the sketches, in order of first appearance
+    base_index: dict[tuple[str, str, str, str], int] = {}  # (day, role, metric, slice)
+    base_groups: list[list[int]] = []  # each row group's sketches
+    periods: dict[datetime, tuple[str, str]] = {}
+    row_base: list[int] = []
+    for hour, role, metric, sl in zip(cols.hour, cols.role, cols.metric, cols.slice, strict=True):
+        day_week = periods.get(hour)
+        if day_week is None:
+            day_week = periods[hour] = (hour.date().isoformat(), _iso_week(hour))
+        base = base_index.get((day_week[0], role, metric, sl))
+        if base is None:
+            keys: list[SketchKey] = [("all", "", role, metric, sl)]
+            if sl == "all":
+                keys.append(("day", day_week[0], role, metric, "all"))
+                keys.append(("week", day_week[1], role, metric, "all"))
+            base = base_index[(day_week[0], role, metric, sl)] = len(base_groups)
+            base_groups.append([index.setdefault(k, len(index)) for k in keys])
+        row_base.append(base)
+    n_groups = len(index)
+    if n_groups == 0:
+        return {}
+    # (row, sketch) memberships in row order, for the order-dependent sum and the min / max
+    base_of_row = np.array(row_base, dtype=np.intp)
+    fan = np.array([len(g) for g in base_groups], dtype=np.intp)
+    member_row = np.repeat(np.arange(len(cols)), fan[base_of_row])
+    member_group = np.array([g for b in row_base for g in base_groups[b]], dtype=np.intp)
+    sign = cols.sign[member_row]
+    # bincount adds its weights one by one in order: each sketch's sum in row order
+    total = np.bincount(member_group, weights=sign * cols.sum[member_row], minlength=n_groups)
+    zero = np.bincount(member_group, weights=sign * cols.zero_count[member_row], minlength=n_groups)
+    usable = (sign > 0) & ~np.isnan(cols.min[member_row]) & ~np.isnan(cols.max[member_row])
+    lo = np.full(n_groups, math.inf)
+    hi = np.full(n_groups, -math.inf)
+    np.minimum.at(lo, member_group[usable], cols.min[member_row[usable]])
+    np.maximum.at(hi, member_group[usable], cols.max[member_row[usable]])
+    merged = _merge_buckets(cols, base_of_row, base_groups, n_groups)
+    out: dict[SketchKey, LogSketch] = {}
+    for k, g in index.items():
+        has_range = lo[g] <= hi[g]
+        out[k] = LogSketch(
+            RELATIVE_ACCURACY,
+            merged[g][0],
+            merged[g][1],
+            zero_count=int(zero[g]),
+            sum=float(total[g]),
+            min=float(lo[g]) if has_range else math.inf,
+            max=float(hi[g]) if has_range else -math.inf,
+        )
+    return out
+
+
+def _merge_buckets(
+    cols: SketchColumns,
+    base_of_row: npt.NDArray[np.intp],
+    base_groups: list[list[int]],
+    n_groups: int,
+) -> list[tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]]:
+    """Each sketch's (sorted bucket keys, their nonzero summed counts): the rows' buckets
+    counted per row group, the row groups added into their sketches."""
+    empty = (np.empty(0, np.int64), np.empty(0, np.int64))
+    if cols.keys.size == 0:
+        return [empty] * n_groups
+    item_base = np.repeat(base_of_row, cols.lengths)
+    counts = cols.counts * np.repeat(cols.sign, cols.lengths)
+    kmin, kmax = int(cols.keys.min()), int(cols.keys.max())
+    width = kmax - kmin + 1
+    n_base = len(base_groups)
+    out: list[tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]] = []
+    if n_base * width <= DENSE_BINS:
+        # integer counts in float64: exact sums (far below 2**53)
+        base_table = np.bincount(
+            item_base * width + (cols.keys - kmin), weights=counts, minlength=n_base * width
+        ).reshape(n_base, width)
+        table = np.zeros((n_groups, width))
+        for b, groups in enumerate(base_groups):
+            table[groups] += base_table[b]
+        for g in range(n_groups):
+            nz = np.flatnonzero(table[g])
+            out.append(((nz + kmin).astype(np.int64), table[g, nz].astype(np.int64)))
+        return out
+    # a very wide bucket range: sort (sketch, key) pairs instead of a dense table
+    fan = np.array([len(g) for g in base_groups], dtype=np.intp)
+    flat_groups = np.array([g for gs in base_groups for g in gs], dtype=np.intp)
+    first = np.cumsum(fan) - fan
+    reps = fan[item_base]
+    item = np.repeat(np.arange(item_base.size), reps)
+    within = np.arange(item.size) - np.repeat(np.cumsum(reps) - reps, reps)
+    group = flat_groups[first[item_base[item]] + within]
+    key, cnt = cols.keys[item], counts[item]
+    order = np.lexsort((key, group))
+    group, key, cnt = group[order], key[order], cnt[order]
+    new = np.ones(order.size, dtype=bool)
+    new[1:] = (group[1:] != group[:-1]) | (key[1:] != key[:-1])
+    starts = np.flatnonzero(new)
+    summed = np.add.reduceat(cnt.astype(np.float64), starts).astype(np.int64)
+    keep = summed != 0
+    group, key, summed = group[starts][keep], key[starts][keep], summed[keep]
+    bounds = np.searchsorted(group, np.arange(n_groups + 1))
+    return [
+        (key[bounds[g] : bounds[g + 1]], summed[bounds[g] : bounds[g + 1]]) for g in range(n_groups)
+    ]
 
 
 def _qs(sk: LogSketch | None) -> dict[str, float | None]:
@@ -385,7 +476,9 @@ def _upgrade_latency(
             "to_version": c.to_version,
         }
         for side, span in (("before", (max(prev, lo), at)), ("after", (at, min(nxt, hi)))):
-            sketches = group_sketches(load_sketches(engine, deployment, span, exclude=exclude))
+            sketches = group_sketches(
+                load_sketch_columns(engine, deployment, span, exclude=exclude)
+            )
             cells = []
             for metric in UPGRADE_METRICS:
                 inc = _qs(sketches.get(("all", "", "incumbent", metric, "all")))
@@ -418,6 +511,11 @@ def _concurrency_curve(
     inflight = _floats(cols["inflight_incumbent"])
     bucket = np.where(np.isfinite(inflight), np.searchsorted(edges, inflight, side="right"), -1)
     small = replace(config, n_resamples=min(config.n_resamples, 199))
+    values = {  # each column converted once, not once per bucket
+        f"{role}_{_SAMPLE_COLUMN[m]}": _floats(cols[f"{role}_{_SAMPLE_COLUMN[m]}"])
+        for m in CURVE_METRICS
+        for role in ROLES
+    }
     out = []
     for i, label in enumerate(labels):
         mask = keep & (bucket == i)
@@ -426,8 +524,8 @@ def _concurrency_curve(
             continue
         for metric in CURVE_METRICS:
             column = _SAMPLE_COLUMN[metric]
-            a = _floats(cols[f"incumbent_{column}"])[mask]
-            b = _floats(cols[f"candidate_{column}"])[mask]
+            a = values[f"incumbent_{column}"][mask]
+            b = values[f"candidate_{column}"][mask]
             comp = paired_comparison(a, b, small)
             qa = np.nanquantile(a, [0.5, 0.95]) if np.isfinite(a).any() else [math.nan] * 2
             qb = np.nanquantile(b, [0.5, 0.95]) if np.isfinite(b).any() else [math.nan] * 2
@@ -602,15 +700,14 @@ def analyze_latency(
             progress=(lambda _s, f: report("latency: rollups", 0.5 * f)),
             now=now,
         )
+    # the month's stored sketch rows: read while the sample's statistics are computed
+    stored_sketches = _in_background(engine, load_stored_sketches, engine, deployment, (lo, hi))
     sample = load_sample(engine, deployment, (lo, hi), target=config.max_pairs)
     cols = sample.columns
     warmup = _until_normal(engine, deployment, warmup, (lo, hi), _steady_from_sample(cols))
     exclude: dict[str, list[tuple[datetime, datetime]]] = {}
     for w in warmup:
         exclude.setdefault(w.role, []).append((w.start.astimezone(UTC), w.end.astimezone(UTC)))
-    rows = load_sketches(engine, deployment, (lo, hi), exclude=exclude)
-    sketches = group_sketches(rows)
-    report("latency: sketches", 0.6)
 
     all_spans = merge_intervals(s for spans in exclude.values() for s in spans)
     in_warmup = _in_any(cols["sent_at"], all_spans)
@@ -626,7 +723,7 @@ def analyze_latency(
     n_paired = int(paired.sum())
 
     measurements: list[Measurement] = []
-    overall: list[dict[str, Any]] = []
+    compared: list[tuple[str, dict[str, Estimate], Estimate, PairedComparison]] = []
     hours = list(cols["hour"])
     paired_blocks = _blocks(hours, paired, config)
     unit_text = (
@@ -646,7 +743,7 @@ def analyze_latency(
         f" {unit_text}"
     )
     for mi, metric in enumerate(METRICS):
-        report("latency: bootstrap", 0.6 + 0.35 * mi / len(METRICS))
+        report("latency: bootstrap", 0.5 + 0.35 * mi / len(METRICS))
         column = _SAMPLE_COLUMN[metric]
         inc_vals = _floats(cols[f"incumbent_{column}"])[paired]
         cand_vals = _floats(cols[f"candidate_{column}"])[paired]
@@ -712,25 +809,14 @@ def analyze_latency(
                 "paired Wilcoxon signed-rank test (two-sided) on the sampled pairs",
             )
         )
-        overall.append(
-            {
-                "metric": metric,
-                "unit": UNITS[metric],
-                "incumbent": _qs(sketches.get(("all", "", "incumbent", metric, "all"))),
-                "candidate": _qs(sketches.get(("all", "", "candidate", metric, "all"))),
-                "ratio": {q: ratios[q].to_dict() for q in QUANTILES},
-                "spread_ratio": spread.to_dict(),
-                "median_delta": comp.median_delta.to_dict(),
-                "rank_test_p": None if math.isnan(comp.rank_test_p) else comp.rank_test_p,
-            }
-        )
+        compared.append((metric, ratios, spread, comp))
 
     # failures counted as slowest, both roles censored at the shadow timeout
     censored, censored_table = _with_failures(cols, keep_pairs, hours, config, shadow_timeout_s)
     measurements += censored
 
     # goodput: every sampled pair outside warm-up, failed requests are not good
-    report("latency: goodput", 0.95)
+    report("latency: goodput", 0.9)
     good = {}
     for role in ROLES:
         good[role] = goodput_mask(
@@ -768,6 +854,27 @@ def analyze_latency(
             level=config.level,
         )
     )
+    rows = SketchColumns.concat(
+        [
+            stored_sketches(),
+            load_raw_sketches(engine, deployment, (lo, hi), exclude=exclude),
+        ]
+    )
+    sketches = group_sketches(rows)
+    report("latency: sketches", 0.97)
+    overall = [
+        {
+            "metric": metric,
+            "unit": UNITS[metric],
+            "incumbent": _qs(sketches.get(("all", "", "incumbent", metric, "all"))),
+            "candidate": _qs(sketches.get(("all", "", "candidate", metric, "all"))),
+            "ratio": {q: ratios[q].to_dict() for q in QUANTILES},
+            "spread_ratio": spread.to_dict(),
+            "median_delta": comp.median_delta.to_dict(),
+            "rank_test_p": None if math.isnan(comp.rank_test_p) else comp.rank_test_p,
+        }
+        for metric, ratios, spread, comp in compared
+    ]
     steady: dict[str, float] = {}
     for role in ROLES:
         sk = sketches.get(("all", "", role, "ttft", "all"))
@@ -778,9 +885,11 @@ def analyze_latency(
     excluded = {}
     for role in ROLES:
         removed = sum(
-            r.n_values
-            for r in rows
-            if r.sign < 0 and r.role == role and r.metric == "e2e" and r.slice == "all"
+            int(n)
+            for n, s, r, m, sl in zip(
+                rows.n_values, rows.sign, rows.role, rows.metric, rows.slice, strict=True
+            )
+            if s < 0 and r == role and m == "e2e" and sl == "all"
         )
         excluded[role] = removed
 

@@ -38,12 +38,13 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
 from scipy import stats
-from sqlalchemy import Engine, and_, case, null, select
+from sqlalchemy import Connection, Engine, and_, select
 
 from evaluator.divergence import sample_pair_ids
 from evaluator.exchange_rollups import role_extent
@@ -195,6 +196,36 @@ def _pairs(rows: Iterable[Any]) -> dict[Any, _Pair]:
     return out
 
 
+JSON_REQUEST_FIELDS = ("response_format", "guided_json", "structured_outputs")
+"""The request fields :func:`shadow_ab.probes.json_asked` reads: all the all-traffic sample
+needs of a request (read from the incumbent's alone, extracted in SQL: a request carries the
+prompt, which can be large)."""
+
+
+def _sample_pairs(rows: Iterable[Any]) -> dict[Any, _Pair]:
+    """:func:`_pairs` of the all-traffic sample's rows (pair_id, role, sent_at, status,
+    output_text, the :data:`JSON_REQUEST_FIELDS`, probe_id): the same pairs, unpacked by
+    position (a month's sample is ~120 000 rows); the incumbent's request as far as
+    :func:`json_asked` reads it ({} for the candidate's: whether JSON was asked is the
+    incumbent's request's say)."""
+    out: dict[Any, _Pair] = {}
+    n = len(JSON_REQUEST_FIELDS)
+    for pair_id, role, sent_at, status, text, *rest in rows:
+        fields, probe_id = rest[:n], rest[n]
+        sent = as_utc(sent_at)
+        p = out.get(pair_id)
+        if p is None:
+            p = out[pair_id] = _Pair(sent)
+        request: dict[str, Any] = {}
+        if role == "incumbent":
+            p.sent_at = sent
+            request = {
+                k: v for k, v in zip(JSON_REQUEST_FIELDS, fields, strict=True) if v is not None
+            }
+        p.sides[role] = _Side(status, text, request, probe_id)
+    return out
+
+
 def _load_probes(engine: Engine, deployment: str, window: Window) -> dict[Any, _Pair]:
     x = EXCHANGES.c
     stmt = select(
@@ -210,43 +241,68 @@ def _load_probes(engine: Engine, deployment: str, window: Window) -> dict[Any, _
         return _pairs(conn.execute(stmt))
 
 
+READERS = 2
+"""Days of the all-traffic sample read at once on PostgreSQL (each on a connection of its
+own): the server's reads of one day overlap another's and this process's work; the days are
+taken in order, so the sample is the same."""
+
+
 def _load_sample(
     engine: Engine, deployment: str, window: Window, per_day: int, progress: Progress | None
 ) -> dict[Any, _Pair]:
     """Up to ``per_day`` pairs per UTC day, both roles, all traffic (probes too): a uniform
     sample (``evaluator.divergence.sample_pair_ids``: table blocks on a big PostgreSQL day, so
     the cost follows the sample, not the day)."""
-    x = EXCHANGES.c
     out: dict[Any, _Pair] = {}
     day = bucket_start(window[0], "day")
     days = max(1, math.ceil((window[1] - day) / DAY))
-    with engine.connect() as conn:
-        for i in range(days):
-            lo, hi = max(window[0], day + i * DAY), min(window[1], day + (i + 1) * DAY)
-            # the day's client count (rollups where closed) sizes the block sample of a big day
-            total, _, _ = role_extent(conn, deployment, ("candidate",), (lo, hi))
-            if not total:
-                continue
-            chosen = sample_pair_ids(
-                conn, deployment, "candidate", lo, hi, per_day, int(total), probes=True
-            )
-            # only the incumbent's request is read (whether JSON was asked, and its schema)
-            request = case((x.role == "incumbent", x.request), else_=null()).label("request")
-            stmt = select(
-                x.pair_id, x.role, x.sent_at, x.status, x.output_text, request, x.probe_id
-            ).where(
-                and_(
-                    x.deployment == deployment,
-                    x.pair_id.in_(chosen),
-                    x.role.in_(("incumbent", "candidate")),
-                    x.sent_at >= lo - timedelta(minutes=10),
-                    x.sent_at < hi + timedelta(minutes=10),
-                )
-            )
-            out.update(_pairs(conn.execute(stmt)))
-            if progress is not None:
-                progress("quality: all traffic", (i + 1) / days)
+    spans = [
+        (max(window[0], day + i * DAY), min(window[1], day + (i + 1) * DAY)) for i in range(days)
+    ]
+
+    def read(span: tuple[datetime, datetime]) -> list[Any]:
+        with engine.connect() as conn:
+            return _sample_day(conn, deployment, span[0], span[1], per_day)
+
+    if engine.dialect.name == "postgresql" and days > 1:
+        with ThreadPoolExecutor(READERS, thread_name_prefix="shadow-ab-quality") as pool:
+            for i, rows in enumerate(pool.map(read, spans)):  # in day order
+                out.update(_sample_pairs(rows))
+                if progress is not None:
+                    progress("quality: all traffic", (i + 1) / days)
+        return out
+    for i, span in enumerate(spans):
+        out.update(_sample_pairs(read(span)))
+        if progress is not None:
+            progress("quality: all traffic", (i + 1) / days)
     return out
+
+
+def _sample_day(
+    conn: Connection, deployment: str, lo: datetime, hi: datetime, per_day: int
+) -> list[Any]:
+    """The exchange rows (both roles) of up to ``per_day`` pairs whose candidate was sent in
+    ``[lo, hi)``."""
+    x = EXCHANGES.c
+    # the day's client count (rollups where closed) sizes the block sample of a big day
+    total, _, _ = role_extent(conn, deployment, ("candidate",), (lo, hi))
+    if not total:
+        return []
+    chosen = sample_pair_ids(
+        conn, deployment, "candidate", lo, hi, per_day, int(total), probes=True
+    )
+    # only the request fields that say whether JSON was asked (and its schema)
+    fields = [x.request[key].label(f"request_{key}") for key in JSON_REQUEST_FIELDS]
+    stmt = select(x.pair_id, x.role, x.sent_at, x.status, x.output_text, *fields, x.probe_id).where(
+        and_(
+            x.deployment == deployment,
+            x.pair_id.in_(chosen),
+            x.role.in_(("incumbent", "candidate")),
+            x.sent_at >= lo - timedelta(minutes=10),
+            x.sent_at < hi + timedelta(minutes=10),
+        )
+    )
+    return list(conn.execute(stmt).all())
 
 
 # -- the section ------------------------------------------------------------------------------

@@ -12,10 +12,13 @@
 - :func:`goodput_mask`: which requests meet the SLOs, as vLLM's benchmark decides it.
 
 Sizes are capped for speed (:class:`BootstrapConfig`): at most ``max_pairs`` pairs (a random
-subsample, 40 000 by default: with whole hours and days resampled, the per-hour weighted
-quantiles of :func:`evaluator.blocks.hour_weighted_quantiles` take 999 resamples of 40 000
-pairs in 2.8 s per metric on this machine, in 5 s under load, where expanding the weights to
-every pair took 3.2-3.7 s for 10 000: ``bench/latency_sample_cost.py``) and ``n_resamples``
+subsample, 40 000 by default: with whole days and hours resampled, the weighted quantiles of
+:class:`evaluator.blocks.GroupedQuantiles` (each comparison's values sorted once, a month's
+resamples weighing its days rather than its hours) take 999 resamples of 40 000 pairs in about
+0.1 s of CPU per metric on this machine under load, a sixth of the per-hour form that sorted
+the values again for every batch of resamples, with the same values bit for bit
+(tests/evaluator/test_review_cost.py); expanding the weights to every pair took 3.2-3.7 s for
+10 000: ``bench/latency_sample_cost.py``) and ``n_resamples``
 resamples (999; 199 for pooled metrics, which cost a pass over every value per resample; those
 use at most 2 000 pairs). Percentile intervals, not BCa: BCa's jackknife is O(n^2) at these
 sizes; beyond the levels the resamples resolve (fewer than 4 beyond a bound: 999 resamples,
@@ -30,7 +33,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,9 +42,11 @@ from scipy import stats as sps
 
 from evaluator.blocks import (
     Blocks,
+    GroupedQuantiles,
     block_bootstrap,
     bootstrap_interval,
     hour_weighted_quantiles,
+    resample_units,
     resolvable,
     weighted_quantiles_rows,
 )
@@ -161,6 +166,88 @@ def _paired_statistic(a: FloatArray, b: FloatArray, axis: int = -1) -> FloatArra
     return np.concatenate([ratios, spread[None], np.asarray(delta)[None]], axis=0)
 
 
+class _Resampled:
+    """Order statistics of resamples of fixed (finite) ``values``: row r of ``idx`` is a
+    resample ``values[idx[r]]``; its sorted k-th value is read from how often each sorted
+    position was drawn (one count, one running sum per batch of resamples) instead of a
+    partition of every resample."""
+
+    def __init__(self, values: FloatArray) -> None:
+        order = np.argsort(values, kind="stable")
+        self.sorted = values[order]
+        self.rank = np.empty(values.size, dtype=np.intp)
+        self.rank[order] = np.arange(values.size)
+
+    def running(self, idx: npt.NDArray[np.intp]) -> npt.NDArray[np.int64]:
+        """Per resample (row of ``idx``), how many drawn values sit at or before each sorted
+        position: ``(rows, len(values))``."""
+        rows, n = idx.shape[0], self.sorted.size
+        drawn = np.bincount(
+            (np.arange(rows)[:, None] * n + self.rank[idx]).ravel(), minlength=rows * n
+        )
+        return np.cumsum(drawn.reshape(rows, n), axis=1)
+
+    def at(self, running: npt.NDArray[np.int64], k: int) -> FloatArray:
+        """Each resample's k-th smallest value (0-based): at the first sorted position whose
+        running count passes k (one search over the rows laid end to end, each row's counts
+        lifted above the previous row's)."""
+        rows, n = running.shape
+        lift = np.arange(rows) * (int(running[0, -1]) + 1)
+        flat = (running + lift[:, None]).ravel()
+        pos = np.searchsorted(flat, k + lift, side="right") - np.arange(rows) * n
+        return self.sorted[pos]
+
+    def quantiles(self, running: npt.NDArray[np.int64], m: int, qs: Sequence[float]) -> FloatArray:
+        """``np.quantile(values[idx], qs, axis=-1)`` (the default "linear" method) of resamples
+        of size ``m``: the same virtual index ``(m - 1) q``, the same neighbours (the last
+        value beyond the end) and the same two-sided interpolation as numpy's ``_lerp``, so
+        the same floating-point values (checked against numpy in tests/evaluator)."""
+        out = []
+        for q in np.asarray(qs, dtype=np.float64):
+            virtual = (m - 1) * q
+            prev = math.floor(virtual)
+            if virtual >= m - 1:
+                lo = hi = self.at(running, m - 1)
+                gamma = virtual + 1.0  # numpy takes the last value for both, index -1
+            else:
+                lo, hi = self.at(running, prev), self.at(running, prev + 1)
+                gamma = virtual - prev
+            diff = hi - lo
+            value = lo + diff * gamma
+            if gamma >= 0.5:
+                value = hi - diff * (1 - gamma)
+            out.append(value)
+        return np.array(out)
+
+    def median(self, running: npt.NDArray[np.int64], m: int) -> FloatArray:
+        """``np.median(values[idx], axis=-1)`` of resamples of size ``m`` (the mean of the two
+        middle values when ``m`` is even, as numpy computes it)."""
+        if m % 2:
+            return self.at(running, (m - 1) // 2)
+        return (self.at(running, m // 2 - 1) + self.at(running, m // 2)) / 2
+
+
+def _resampled_paired_statistic(a: FloatArray, b: FloatArray) -> Callable[..., FloatArray]:
+    """:func:`_paired_statistic` of the resampled pairs ``(a[idx], b[idx])`` as a function of
+    the resample indexes ``idx`` (rows of ``scipy.stats.bootstrap``'s draws): the same values,
+    read from counts of the sorted values (:class:`_Resampled`) rather than from a partition
+    of each resample."""
+    ra, rb, rd = _Resampled(a), _Resampled(b), _Resampled(b - a)
+
+    def statistic(idx: npt.NDArray[np.intp], axis: int = -1) -> FloatArray:
+        rows = np.asarray(idx).reshape(-1, np.shape(idx)[-1])
+        m = rows.shape[1]
+        ca, cb = ra.running(rows), rb.running(rows)
+        qa, qb = ra.quantiles(ca, m, QS), rb.quantiles(cb, m, QS)
+        ratios = _ratio(qb, qa)
+        spread = _ratio(qb[2] - qb[0], qa[2] - qa[0])
+        delta = rd.median(rd.running(rows), m)
+        out = np.concatenate([ratios, spread[None], delta[None]], axis=0)
+        return out.reshape((5, *np.shape(idx)[:-1]))
+
+    return statistic
+
+
 def _bootstrap(
     n: int,
     statistic: object,
@@ -233,6 +320,27 @@ def _hour_weighted_paired_statistic(
     return np.concatenate([ratios, spread[None], delta], axis=0)
 
 
+def _unit_weighted_paired_statistic(
+    a: FloatArray, b: FloatArray, blocks: Blocks
+) -> Callable[[FloatArray], FloatArray]:
+    """:func:`_hour_weighted_paired_statistic` as a function of the weights of the resample
+    units (:func:`evaluator.blocks.resample_units`: the days of a month), the values sorted
+    once for every batch of resamples (:class:`evaluator.blocks.GroupedQuantiles`): the same
+    values."""
+    unit_of, n_units = resample_units(blocks)
+    qa = GroupedQuantiles(a, unit_of, n_units, QS)
+    qb = GroupedQuantiles(b, unit_of, n_units, QS)
+    qd = GroupedQuantiles(b - a, unit_of, n_units, (0.5,))
+
+    def statistic(w: FloatArray) -> FloatArray:
+        xa, xb = qa(w), qb(w)
+        ratios = _ratio(xb, xa)
+        spread = _ratio(xb[2] - xb[0], xa[2] - xa[0])
+        return np.concatenate([ratios, spread[None], qd(w)], axis=0)
+
+    return statistic
+
+
 def _weighted_paired_statistic(a: FloatArray, b: FloatArray, w: FloatArray) -> FloatArray:
     """:func:`_paired_statistic` of every weight row ``w`` (k, n): (5, k)."""
     qa = weighted_quantiles_rows(a, w, QS)
@@ -277,11 +385,10 @@ def _paired(
         )
     point = _paired_statistic(a, b)
     if n >= 2 and blocks is not None:
-        bl = blocks
         low, high = block_bootstrap(
-            bl,
-            lambda hw: _hour_weighted_paired_statistic(a, b, bl, hw),
-            per_hour=True,
+            blocks,
+            _unit_weighted_paired_statistic(a, b, blocks),
+            per_unit=True,
             n_resamples=config.n_resamples,
             level=config.level,
             rng=rng,
@@ -289,12 +396,13 @@ def _paired(
             point=point,
         )
     elif n >= 2:
-
-        def statistic(idx: npt.NDArray[np.intp], axis: int = -1) -> FloatArray:
-            return _paired_statistic(a[idx], b[idx], axis=axis)
-
         low, high = _bootstrap(
-            n, statistic, n_resamples=config.n_resamples, config=config, rng=rng, point=point
+            n,
+            _resampled_paired_statistic(a, b),
+            n_resamples=config.n_resamples,
+            config=config,
+            rng=rng,
+            point=point,
         )
     else:
         low = high = np.full(point.shape, np.nan)
