@@ -5,8 +5,10 @@ dropped) and a cap on open connections per server (503); the idle keep-alive tim
 uvicorn's own ``timeout_keep_alive``.
 
 Cost on the client's path: two attribute tests per chunk received and, per request, one sum
-over the header list; one timer per connection, and one per request only when its head does
-not arrive in one chunk (``bench/edge_limits.py`` measures it against the plain protocol).
+over the header list and one timer (the body deadline); one timer per connection, one more per
+request only when its head does not arrive in one chunk, and one while the client's transport
+buffer is full (the send deadline). ``bench/edge_limits.py`` measures it against the plain
+protocol.
 
 Errors: none (refusals are answers to the client, counted in
 ``shadow_ab_mirror_edge_rejections_total``).
