@@ -105,6 +105,28 @@ def entered_together(*managers: contextlib.AbstractContextManager[Any]) -> Itera
             manager.__exit__(None, None, None)
 
 
+def chat_answer(content: str, prompt_tokens: int = 1) -> dict[str, Any]:
+    """A whole (non-streamed) chat completion answering ``content`` in one token."""
+    return {
+        "id": "x",
+        "object": "chat.completion",
+        "created": 1,
+        "model": MODEL,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": content},
+                "finish_reason": "stop",
+            }
+        ],
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": 1,
+            "total_tokens": prompt_tokens + 1,
+        },
+    }
+
+
 class StandInEngine:
     """An aiohttp server on a free port, in a thread of its own, for what the simulator cannot
     do; subclasses add routes in :meth:`routes`. A context manager: started and stopped."""

@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import pytest
 from aiohttp import web
-from mirror_helpers import MODEL, StandInEngine, pair_key, post, wait_rows
+from mirror_helpers import MODEL, StandInEngine, chat_answer, pair_key, post, wait_rows
 
 from shadow_ab.dev.processes import RunningMirror, RunningSim, free_port, http_get, running_mirror
 
@@ -358,20 +358,7 @@ class RecordingEngine(StandInEngine):
 
     async def _answer(self, request: web.Request) -> web.Response:
         self.seen.append((request.method, request.raw_path))
-        body = {
-            "id": "x",
-            "object": "chat.completion",
-            "created": 1,
-            "model": MODEL,
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": "hi"},
-                    "finish_reason": "stop",
-                }
-            ],
-            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
-        }
+        body = chat_answer("hi")
         headers = {"Set-Cookie": "session=engine-secret", "Server": "engine/1.0"}
         return web.json_response(body, headers=headers)
 

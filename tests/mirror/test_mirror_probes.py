@@ -19,6 +19,7 @@ from mirror_helpers import (
     PLANES,
     ListSink,
     StandInEngine,
+    chat_answer,
     normalize,
     served_in_process,
 )
@@ -257,22 +258,7 @@ class LockedEngine(StandInEngine):
         await request.read()
         if self._locked(request):
             return web.json_response({"error": "unauthorized"}, status=401)
-        return web.json_response(
-            {
-                "id": "x",
-                "object": "chat.completion",
-                "created": 1,
-                "model": MODEL,
-                "choices": [
-                    {
-                        "index": 0,
-                        "message": {"role": "assistant", "content": "4"},
-                        "finish_reason": "stop",
-                    }
-                ],
-                "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6},
-            }
-        )
+        return web.json_response(chat_answer("4", prompt_tokens=5))
 
     def routes(self, app: web.Application) -> None:
         app.router.add_get("/v1/models", self._models)
