@@ -129,8 +129,8 @@ class KafkaSinkConfig(BaseModel):
         ge=0,
         description="producer batching delay: records wait up to this long to share a request"
         " (5 ms sent about one record a request and cost the mirror ~0.9 ms of CPU per shadowed"
-        " request more than 100 ms: bench/mirror_overhead.py --kafka); the store reads them"
-        " hourly, so the delay costs nothing downstream",
+        " request more than 100 ms: bench/mirror_overhead.py --kafka); reviews read them"
+        " through hourly rollups, so the delay costs nothing downstream",
     )
     batch_size: int = Field(default=256 * 1024, ge=1024, description="producer batch bytes")
     compression_type: str | None = Field(default=None, description="gzip, lz4, zstd or none")

@@ -313,7 +313,10 @@ def test_leak_rate_within_20_percent(tmp_path: Path) -> None:
 
 
 def test_divergence_rate_inside_its_interval(tmp_path: Path) -> None:
-    drift = {"divergence": {"p": 0.25, "near_tie_share": 0.5, "position_min": 0}}
+    # p 0.4, half of them hard: ~40 hard departures in ~200 pairs. At p 0.25 (~25 expected) a
+    # run with 14 or fewer (about 1 run in 70) put the hard excess's lower bound under the
+    # threshold at the sequential boundary: an ALERT, where the test wants the FAIL.
+    drift = {"divergence": {"p": 0.4, "near_tie_share": 0.5, "position_min": 0}}
     with shadow_run(
         tmp_path,
         _scenario("clean"),
