@@ -24,7 +24,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from ingester import metrics
 from ingester.backoff import Backoff
@@ -51,6 +51,14 @@ class Step(Protocol[T_contra]):
     def poll(self) -> None: ...
     def join(self, timeout_s: float) -> bool: ...
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class Waits(Protocol):
+    def wait(self, timeout_s: float) -> bool:
+        """Wait (at most ``timeout_s``) for a write in flight to finish; False at once when
+        none is running."""
+        ...
 
 
 class SendsDeadLetters(Protocol):
@@ -277,6 +285,17 @@ class WriteBatch:
     def close(self) -> None:
         self.next_step.close()
 
+    def wait(self, timeout_s: float) -> bool:
+        """Wait (at most ``timeout_s``) until a write in flight finishes, so the caller can
+        wait for room instead of pausing its partitions. False at once when no write is
+        running (the batches wait out a retry's backoff, or writes are inline): only time
+        helps then, and the caller pauses."""
+        running = [slot.future for slot in self.slots if slot.future is not None]
+        if not running:
+            return False
+        wait(running, timeout=timeout_s, return_when=FIRST_COMPLETED)
+        return True
+
     def _start(self, slot: _Slot) -> None:
         if slot.future is not None or slot.written:
             return
@@ -429,6 +448,10 @@ class Accumulate:
     def close(self) -> None:
         self.next_step.close()
 
+    def wait(self, timeout_s: float) -> bool:
+        """:meth:`WriteBatch.wait`: until a write in flight finishes."""
+        return self.next_step.wait(timeout_s)
+
     @property
     def pending_messages(self) -> int:
         """Messages here and in the writer that are not written yet."""
@@ -500,6 +523,10 @@ class Decode:
     def close(self) -> None:
         self.next_step.close()
 
+    def wait(self, timeout_s: float) -> bool:
+        """The next step's ``wait`` (:meth:`WriteBatch.wait`), if it has one."""
+        return isinstance(self.next_step, Waits) and self.next_step.wait(timeout_s)
+
 
 def _where(message: Message) -> tuple[str, int, int]:
     return message.topic, message.partition, message.offset
@@ -513,5 +540,6 @@ __all__ = [
     "MessageRejected",
     "Step",
     "ThreadRunner",
+    "Waits",
     "WriteBatch",
 ]
