@@ -324,17 +324,31 @@ def _worker(
 ) -> None:
     """One ingester process, as `shadow-ab ingest` runs it: consume until ``stop`` is set.
     Publishes its committed offsets (per partition of the exchanges topic), how many
-    partitions of that topic it has now (``assigned[index]``) and when a poll first found
-    nothing (``dry[index]``: it has read all its partitions, or Kafka kept it waiting)."""
+    partitions of that topic it has now (``assigned[index]``) and when it first found its
+    partitions read to their ends (``dry[index]``)."""
     engine = make_engine(settings.database_url)
     consumer = make_consumer(settings)
     if dry is not None:
         poll = consumer.poll
 
+        taken: dict[Any, int] = {}  # partition -> the next offset to take
+
         def watched(timeout_ms: int, max_records: int | None = None) -> Any:
             got = poll(timeout_ms, max_records)
+            for m in got:
+                taken[Partition(m.topic, m.partition)] = m.offset + 1
             if max_records is not None and not got and not dry[index] and measuring.is_set():
-                dry[index] = time.perf_counter()  # CLOCK_MONOTONIC: the same in every process
+                mine = [
+                    tp
+                    for tp in consumer.assignment()
+                    if tp.topic == settings.ingest_topic_exchanges
+                ]
+                highs = [consumer.highwater(tp) for tp in mine]
+                if mine and all(
+                    h is not None and taken.get(tp, 0) >= h
+                    for tp, h in zip(mine, highs, strict=True)
+                ):  # every partition read to its end (an empty poll alone may be a slow fetch)
+                    dry[index] = time.perf_counter()  # CLOCK_MONOTONIC: every process's
             return got
 
         consumer.poll = watched  # type: ignore[method-assign]
@@ -457,7 +471,7 @@ def ingest_once(
     """Run ``workers`` ingester processes in one consumer group until all ``n`` records are
     committed. Returns (startup seconds, records measured, seconds): the measurement starts
     once every worker holds partitions (the group is stable: no more rebalances) and ends when
-    the first worker runs out of records (a poll finds nothing), counting the records
+    the first worker has read its partitions to their ends, counting the records
     committed in between: the steady rate with every worker busy. Workers do not run out
     together (the first to join reads all partitions alone until the others join), and the
     last batch of each waits out the batch timeout, so the time to the last record (in
@@ -867,6 +881,13 @@ def main() -> None:
             write_us = ((time.perf_counter() - wall) / n, (time.process_time() - cpu) / n)
             pg_us = ((_proc_cpu(backend) or ("", 0.0))[1] - pg0) / n
             writes[name] = (write_us, pg_us)
+        with engine.connect() as conn:  # what the last write left: every record, once
+            stored = conn.execute(
+                text(
+                    "SELECT sum(pg_total_relation_size(inhrelid)), sum(pg_relation_size(inhrelid))"
+                    " FROM pg_inherits WHERE inhparent = 'exchanges'::regclass"
+                )
+            ).one()
         engine.dispose()
         write_us, pg_us = writes["records"]
         parts = [
@@ -943,7 +964,11 @@ def main() -> None:
                 f" {new / old:.2f}x ({new * 1e6:,.0f} against {old * 1e6:,.0f}) | |"
             )
         print(
-            f"\nload average (1 min) over the parts: {load0:.1f} at the start,"
+            f"\nPostgreSQL bytes a row of these records: {stored[0] / n:,.0f} in all (table,"
+            f" TOAST, indexes), {stored[1] / n:,.0f} of them in the table's own pages"
+        )
+        print(
+            f"load average (1 min) over the parts: {load0:.1f} at the start,"
             f" {_load():.1f} at the end"
         )
     finally:
