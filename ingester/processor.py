@@ -6,7 +6,7 @@ write is running it waits for that write (``wait_for_writer``), without polling,
 :data:`WAIT_FOR_WRITER_S` in a row: the batches in flight are the back-pressure, and the
 consumer keeps what it prefetched (librdkafka throws away the prefetched messages of a paused
 partition and fetches them again on resume: ``bench/ingest.py`` measured a poll of 1,000 at
-428-670 ms after a pause and resume, 35-40 ms without, longer than writing the batches in
+394-670 ms after a pause and resume, 30-40 ms without, longer than writing the batches in
 flight takes, so the writers went idle). When no write is running (the store is away: the
 batch waits out its retry's backoff) or the wait has lasted that long, it pauses every
 assigned partition and polls on (briefly, every ``PAUSED_POLL_MS``) to keep the group
