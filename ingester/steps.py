@@ -217,11 +217,23 @@ class WriteBatch:
         self.runner: Runner = runner or InlineRunner()
         self.max_inflight = max_inflight
         self.slots: deque[_Slot] = deque()
+        self._paused_shown = True
+        """Whether the paused gauge may show 1 (set to 0 on the first check, then only after a
+        retry set it: a gauge update on every check cost as much as the rest of it)."""
 
     @property
     def busy(self) -> bool:
         """Whether ``submit`` would refuse a batch now."""
         return len(self.slots) >= self.max_inflight
+
+    def has_room(self) -> bool:
+        """Whether ``submit`` may take a batch now: a slot is free, or the oldest batch's write
+        has finished (``submit`` then hands it on first). Cheap, for a caller asking once a
+        message."""
+        if len(self.slots) < self.max_inflight:
+            return True
+        future = self.slots[0].future
+        return future is not None and future.done()
 
     @property
     def pending_messages(self) -> int:
@@ -323,6 +335,7 @@ class WriteBatch:
                 cause = "dlq" if isinstance(exc, DeadLetterUnavailable) else "store"
                 metrics.STORE_RETRIES.labels(cause=cause).inc()
                 metrics.PAUSED.set(1)
+                self._paused_shown = True
                 log.warning(
                     "batch of %d not written (attempt %d, %s); retrying in %.2fs: %s",
                     slot.batch.size,
@@ -345,8 +358,9 @@ class WriteBatch:
         while self.slots and self.slots[0].written:
             done = self.slots.popleft()
             self.next_step.submit(done.batch.offsets)
-        if not any(slot.attempts and not slot.written for slot in self.slots):
+        if self._paused_shown and not any(s.attempts and not s.written for s in self.slots):
             metrics.PAUSED.set(0)
+            self._paused_shown = False
 
     def _write(self, batch: Batch) -> None:
         # The store first, then every dead letter of the batch (poison and records the store
@@ -405,7 +419,7 @@ class Accumulate:
         metrics.PENDING_MESSAGES.set(0)
 
     def submit(self, item: Decoded) -> None:
-        if self.ready is not None:
+        if self.ready is not None and self.next_step.has_room():
             self._hand_on()
         if self.current is not None and self.current.size >= self.max_size:
             # Full, and the batch before it is still waiting for the writer: push back.

@@ -561,3 +561,26 @@ def test_no_running_write_pauses_at_once() -> None:
     assert len(runner.jobs) == 2
     _drain(proc, runner)
     assert p.commits.offsets[0] == {Partition(EX, 0): 2}
+
+
+def test_a_waiting_batch_goes_to_the_writer_on_the_next_message_once_there_is_room() -> None:
+    """While the writer is full, messages do not knock on it one by one (each knock cost as
+    much as decoding a message); once the oldest write is done the next message hands the
+    waiting batch on, without waiting for a poll."""
+    p, runner = _inflight_pipeline(max_inflight=1)
+    for i in range(4):  # batch 1 to the writer, batch 2 waits
+        p.submit_exchange(i)
+    assert len(runner.jobs) == 1 and p.acc.ready is not None
+    knocks = []
+    submit = p.write.submit
+    p.write.submit = lambda batch: (knocks.append(batch), submit(batch))[1]  # type: ignore[method-assign]
+    p.submit_exchange(4)
+    assert len(runner.jobs) == 1 and knocks == []  # no room: batch 2 waits, unoffered
+    runner.run(0)
+    p.submit_exchange(5)  # batch 2 to the writer; this message fills batch 3, which waits
+    assert (
+        len(runner.jobs) == 2
+        and p.acc.ready is not None
+        and p.acc.ready.offsets == {Partition(EX, 0): 6}
+    )
+    assert p.commits.offsets == [{Partition(EX, 0): 2}]
