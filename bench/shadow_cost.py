@@ -1,6 +1,7 @@
 """The mirror's CPU per shadow request: the candidate and replay requests, the record, the sink.
 
     python bench/shadow_cost.py [--requests 400] [--concurrency 8] [--tokens 20] [--rounds 3]
+        [--sink-rate 300] [--sink-seconds 4] [--kafka-clients confluent,kafka-python]
 
 A fake engine in another process streams a chat completion of ``--tokens`` SSE events (one
 token each, then the usage event and ``[DONE]``), as vLLM does. In this process a real
@@ -20,6 +21,18 @@ rewriting the candidate's body, the stored request, the trace of the kept chunks
 record, privacy, the sink hand-off (``KafkaSink.submit``), and the sink thread's encoding of the
 record (``to_json``, before and after the change to encode it straight from its fields; and
 kafka-python's ``send`` into its buffer, when ``SHADOW_AB_KAFKA_BOOTSTRAP`` names a Kafka).
+
+With ``SHADOW_AB_KAFKA_BOOTSTRAP`` set, the Kafka sink is also measured whole, per client
+library (``kafka.kafka_client``): a real :class:`~mirror.kafka_sink.KafkaSink` with its
+defaults (``linger_ms`` 100, acks=all, idempotent) takes the record at ``--sink-rate`` records a
+second for ``--sink-seconds`` (the pace of a mirror at a few dozen streams), then flushes; CPU
+per record of this process (the submit, the sink's thread, the client's I/O threads: Python for
+kafka-python, C for librdkafka), clients alternated over ``--rounds``.
+
+The last table states each piece of the shadow side once, from the figures above: the
+candidate request and the replay request (whole, raw pools), the record building (trace,
+``build_record``, privacy) and the sink hand-off (``KafkaSink.submit`` on the request path, and
+the sink's whole per-record cost with each client).
 """
 
 from __future__ import annotations
@@ -224,12 +237,71 @@ def _kafka_send_cost(records: list[Any], n: int) -> float | None:
         delete_topics(bootstrap, [topic])
 
 
+def _sink_cost(
+    client: str, bootstrap: str, record: Any, rate: float, seconds: float
+) -> tuple[float, int]:
+    """CPU seconds per record of a real Kafka sink on ``client`` fed ``rate`` records a second
+    for ``seconds`` (submit to acknowledgement, every thread of this process), and the records
+    Kafka acknowledged."""
+    from mirror.kafka_sink import KafkaSink, KafkaSinkConfig
+    from shadow_ab.topics import TopicSpec, delete_topics, ensure_topics
+
+    run = f"bench-shadow-sink-{uuid.uuid4().hex[:8]}"
+    topics = (f"{run}.exchanges", f"{run}.health")
+    ensure_topics(bootstrap, [TopicSpec(topics[0], 6), TopicSpec(topics[1], 1)])
+    spool = tempfile.mkdtemp(prefix="shadow-cost-sink-")
+    try:
+        config = KafkaSinkConfig(
+            bootstrap=bootstrap,
+            topic_exchanges=topics[0],
+            topic_health=topics[1],
+            spool_dir=Path(spool),
+            kafka_client=client,  # type: ignore[arg-type]
+        )
+        sink = KafkaSink(config)
+        for _ in range(50):  # connections, metadata
+            sink.submit(record)
+        if not sink.flush(30):
+            raise SystemExit(f"the {client} sink did not deliver to Kafka at {bootstrap}")
+        sent0 = sink.stats().sent
+        tick = 0.01
+        per_tick = rate * tick
+        total = int(rate * seconds)
+        start = time.process_time()
+        t_next, done, owed = time.monotonic(), 0, 0.0
+        while done < total:
+            owed += per_tick
+            while owed >= 1 and done < total:
+                sink.submit(record)
+                done += 1
+                owed -= 1
+            t_next += tick
+            time.sleep(max(0.0, t_next - time.monotonic()))
+        ok = sink.flush(60)
+        spent = time.process_time() - start
+        sent = sink.stats().sent - sent0
+        sink.close(10)
+        if not ok or sent < total:
+            raise SystemExit(f"the {client} sink acknowledged {sent} of {total} records")
+        return spent / total, sent
+    finally:
+        delete_topics(bootstrap, list(topics))
+        shutil.rmtree(spool, ignore_errors=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--requests", type=int, default=400)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--sink-rate", type=float, default=300.0, help="records/s to the sink")
+    parser.add_argument("--sink-seconds", type=float, default=4.0)
+    parser.add_argument(
+        "--kafka-clients",
+        default="confluent,kafka-python",
+        help="the Kafka sink's client libraries to measure (needs SHADOW_AB_KAFKA_BOOTSTRAP)",
+    )
     args = parser.parse_args()
 
     from mirror.app import Mirror
@@ -368,6 +440,15 @@ def main() -> None:
         send = _kafka_send_cost([rec] * 50, n)
         if send is not None:
             parts.append(("sink thread: kafka-python send + its I/O thread (acks=all)", send))
+        bootstrap = os.environ.get("SHADOW_AB_KAFKA_BOOTSTRAP")
+        clients = [c for c in args.kafka_clients.split(",") if c] if bootstrap else []
+        sink_rounds: dict[str, list[float]] = {c: [] for c in clients}
+        for _ in range(args.rounds if clients else 0):
+            for client in clients:  # alternated, so drift in the load hits both
+                cost, _sent = _sink_cost(
+                    client, bootstrap or "", rec, args.sink_rate, args.sink_seconds
+                )
+                sink_rounds[client].append(cost)
 
         print(
             f"{args.requests} shadow requests per role, {args.concurrency} at a time, streamed chat"
@@ -392,6 +473,50 @@ def main() -> None:
             print(f"| {name} | {sec * 1e6:,.1f} | {sec / cand_s:.1%} |")
         slow, fast = parts[6][1], parts[7][1]
         print(f"| encode: before / now | {slow / fast:.1f}x | |")
+
+        part = dict(parts)
+        building = sum(
+            part[k]
+            for k in part
+            if k.startswith(("trace of", "build the record", "privacy", "stored request"))
+        )
+        handoff = part["sink hand-off (KafkaSink.submit: size estimate, queue)"]
+        pieces: list[tuple[str, float, str]] = [
+            ("candidate request (whole, raw pool)", whole_s["candidate, raw"], ""),
+            ("replay request (whole, raw pool)", whole_s["replay, raw"], ""),
+            (
+                "record building (stored request, trace, build_record, privacy)",
+                building,
+                "inside each request above",
+            ),
+            ("sink hand-off on the request path (KafkaSink.submit)", handoff, "inside each"),
+        ]
+        for client, costs in sink_rounds.items():
+            pieces.append(
+                (
+                    f"Kafka sink, whole, per record: {client}",
+                    statistics.median(costs),
+                    "rounds " + ", ".join(f"{c * 1e6:,.0f}" for c in costs),
+                )
+            )
+        print()
+        if clients:
+            print(
+                f"Kafka sink at {args.sink_rate:g} records/s for {args.sink_seconds:g} s per"
+                f" round (submit, sink thread, client I/O threads; acks=all, linger_ms 100)."
+            )
+            print()
+        else:
+            print("(Kafka sink whole: set SHADOW_AB_KAFKA_BOOTSTRAP to measure it per client)")
+            print()
+        print("| shadow-side piece | CPU us/request | note |")
+        print("|---|---:|---|")
+        for name, sec, note in pieces:
+            print(f"| {name} | {sec * 1e6:,.1f} | {note} |")
+        if len(sink_rounds) == 2 and all(sink_rounds.values()):
+            a, b = (statistics.median(v) for v in sink_rounds.values())
+            names = list(sink_rounds)
+            print(f"| Kafka sink: {names[0]} / {names[1]} | {a / b:.2f}x | |")
     finally:
         for engine in engines:
             engine.terminate()
