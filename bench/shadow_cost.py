@@ -2,6 +2,7 @@
 
     python bench/shadow_cost.py [--requests 400] [--concurrency 8] [--tokens 20] [--rounds 3]
         [--sink-rate 300] [--sink-seconds 4] [--kafka-clients confluent,kafka-python]
+        [--sink-before]
 
 A fake engine in another process streams a chat completion of ``--tokens`` SSE events (one
 token each, then the usage event and ``[DONE]``), as vLLM does. In this process a real
@@ -27,7 +28,9 @@ library (``kafka.kafka_client``): a real :class:`~mirror.kafka_sink.KafkaSink` w
 defaults (``linger_ms`` 100, acks=all, idempotent) takes the record at ``--sink-rate`` records a
 second for ``--sink-seconds`` (the pace of a mirror at a few dozen streams), then flushes; CPU
 per record of this process (the submit, the sink's thread, the client's I/O threads: Python for
-kafka-python, C for librdkafka), clients alternated over ``--rounds``.
+kafka-python, C for librdkafka), clients alternated over ``--rounds``. ``--sink-before`` adds
+the sink as it was before its thread ran in rounds (kafka-python, woken at every record and
+every acknowledgement), for the trim's old and new figures side by side.
 
 The last table states each piece of the shadow side once, from the figures above: the
 candidate request and the replay request (whole, raw pools), the record building (trace,
@@ -54,6 +57,8 @@ from typing import Any
 import orjson
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+BEFORE = "kafka-python, before"
+"""The Kafka sink as it was: kafka-python, its thread woken at every record and acknowledgement."""
 WHOLE = {
     "candidate, raw": "candidate, raw pool (mirror/shadow_client.py, now)",
     "candidate, aiohttp": "candidate, aiohttp session (before)",
@@ -237,12 +242,32 @@ def _kafka_send_cost(records: list[Any], n: int) -> float | None:
         delete_topics(bootstrap, [topic])
 
 
+def _waking_sink() -> Any:
+    """The Kafka sink as it was before its thread ran in rounds: woken at every record handed
+    in and every acknowledgement (kafka-python only: the confluent producer came after)."""
+    from mirror.kafka_sink import KafkaSink
+
+    class WakingSink(KafkaSink):
+        def submit(self, record: Any) -> bool:
+            with self._cond:
+                if not self._queue:
+                    self._cond.notify_all()
+            return super().submit(record)
+
+        def _report(self, outcome: Any) -> None:
+            super()._report(outcome)
+            with self._cond:
+                self._cond.notify_all()
+
+    return WakingSink
+
+
 def _sink_cost(
     client: str, bootstrap: str, record: Any, rate: float, seconds: float
 ) -> tuple[float, int]:
     """CPU seconds per record of a real Kafka sink on ``client`` fed ``rate`` records a second
     for ``seconds`` (submit to acknowledgement, every thread of this process), and the records
-    Kafka acknowledged."""
+    Kafka acknowledged. ``client`` ``kafka-python, before``: the sink woken per record."""
     from mirror.kafka_sink import KafkaSink, KafkaSinkConfig
     from shadow_ab.topics import TopicSpec, delete_topics, ensure_topics
 
@@ -256,9 +281,9 @@ def _sink_cost(
             topic_exchanges=topics[0],
             topic_health=topics[1],
             spool_dir=Path(spool),
-            kafka_client=client,  # type: ignore[arg-type]
+            kafka_client=client.split(",")[0],
         )
-        sink = KafkaSink(config)
+        sink = (_waking_sink() if client.endswith("before") else KafkaSink)(config)
         for _ in range(50):  # connections, metadata
             sink.submit(record)
         if not sink.flush(30):
@@ -297,6 +322,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--sink-rate", type=float, default=300.0, help="records/s to the sink")
     parser.add_argument("--sink-seconds", type=float, default=4.0)
+    parser.add_argument(
+        "--sink-before",
+        action="store_true",
+        help="also the sink as it was: kafka-python, its thread woken at every record",
+    )
     parser.add_argument(
         "--kafka-clients",
         default="confluent,kafka-python",
@@ -442,6 +472,8 @@ def main() -> None:
             parts.append(("sink thread: kafka-python send + its I/O thread (acks=all)", send))
         bootstrap = os.environ.get("SHADOW_AB_KAFKA_BOOTSTRAP")
         clients = [c for c in args.kafka_clients.split(",") if c] if bootstrap else []
+        if args.sink_before and "kafka-python" in clients:
+            clients.append(BEFORE)
         sink_rounds: dict[str, list[float]] = {c: [] for c in clients}
         for _ in range(args.rounds if clients else 0):
             for client in clients:  # alternated, so drift in the load hits both
@@ -513,10 +545,11 @@ def main() -> None:
         print("|---|---:|---|")
         for name, sec, note in pieces:
             print(f"| {name} | {sec * 1e6:,.1f} | {note} |")
-        if len(sink_rounds) == 2 and all(sink_rounds.values()):
-            a, b = (statistics.median(v) for v in sink_rounds.values())
-            names = list(sink_rounds)
-            print(f"| Kafka sink: {names[0]} / {names[1]} | {a / b:.2f}x | |")
+        medians = {c: statistics.median(v) for c, v in sink_rounds.items() if v}
+        pairs = (("confluent", "kafka-python"), ("kafka-python", BEFORE), ("confluent", BEFORE))
+        for now, old in pairs:
+            if now in medians and old in medians:
+                print(f"| Kafka sink: {now} / {old} | {medians[now] / medians[old]:.2f}x | |")
     finally:
         for engine in engines:
             engine.terminate()

@@ -6,10 +6,11 @@ the mirror's event loop; librdkafka does all of it in C threads. This module giv
 kafka-python, so the sink's guarantees (bounded queue, spool, replay, delivery confirmed before
 a record counts as sent, flush on close) are kept by the same code for both clients:
 
-- ``send`` hands the record to librdkafka (``produce`` never blocks); its future's callbacks run
-  on this producer's own poll thread, as kafka-python's run on its I/O thread. Every message
-  gets a delivery report within ``message.timeout.ms`` (``delivery_timeout_ms``): an
-  acknowledgement (``acks=all``, idempotent) or an error.
+- ``send`` hands the record to librdkafka (``produce`` never blocks). Delivery reports are
+  served by :meth:`ConfluentProducer.poll`, which the sink's thread calls at each of its rounds:
+  no other Python thread takes the GIL for them (kafka-python's I/O thread does, for every
+  request). Every message gets a delivery report within ``message.timeout.ms``
+  (``delivery_timeout_ms``): an acknowledgement (``acks=all``, idempotent) or an error.
 - a broker away at start: as with kafka-python, building the producer fails (no broker accepts a
   connection, or no metadata within ``bootstrap_timeout_ms``), and the sink spools.
 - **too large**: a record above ``message.max.bytes`` (``max_request_size``) is refused by
@@ -24,7 +25,7 @@ a record counts as sent, flush on close) are kept by the same code for both clie
 - a fatal librdkafka error (the idempotent producer's state lost) makes ``send`` raise and sets
   :attr:`ConfluentProducer.fatal`: the sink then builds a new producer.
 - ``close(timeout)`` flushes until the timeout, then purges what is left (the sink has spooled
-  those records already) and stops the poll thread.
+  those records already).
 
 Security: :func:`shadow_ab.kafka_security.librdkafka_security`, from the same
 ``SHADOW_AB_KAFKA_*`` variables as the kafka-python producer.
@@ -33,7 +34,6 @@ Security: :func:`shadow_ab.kafka_security.librdkafka_security`, from the same
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -42,10 +42,6 @@ if TYPE_CHECKING:
     from mirror.kafka_sink import KafkaSinkConfig
 
 log = logging.getLogger(__name__)
-
-POLL_S = 0.1
-"""The poll thread's longest wait: delivery reports are served as soon as they come; this only
-bounds how long stopping the thread takes."""
 
 
 class MessageSizeTooLargeError(Exception):
@@ -61,7 +57,7 @@ class DeliveryError(Exception):
 
 
 class _Future:
-    """A send's outcome, as kafka-python's future: callbacks run on the poll thread."""
+    """A send's outcome, as kafka-python's future: its callbacks run in ``poll``."""
 
     __slots__ = ("_callbacks", "_errbacks", "size")
 
@@ -97,11 +93,6 @@ class ConfluentProducer:
         self.fatal: str | None = None
         self._metadata_timeout_s = metadata_timeout_s
         self._refused: list[tuple[_Future, Any]] = []  # size refusals of the current poll
-        self._stop = threading.Event()
-        self._thread = threading.Thread(
-            target=self._poll, name="shadow-ab-kafka-confluent", daemon=True
-        )
-        self._thread.start()
 
     # -- the sink's Producer ------------------------------------------------------------------
 
@@ -132,19 +123,24 @@ class ConfluentProducer:
             return None
         return set(found.partitions)
 
+    def poll(self, timeout: float = 0.0) -> int:
+        """Serve the delivery reports that came (their futures' callbacks run here, on the
+        caller's thread), waiting at most ``timeout`` seconds for one."""
+        served = int(self.producer.poll(timeout))
+        if self._refused:
+            self._sort_refused()
+        return served
+
     def close(self, timeout: float | None = None) -> None:
         """Deliver what is queued within ``timeout`` seconds, then drop the rest (their sends
-        fail) and stop the poll thread."""
-        try:
-            left = self.producer.flush(5.0 if timeout is None else max(0.0, timeout))
-            if left:
-                log.info("Kafka producer closing with %d records unacknowledged: purged", left)
-                self.producer.purge()
-                self.producer.flush(0)
-        finally:
-            self._stop.set()
-            if threading.current_thread() is not self._thread:
-                self._thread.join(POLL_S * 10)
+        fail)."""
+        left = self.producer.flush(5.0 if timeout is None else max(0.0, timeout))
+        if left:
+            log.info("Kafka producer closing with %d records unacknowledged: purged", left)
+            self.producer.purge()
+            self.producer.flush(0)
+        if self._refused:
+            self._sort_refused()
 
     # -- delivery reports ---------------------------------------------------------------------
 
@@ -161,15 +157,6 @@ class ConfluentProducer:
                 future.fail(DeliveryError(err.str()))
 
         return delivered
-
-    def _poll(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.producer.poll(POLL_S)
-            except Exception:  # a callback's bug must not end delivery reports
-                log.exception("Kafka delivery report failed")
-            if self._refused:
-                self._sort_refused()
 
     def _sort_refused(self) -> None:
         """A batch the broker refused for its size: its largest record, if larger than the
@@ -228,6 +215,9 @@ def make_confluent_producer(config: KafkaSinkConfig) -> ConfluentProducer:
         "client.id": config.client_id,
         "acks": "all",
         "enable.idempotence": True,
+        # The key's partition as kafka-python and the Java clients pick it (librdkafka's own
+        # default hashes differently): a switch of client keeps a pair on its partition.
+        "partitioner": "murmur2_random",
         "linger.ms": config.linger_ms,
         "batch.size": min(config.batch_size, config.max_request_size),
         "message.max.bytes": config.max_request_size,

@@ -156,10 +156,11 @@ class KafkaSinkConfig(BaseModel):
     retry_backoff_s: float = Field(default=1.0, gt=0, description="first wait to retry Kafka")
     retry_backoff_max_s: float = Field(default=10.0, gt=0, description="longest wait")
     kafka_client: Literal["confluent", "kafka-python"] = Field(
-        default="kafka-python",
+        default="confluent",
         description="the producer's client library: confluent (confluent-kafka, librdkafka: its"
-        " network I/O in C threads, outside the GIL) or kafka-python (pure Python, its I/O thread"
-        " competes with the event loop for the GIL); same guarantees, mirror/README.md",
+        " network I/O in C threads, outside the GIL; ~0.4x kafka-python's CPU per record,"
+        " bench/shadow_cost.py) or kafka-python (pure Python, its I/O thread competes with the"
+        " event loop for the GIL); same guarantees, mirror/README.md",
     )
 
     @model_validator(mode="after")
@@ -217,14 +218,16 @@ def any_reachable(bootstrap: str, timeout_s: float) -> bool:
 
 class SendFuture(Protocol):
     """A send's outcome, as kafka-python's ``FutureRecordMetadata``: callbacks run on the
-    producer's I/O thread."""
+    producer's I/O thread, or in the producer's ``poll`` when it has one."""
 
     def add_callback(self, fn: Callable[[Any], Any]) -> Any: ...
     def add_errback(self, fn: Callable[[Exception], Any]) -> Any: ...
 
 
 class Producer(Protocol):
-    """What the sink uses of kafka-python's ``KafkaProducer`` (tests hand in fakes)."""
+    """What the sink uses of kafka-python's ``KafkaProducer`` (tests hand in fakes). A producer
+    with a ``poll(timeout)`` method (:class:`mirror.kafka_confluent.ConfluentProducer`) has its
+    delivery reports served by the sink's thread calling it at each round."""
 
     def send(self, topic: str, *, key: bytes | None, value: bytes) -> SendFuture: ...
     def partitions_for(self, topic: str) -> set[int] | None: ...
@@ -535,6 +538,8 @@ class KafkaSink:
                 with self._cond:
                     if not (self._queue or self._outcomes or self._closing):
                         self._cond.wait(self._poll_s)
+                self._poll_producer()
+                with self._cond:
                     taken = [
                         self._queue.popleft() for _ in range(min(len(self._queue), ROUND_RECORDS))
                     ]
@@ -575,6 +580,16 @@ class KafkaSink:
         self._check_stuck()
         self._drain()
         self._log_drops()
+
+    def _poll_producer(self) -> None:
+        """Serve the producer's delivery reports, if it is one that needs it (confluent)."""
+        poll = getattr(self._producer, "poll", None)
+        if poll is not None:
+            try:
+                poll(0)
+            except Exception:  # a delivery report's bug: the round goes on
+                self._error("poll_error")
+                log.exception("serving the Kafka producer's delivery reports failed")
 
     def alive(self) -> bool:
         """False when the sink's thread died (records would pile up unsent): liveness."""
@@ -874,6 +889,7 @@ class KafkaSink:
         """Everything queued is routed: while Kafka answers, wait for its acknowledgements and
         drain the spool, until the deadline; then close the producer and the spool."""
         while time.monotonic() < self._deadline:
+            self._poll_producer()
             with self._cond:
                 outcomes = list(self._outcomes)
                 self._outcomes.clear()
