@@ -37,6 +37,7 @@ from evaluator.errors import EmptyWindow, UnknownDeployment
 from evaluator.policy import Policy
 from evaluator.results import Measurement, Progress, Section, Window
 from evaluator.verdict import Verdict, decide
+from shadow_ab.gc_tuning import fewer_collections
 from shadow_ab.timestamps import as_utc
 from storage.models import DEPLOYMENTS, Deployment, Exchange, Report
 
@@ -509,75 +510,81 @@ def build_review(
     """Analyse ``deployment`` over ``window``, judge ``policy``, render the HTML report (unless
     ``with_html`` is False) and store the review (unless ``store`` is False).
     ``progress(stage, fraction of the whole review)`` as it goes."""
-    stages = _Stages(progress, clock)
-    info = deployment_info(engine, deployment)
-    window = (as_utc(window[0]), as_utc(window[1]))
-    data = stages.run("data", lambda: _refreshed_extent(engine, deployment, window))
-    if data["pairs"] == 0:
-        raise EmptyWindow(
-            f"deployment {deployment!r} has no mirrored pairs between {window[0].isoformat()}"
-            f" and {window[1].isoformat()}: widen --from/--to or check that the mirror is"
-            " recording (SELECT min(sent_at), max(sent_at) FROM exchanges)"
+    with fewer_collections():  # a month's review holds ~750 MB of objects
+        stages = _Stages(progress, clock)
+        info = deployment_info(engine, deployment)
+        window = (as_utc(window[0]), as_utc(window[1]))
+        data = stages.run("data", lambda: _refreshed_extent(engine, deployment, window))
+        if data["pairs"] == 0:
+            raise EmptyWindow(
+                f"deployment {deployment!r} has no mirrored pairs between {window[0].isoformat()}"
+                f" and {window[1].isoformat()}: widen --from/--to or check that the mirror is"
+                " recording (SELECT min(sent_at), max(sent_at) FROM exchanges)"
+            )
+        run = analyses or default_analyses()
+        # The look within the policy's plan fixes the level of every interval (the sequential
+        # decision: evaluator/sequential.py); the analyses compute theirs at it.
+        look = policy.look(float(data["days"]))
+        if policy.near_tie_nats is not None and run.with_near_tie is not None:
+            run = run.with_near_tie(
+                policy.near_tie_nats, f"the policy's near_tie_nats, {policy.name}"
+            )
+        if run.at_level is not None:
+            run = run.at_level(look.level)
+        incidents = stages.run(
+            "incidents",
+            lambda: run.incidents(engine, deployment, window, progress=stages.sub("incidents")),
         )
-    run = analyses or default_analyses()
-    # The look within the policy's plan fixes the level of every interval (the sequential
-    # decision: evaluator/sequential.py); the analyses compute theirs at it.
-    look = policy.look(float(data["days"]))
-    if policy.near_tie_nats is not None and run.with_near_tie is not None:
-        run = run.with_near_tie(policy.near_tie_nats, f"the policy's near_tie_nats, {policy.name}")
-    if run.at_level is not None:
-        run = run.at_level(look.level)
-    incidents = stages.run(
-        "incidents",
-        lambda: run.incidents(engine, deployment, window, progress=stages.sub("incidents")),
-    )
-    warmup = list(run.warmup(incidents))
-    latency = stages.run(
-        "latency",
-        lambda: run.latency(
-            engine, deployment, window, warmup=warmup, progress=stages.sub("latency")
-        ),
-    )
-    divergence = stages.run(
-        "divergence",
-        lambda: run.divergence(engine, deployment, window, progress=stages.sub("divergence")),
-    )
-    sections = {"latency": latency, "incidents": incidents, "divergence": divergence}
-    semantic = run.semantic
-    if semantic is not None:
-        sections["semantic"] = stages.run(
-            "semantic",
-            lambda: semantic(engine, deployment, window, progress=stages.sub("semantic")),
+        warmup = list(run.warmup(incidents))
+        latency = stages.run(
+            "latency",
+            lambda: run.latency(
+                engine, deployment, window, warmup=warmup, progress=stages.sub("latency")
+            ),
         )
-    quality_run = run.quality
-    if quality_run is not None:
-        sections["quality"] = stages.run(
-            "quality",
-            lambda: quality_run(engine, deployment, window, progress=stages.sub("quality")),
+        divergence = stages.run(
+            "divergence",
+            lambda: run.divergence(engine, deployment, window, progress=stages.sub("divergence")),
         )
-    # The window's size is judged on one definition (pairs = mirrored pairs, days = the whole
-    # UTC hours from the first to the last of them); a section's own data.* figures are left out.
-    measurements = data_measurements(data) + [
-        m for s in sections.values() for m in s.measurements() if not m.key.startswith("data.")
-    ]
-    verdict: Verdict = stages.run("verdict", lambda: decide(policy, measurements))
-    all_notes = ([SIMULATOR_NOTE] if _simulated(info) else []) + list(notes)
-    review = Review(
-        deployment=info,
-        window=window,
-        policy=policy,
-        verdict=verdict,
-        sections={name: jsonable(s.to_dict()) for name, s in sections.items()},
-        measurements=measurements,
-        data=data,
-        notes=all_notes,
-    )
-    review.timings = dict(stages.timings)
-    if with_html:
-        from evaluator.render.html import render_html
+        sections = {"latency": latency, "incidents": incidents, "divergence": divergence}
+        semantic = run.semantic
+        if semantic is not None:
+            sections["semantic"] = stages.run(
+                "semantic",
+                lambda: semantic(engine, deployment, window, progress=stages.sub("semantic")),
+            )
+        quality_run = run.quality
+        if quality_run is not None:
+            sections["quality"] = stages.run(
+                "quality",
+                lambda: quality_run(engine, deployment, window, progress=stages.sub("quality")),
+            )
+        # The window's size is judged on one definition (pairs = mirrored pairs, days = the
+        # whole UTC hours from the first to the last of them); a section's own data.* figures
+        # are left out.
+        measurements = data_measurements(data) + [
+            m for s in sections.values() for m in s.measurements() if not m.key.startswith("data.")
+        ]
+        verdict: Verdict = stages.run("verdict", lambda: decide(policy, measurements))
+        all_notes = ([SIMULATOR_NOTE] if _simulated(info) else []) + list(notes)
+        review = Review(
+            deployment=info,
+            window=window,
+            policy=policy,
+            verdict=verdict,
+            sections={name: jsonable(s.to_dict()) for name, s in sections.items()},
+            measurements=measurements,
+            data=data,
+            notes=all_notes,
+        )
+        review.timings = dict(stages.timings)
+        if with_html:
+            from evaluator.render.html import render_html
 
-        review.html = stages.run("render", lambda: render_html(review.to_dict()))
-    if store:
-        review.report_id = stages.run("store", lambda: store_review(engine, review, review.html))
-    review.timings = dict(stages.timings)
-    return review
+            review.html = stages.run("render", lambda: render_html(review.to_dict()))
+        if store:
+            review.report_id = stages.run(
+                "store", lambda: store_review(engine, review, review.html)
+            )
+        review.timings = dict(stages.timings)
+        return review
