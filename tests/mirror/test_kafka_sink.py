@@ -385,3 +385,21 @@ def test_close_is_false_when_records_are_stuck_in_the_spool_while_kafka_answers(
     assert not sink.close(1.0)
     with Spool(tmp_path / "spool", max_bytes=10**9, publish_metrics=False) as left:
         assert len(left) == 5  # spooled at close: not lost, but not reported as delivered
+
+
+def test_the_client_library_is_a_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    from mirror.config import load_settings
+    from mirror.errors import MirrorConfigError
+
+    urls: dict[str, Any] = {
+        "incumbent": {"url": "http://127.0.0.1:1"},
+        "candidate": {"url": "http://127.0.0.1:2"},
+    }
+    settings = load_settings(None, **urls, kafka={"bootstrap": "h:1"})
+    assert settings.kafka is not None and settings.kafka.kafka_client == "confluent"
+    monkeypatch.setenv("SHADOW_AB_MIRROR_KAFKA__KAFKA_CLIENT", "kafka-python")
+    settings = load_settings(None, **urls, kafka={"bootstrap": "h:1"})
+    assert settings.kafka is not None and settings.kafka.kafka_client == "kafka-python"
+    monkeypatch.delenv("SHADOW_AB_MIRROR_KAFKA__KAFKA_CLIENT")
+    with pytest.raises(MirrorConfigError, match="'confluent' or 'kafka-python'"):
+        load_settings(None, **urls, kafka={"bootstrap": "h:1", "kafka_client": "librdkafka"})
