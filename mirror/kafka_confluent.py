@@ -225,8 +225,12 @@ def make_confluent_producer(config: KafkaSinkConfig) -> ConfluentProducer:
         "request.timeout.ms": config.request_timeout_ms,
         "message.timeout.ms": config.delivery_timeout_ms,
         "reconnect.backoff.max.ms": config.reconnect_backoff_max_ms,
-        # The sink keeps at most max_in_flight direct sends and as many from the spool.
+        # The sink keeps at most max_in_flight direct sends and as many from the spool; in
+        # bytes, the bound kafka-python's producer had (buffer_memory, 32 MiB). Past it
+        # produce() refuses (BufferError): the sink spools, as when kafka-python's send waits
+        # max_block_ms for room in vain.
         "queue.buffering.max.messages": max(100_000, 2 * config.max_in_flight + 1000),
+        "queue.buffering.max.kbytes": max(32 * 1024, 2 * config.max_request_size // 1024),
     }
     holder: list[ConfluentProducer] = []
     try:
