@@ -28,7 +28,8 @@ library (``kafka.kafka_client``): a real :class:`~mirror.kafka_sink.KafkaSink` w
 defaults (``linger_ms`` 100, acks=all, idempotent) takes the record at ``--sink-rate`` records a
 second for ``--sink-seconds`` (the pace of a mirror at a few dozen streams), then flushes; CPU
 per record of this process (the submit, the sink's thread, the client's I/O threads: Python for
-kafka-python, C for librdkafka), clients alternated over ``--rounds``. ``--sink-before`` adds
+kafka-python, C for librdkafka; the pacing loop's own CPU, measured alone, taken off), clients
+alternated over ``--rounds``. ``--sink-before`` adds
 the sink as it was before its thread ran in rounds (kafka-python, woken at every record and
 every acknowledgement), for the trim's old and new figures side by side.
 
@@ -157,6 +158,21 @@ def _body(i: int) -> dict[str, Any]:
     }
 
 
+def _approx_before(value: Any, depth: int = 0) -> int:
+    """``storage.bounds._approx`` as it was (generators, ``isinstance(v, list | tuple)``)."""
+    if isinstance(value, str):
+        return len(value) + 2
+    if isinstance(value, dict):
+        if depth > 8:
+            return 64 * len(value)
+        return 2 + sum(len(str(k)) + 4 + _approx_before(v, depth + 1) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        if depth > 8:
+            return 16 * len(value)
+        return 2 + sum(_approx_before(v, depth + 1) + 1 for v in value)
+    return 16
+
+
 def _per_call(fn: Callable[[], Any], n: int) -> float:
     """CPU seconds per call of ``fn``, the best of 5 rounds of ``n`` calls."""
     best = float("inf")
@@ -262,6 +278,22 @@ def _waking_sink() -> Any:
     return WakingSink
 
 
+def _paced(fn: Callable[[], Any], rate: float, total: int) -> float:
+    """Call ``fn`` ``total`` times at ``rate`` a second (in 10 ms ticks); the CPU seconds spent."""
+    tick = 0.01
+    start = time.process_time()
+    t_next, done, owed = time.monotonic(), 0, 0.0
+    while done < total:
+        owed += rate * tick
+        while owed >= 1 and done < total:
+            fn()
+            done += 1
+            owed -= 1
+        t_next += tick
+        time.sleep(max(0.0, t_next - time.monotonic()))
+    return time.process_time() - start
+
+
 def _sink_cost(
     client: str, bootstrap: str, record: Any, rate: float, seconds: float
 ) -> tuple[float, int]:
@@ -289,21 +321,12 @@ def _sink_cost(
         if not sink.flush(30):
             raise SystemExit(f"the {client} sink did not deliver to Kafka at {bootstrap}")
         sent0 = sink.stats().sent
-        tick = 0.01
-        per_tick = rate * tick
         total = int(rate * seconds)
+        pacing = _paced(lambda: None, rate, total)  # the pacing loop's own CPU, taken off
         start = time.process_time()
-        t_next, done, owed = time.monotonic(), 0, 0.0
-        while done < total:
-            owed += per_tick
-            while owed >= 1 and done < total:
-                sink.submit(record)
-                done += 1
-                owed -= 1
-            t_next += tick
-            time.sleep(max(0.0, t_next - time.monotonic()))
+        _paced(lambda: sink.submit(record), rate, total)
         ok = sink.flush(60)
-        spent = time.process_time() - start
+        spent = time.process_time() - start - pacing
         sent = sink.stats().sent - sent0
         sink.close(10)
         if not ok or sent < total:
@@ -341,6 +364,7 @@ def main() -> None:
     from mirror.rewrite import candidate_request, stored_request
     from mirror.trace import stream_trace
     from shadow_ab.records import Endpoint, Role, Status
+    from storage.bounds import _approx
 
     ctx = mp.get_context("spawn")
     ports = [_free_port(), _free_port()]  # incumbent, candidate
@@ -453,6 +477,14 @@ def main() -> None:
             ("privacy (capture full)", _per_call(lambda: mirror.privacy.apply(rec, "full"), n)),
             ("sink hand-off (KafkaSink.submit: size estimate, queue)", _per_call(submit, n)),
             (
+                "size estimate of the stored request, before (generators)",
+                _per_call(lambda: _approx_before(rec.request), n),
+            ),
+            (
+                "size estimate of the stored request, now (storage.bounds._approx)",
+                _per_call(lambda: _approx(rec.request), n),
+            ),
+            (
                 "sink thread: encode, before (pydantic model_dump + orjson)",
                 _per_call(rec.to_json_slow, n),
             ),
@@ -503,10 +535,14 @@ def main() -> None:
         print("|---|---:|---:|")
         for name, sec in parts:
             print(f"| {name} | {sec * 1e6:,.1f} | {sec / cand_s:.1%} |")
-        slow, fast = parts[6][1], parts[7][1]
-        print(f"| encode: before / now | {slow / fast:.1f}x | |")
-
         part = dict(parts)
+        slow = part["sink thread: encode, before (pydantic model_dump + orjson)"]
+        fast = part["sink thread: encode, now (to_json: orjson from the fields)"]
+        print(f"| encode: before / now | {slow / fast:.1f}x | |")
+        slow = part["size estimate of the stored request, before (generators)"]
+        fast = part["size estimate of the stored request, now (storage.bounds._approx)"]
+        print(f"| size estimate: before / now | {slow / fast:.1f}x | |")
+
         building = sum(
             part[k]
             for k in part
