@@ -158,7 +158,7 @@ class KafkaSinkConfig(BaseModel):
     kafka_client: Literal["confluent", "kafka-python"] = Field(
         default="confluent",
         description="the producer's client library: confluent (confluent-kafka, librdkafka: its"
-        " network I/O in C threads, outside the GIL; ~0.4x kafka-python's CPU per record,"
+        " network I/O in C threads, outside the GIL; ~0.5x kafka-python's CPU per record,"
         " bench/shadow_cost.py) or kafka-python (pure Python, its I/O thread competes with the"
         " event loop for the GIL); same guarantees, mirror/README.md",
     )
