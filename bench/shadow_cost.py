@@ -31,7 +31,10 @@ per record of this process (the submit, the sink's thread, the client's I/O thre
 kafka-python, C for librdkafka; the pacing loop's own CPU, measured alone, taken off), clients
 alternated over ``--rounds``. ``--sink-before`` adds
 the sink as it was before its thread ran in rounds (kafka-python, woken at every record and
-every acknowledgement), for the trim's old and new figures side by side.
+every acknowledgement), for the trim's old and new figures side by side. Then, per client,
+what the sink leaves a busy Python thread beside it (a stand-in for the mirror's event loop:
+pure-Python work that submits the records at the same rate), as a share of that thread's work
+just before with the sink idle: the GIL and the CPU the sink's threads take from the loop.
 
 The last table states each piece of the shadow side once, from the figures above: the
 candidate request and the replay request (whole, raw pools), the record building (trace,
@@ -294,12 +297,31 @@ def _paced(fn: Callable[[], Any], rate: float, total: int) -> float:
     return time.process_time() - start
 
 
+def _busy(fn: Callable[[], Any], rate: float, seconds: float) -> float:
+    """A stand-in for a busy event loop: pure-Python work in this thread for ``seconds``,
+    calling ``fn`` ``rate`` times a second on the way; the work done a second (what threads
+    taking the GIL beside it leave it)."""
+    end = time.monotonic() + seconds
+    due, done = time.monotonic(), 0
+    while (now := time.monotonic()) < end:
+        x = 0
+        for i in range(200):
+            x += i
+        done += 1
+        while now >= due:
+            fn()
+            due += 1 / rate
+    return done / seconds
+
+
 def _sink_cost(
     client: str, bootstrap: str, record: Any, rate: float, seconds: float
-) -> tuple[float, int]:
+) -> tuple[float, int, float]:
     """CPU seconds per record of a real Kafka sink on ``client`` fed ``rate`` records a second
     for ``seconds`` (submit to acknowledgement, every thread of this process), and the records
-    Kafka acknowledged. ``client`` ``kafka-python, before``: the sink woken per record."""
+    Kafka acknowledged, and the work a busy thread beside it does (:func:`_busy`), as a share of
+    what it does with the sink idle, measured just before.
+    ``client`` ``kafka-python, before``: the sink woken per record."""
     from mirror.kafka_sink import KafkaSink, KafkaSinkConfig
     from shadow_ab.topics import TopicSpec, delete_topics, ensure_topics
 
@@ -328,10 +350,12 @@ def _sink_cost(
         ok = sink.flush(60)
         spent = time.process_time() - start - pacing
         sent = sink.stats().sent - sent0
+        alone = _busy(lambda: None, rate, seconds)  # just before, for the drift in the load
+        busy = _busy(lambda: sink.submit(record), rate, seconds) / alone
         sink.close(10)
         if not ok or sent < total:
             raise SystemExit(f"the {client} sink acknowledged {sent} of {total} records")
-        return spent / total, sent
+        return spent / total, sent, busy
     finally:
         delete_topics(bootstrap, list(topics))
         shutil.rmtree(spool, ignore_errors=True)
@@ -507,12 +531,14 @@ def main() -> None:
         if args.sink_before and "kafka-python" in clients:
             clients.append(BEFORE)
         sink_rounds: dict[str, list[float]] = {c: [] for c in clients}
+        loop_rounds: dict[str, list[float]] = {c: [] for c in clients}
         for _ in range(args.rounds if clients else 0):
             for client in clients:  # alternated, so drift in the load hits both
-                cost, _sent = _sink_cost(
+                cost, _sent, busy = _sink_cost(
                     client, bootstrap or "", rec, args.sink_rate, args.sink_seconds
                 )
                 sink_rounds[client].append(cost)
+                loop_rounds[client].append(busy)
 
         print(
             f"{args.requests} shadow requests per role, {args.concurrency} at a time, streamed chat"
@@ -582,6 +608,13 @@ def main() -> None:
         for name, sec, note in pieces:
             print(f"| {name} | {sec * 1e6:,.1f} | {note} |")
         medians = {c: statistics.median(v) for c, v in sink_rounds.items() if v}
+        for client, shares in loop_rounds.items():
+            if shares:
+                rounds = ", ".join(f"{x:.2f}" for x in shares)
+                print(
+                    f"| a busy Python thread's work beside the sink, {client} (1.00: sink idle)"
+                    f" | {statistics.median(shares):.2f}x | rounds {rounds} |"
+                )
         pairs = (("confluent", "kafka-python"), ("kafka-python", BEFORE), ("confluent", BEFORE))
         for now, old in pairs:
             if now in medians and old in medians:
