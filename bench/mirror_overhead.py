@@ -2,8 +2,8 @@
 
     python bench/mirror_overhead.py [--duration 24 | --requests N] [--concurrency 1,32,128]
         [--repeat 3] [--max-tokens 32] [--quick] [--database-url URL] [--json PATH]
-        [--paths direct,nginx,nginx-mirror,mirror,wire] [--no-install-nginx] [--kafka HOST:PORT]
-        [--kafka-clients confluent,kafka-python]
+        [--paths direct,nginx,nginx-mirror,mirror,wire,native] [--no-install-nginx]
+        [--kafka HOST:PORT] [--kafka-clients confluent,kafka-python]
 
 Engines (``shadow-ab sim`` subprocesses, real HTTP on 127.0.0.1):
 
@@ -26,7 +26,13 @@ Paths, side by side in one run, each with its own keep-alive client session:
   wire (both planes; the shadow side is the same raw-connection client on both);
 - ``nginx``: a private Debian nginx (own prefix and config in a temp dir, free ports, one
   worker, ``proxy_buffering off``, upstream keep-alive) with ``proxy_pass`` only;
-- ``nginx-mirror``: the same plus nginx's ``mirror`` directive to the 10x slower candidate.
+- ``nginx-mirror``: the same plus nginx's ``mirror`` directive to the 10x slower candidate;
+- ``native``, ``native-off``: ``bench/native_plane``, a Go yardstick doing the mirror's
+  hot-path work per request (forward and stream, a copy to the candidate read to the end, both
+  streams parsed, two JSON records to Kafka at ``--kafka`` or dropped), built with ``go build``
+  (its one module, franz-go, from the Go module proxy); ``native-off`` only forwards. Not a data
+  plane of shadow-ab: it says what compiled code costs for the same work
+  (mirror/README.md, "A compiled plane, measured"). Without Go the output says NATIVE MISSING.
 
 With ``--kafka``, records go to the production Kafka sink (topics of the run) in the sink's
 default client library; ``--kafka-clients confluent,kafka-python`` runs every mirror path once
@@ -127,10 +133,13 @@ PATHS = (
     "wire-off",
     "wire",
     "wire-slow",
+    "native-off",
+    "native",
 )
 DEFAULT_PATHS = ("direct", "nginx", "nginx-mirror", "mirror", "wire")
 MIRROR_PATHS = ("mirror-off", "mirror", "mirror-slow", "wire-off", "wire", "wire-slow")
 NGINX_PATHS = ("nginx", "nginx-mirror")
+NATIVE_DIR = Path(__file__).resolve().parent / "native_plane"
 MIRRORS = {  # path: (data plane, shadow rate, slow candidate)
     "mirror-off": ("asgi", 0.0, False),
     "mirror": ("asgi", 1.0, False),
@@ -149,6 +158,8 @@ LABELS = {
     "wire-slow": "mirror protocol (default), 10x slow candidate",
     "nginx": "nginx proxy_pass",
     "nginx-mirror": "nginx `mirror`, 10x slow candidate",
+    "native-off": "Go reference plane (bench/native_plane), shadowing off",
+    "native": "Go reference plane (bench/native_plane), candidate",
 }
 
 
@@ -455,6 +466,64 @@ def running_nginx(incumbent: str, candidate: str, workdir: Path) -> Iterator[tup
             nginx.stop(sig=signal.SIGQUIT)
 
 
+# -- the compiled reference plane ------------------------------------------------------------
+
+
+class NativePlane(ManagedProcess):
+    """bench/native_plane built with ``go build``: a yardstick, not a data plane of shadow-ab."""
+
+    name = "the Go reference plane"
+    error = BenchError
+
+
+def native_binary(workdir: Path) -> tuple[str, str | None]:
+    """bench/native_plane built into ``workdir`` (the Go module proxy gives its one dependency,
+    franz-go), or why it could not be."""
+    go = shutil.which("go") or (
+        "/usr/local/go/bin/go" if os.path.exists("/usr/local/go/bin/go") else ""
+    )
+    if not go:
+        return "", "Go is not installed (the native path builds bench/native_plane with `go build`)"
+    out = workdir / "nativeplane"
+    try:
+        built = subprocess.run(
+            [go, "build", "-o", str(out), "."],
+            cwd=NATIVE_DIR,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return "", f"`go build` in {NATIVE_DIR} could not run ({exc})"
+    if built.returncode != 0:
+        return "", f"`go build` in {NATIVE_DIR} failed:\n{built.stderr[-1500:]}"
+    return str(out), None
+
+
+@contextlib.contextmanager
+def running_native(
+    binary: str, incumbent: str, candidate: str, workdir: Path, kafka: str | None, off: bool
+) -> Iterator[Proxy]:
+    """The Go reference plane shadowing every request to ``candidate`` (``off``: none);
+    records to a topic of this run at ``kafka`` (deleted after), else dropped."""
+    port = free_port()
+    cmd = [binary, "-listen", f"127.0.0.1:{port}", "-incumbent", incumbent, "-candidate", candidate]
+    if off:
+        cmd.append("-off")
+    topics: list[str] = []
+    with contextlib.ExitStack() as cleanup:
+        if kafka is not None:
+            topics = [f"bench-native-{uuid.uuid4().hex[:8]}.exchanges"]
+            ensure_topics(kafka, [TopicSpec(topics[0], 6)])
+            cleanup.callback(delete_topics, kafka, topics)
+            cmd += ["-kafka", kafka, "-topic", topics[0]]
+        plane = NativePlane(cmd, workdir / f"native-plane-{port}.log")
+        cleanup.callback(plane.stop)
+        models = f"http://127.0.0.1:{port}/v1/models"
+        plane.wait_until(partial(answers, models), f"answering {models}", 30.0, interval=0.1)
+        yield Proxy(f"http://127.0.0.1:{port}", plane.pid)
+
+
 # -- candidates going idle between segments --------------------------------------------------
 
 
@@ -612,7 +681,7 @@ def table(cells: dict[tuple[str, int], Cell], levels: list[int], paths: list[str
                 row += ["", "", "", "", "1.000" if path == "direct" else ""]
             ok = len(r.ok_rows)
             cpu = f"{cell.proxy_cpu_s / ok * 1000:.3f}" if path != "direct" and ok else ""
-            shadowed = "" if path in ("direct", "nginx") else "100% (all)"
+            shadowed = "" if path in ("direct", "nginx", "native-off") else "100% (all)"
             if cell.sampled is not None:
                 shadowed = f"{cell.sampled / max(1, len(cell.rows)):.0%}"
             row += [cpu, shadowed, str(len(r.errors)), str(len(r.rows))]
@@ -806,6 +875,18 @@ def main() -> None:
             )
             settle = [cand_sim] if rate > 0 else []
             targets[path] = Target(path, m.base_url, m.pid, m.metrics_url, settle)
+        if native := [p for p in ("native-off", "native") if p in wanted]:
+            progress("building and starting the Go reference plane")
+            binary, why = native_binary(tmp)
+            if why is not None:
+                print(f"NATIVE MISSING: {why}; the native paths are left out", file=sys.stderr)
+                notes.append(f"NATIVE MISSING, native paths left out: {why}")
+            for path in native if why is None else []:
+                off = path == "native-off"
+                n = stack.enter_context(
+                    running_native(binary, inc.base_url, cand.base_url, tmp, args.kafka, off)
+                )
+                targets[path] = Target(path, n.base_url, n.pid, None, [] if off else [cand])
         if set(NGINX_PATHS) & set(wanted):
             progress("starting nginx")
             plain, mirrored = stack.enter_context(running_nginx(inc.base_url, slow.base_url, tmp))
