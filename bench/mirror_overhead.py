@@ -3,7 +3,7 @@
     python bench/mirror_overhead.py [--duration 24 | --requests N] [--concurrency 1,32,128]
         [--repeat 3] [--max-tokens 32] [--quick] [--database-url URL] [--json PATH]
         [--paths direct,nginx,nginx-mirror,mirror,wire,native] [--no-install-nginx]
-        [--kafka HOST:PORT]
+        [--kafka HOST:PORT] [--kafka-clients confluent,kafka-python]
 
 Engines (``shadow-ab sim`` subprocesses, real HTTP on 127.0.0.1):
 
@@ -33,6 +33,11 @@ Paths, side by side in one run, each with its own keep-alive client session:
   (its one module, franz-go, from the Go module proxy); ``native-off`` only forwards. Not a data
   plane of shadow-ab: it says what compiled code costs for the same work
   (mirror/README.md, "A compiled plane, measured"). Without Go the output says NATIVE MISSING.
+
+With ``--kafka``, records go to the production Kafka sink (topics of the run) in the sink's
+default client library; ``--kafka-clients confluent,kafka-python`` runs every mirror path once
+per client library (``kafka.kafka_client``), side by side in the same rounds: ``wire@confluent``,
+``wire@kafka-python``, ... (``--paths`` takes such names too).
 
 nginx is installed with ``apt-get install -y nginx-light`` when absent (the bench says so
 first; when it cannot be installed, or with ``--no-install-nginx``, the nginx paths are left
@@ -158,6 +163,32 @@ LABELS = {
 }
 
 
+KAFKA_CLIENTS = ("confluent", "kafka-python")
+
+
+def split_path(path: str) -> tuple[str, str | None]:
+    """``wire@confluent`` -> (``wire``, ``confluent``); ``wire`` -> (``wire``, None)."""
+    base, _, client = path.partition("@")
+    return base, client or None
+
+
+def with_clients(wanted: list[str], clients: list[str]) -> list[str]:
+    """Each mirror path of ``wanted`` once per Kafka client (``wire@confluent``, ...), labelled."""
+    out: list[str] = []
+    for path in wanted:
+        base, client = split_path(path)
+        if base not in MIRRORS or client is not None or not clients:
+            out.append(path)
+            continue
+        out += [f"{path}@{c}" for c in clients]
+    for path in out:
+        base, client = split_path(path)
+        if client is not None:
+            MIRRORS[path] = MIRRORS[base]
+            LABELS[path] = f"{LABELS[base]}, sink {client}"
+    return out
+
+
 class BenchError(ProcessError):
     """A piece of the benchmark did not start."""
 
@@ -242,12 +273,15 @@ def running_mirror(
     rate: float = 1.0,
     data_plane: str = "asgi",
     kafka: str | None = None,
+    kafka_client: str | None = None,
 ) -> Iterator[Proxy]:
     """``shadow-ab mirror`` as a subprocess on ``data_plane``: shadow ``rate`` of requests
     (default every one), guard off; records to the Kafka sink at ``kafka`` (topics of this run,
-    deleted after), else to the direct sink."""
+    deleted after; its producer on ``kafka_client``, default the sink's), else to the direct
+    sink."""
     sink: dict[str, Any] = {}
     topics: list[str] = []
+    name = name.replace("@", "-")  # wire@confluent: topic and deployment names take no @
     if kafka is not None:
         run = f"bench-mirror-{name}-{uuid.uuid4().hex[:8]}"
         topics = [f"{run}.exchanges", f"{run}.health"]
@@ -257,6 +291,8 @@ def running_mirror(
             "topic_health": topics[1],
             "spool_dir": str(workdir / f"spool-{name}"),
         }
+        if kafka_client is not None:
+            sink["kafka_client"] = kafka_client
     db = None if kafka is not None else database_url or f"sqlite:///{workdir / (name + '.db')}"
     with contextlib.ExitStack() as cleanup:
         if kafka is not None:
@@ -656,7 +692,9 @@ def table(cells: dict[tuple[str, int], Cell], levels: list[int], paths: list[str
 def goal_lines(cells: dict[tuple[str, int], Cell]) -> list[str]:
     lines = []
     base = cells.get(("direct", GOAL_CONCURRENCY))
-    for path in ("mirror", "wire", "mirror-slow", "wire-slow", "mirror-off", "wire-off"):
+    shadowing = ("mirror", "wire", "mirror-slow", "wire-slow", "mirror-off", "wire-off")
+    paths = [p for p, _c in cells if split_path(p)[0] in shadowing]
+    for path in sorted(set(paths), key=lambda p: (shadowing.index(split_path(p)[0]), p)):
         cell = cells.get((path, GOAL_CONCURRENCY))
         if base is None or cell is None:
             continue
@@ -670,7 +708,7 @@ def goal_lines(cells: dict[tuple[str, int], Cell]) -> list[str]:
             f" p99 {d99:+.2f} ms -> {'MET' if met else 'NOT MET'}"
         )
     nginx = cells.get(("nginx", GOAL_CONCURRENCY))
-    for path in ("mirror", "wire"):
+    for path in sorted({p for p in paths if split_path(p)[0] in ("mirror", "wire")}):
         cell = cells.get((path, GOAL_CONCURRENCY))
         if cell is None or not cell.result().ok_rows:
             continue
@@ -748,6 +786,12 @@ def main() -> None:
         help="records to the Kafka sink there (the production sink; topics of the run, deleted"
         " after) instead of the direct sink",
     )
+    ap.add_argument(
+        "--kafka-clients",
+        default="",
+        help="with --kafka: run each mirror path once per Kafka client library, of"
+        f" {', '.join(KAFKA_CLIENTS)} (comma-separated; default: the sink's default only)",
+    )
     ap.add_argument("--json", type=Path, default=None, help="also write the cells' summaries")
     ap.add_argument("--quick", action="store_true", help="a short smoke run")
     ap.add_argument(
@@ -762,15 +806,26 @@ def main() -> None:
             args.concurrency = "1,32"
     levels = [int(c) for c in args.concurrency.split(",")]
     wanted = [p for p in args.paths.split(",") if p]
-    unknown = set(wanted) - set(PATHS)
+    clients = [c for c in args.kafka_clients.split(",") if c]
+    if bad := set(clients) - set(KAFKA_CLIENTS):
+        ap.error(f"unknown Kafka clients {sorted(bad)}; choose from {', '.join(KAFKA_CLIENTS)}")
+    if (clients or any("@" in p for p in wanted)) and args.kafka is None:
+        ap.error("Kafka clients apply to the Kafka sink: add --kafka HOST:PORT")
+    unknown = {p for p in wanted if split_path(p)[0] not in PATHS}
+    unknown |= {p for p in wanted if (c := split_path(p)[1]) and c not in KAFKA_CLIENTS}
+    unknown |= {p for p in wanted if split_path(p)[1] and split_path(p)[0] not in MIRRORS}
     if unknown:
-        ap.error(f"unknown paths {sorted(unknown)}; choose from {', '.join(PATHS)}")
+        ap.error(
+            f"unknown paths {sorted(unknown)}; choose from {', '.join(PATHS)} (a mirror path may"
+            f" name its Kafka client: wire@{KAFKA_CLIENTS[0]})"
+        )
+    wanted = with_clients(wanted, clients)
     if "direct" not in wanted:
         wanted.insert(0, "direct")
     notes: list[str] = []
-    if set(MIRROR_PATHS) & set(wanted) and (why := mirror_available()):
+    if set(MIRROR_PATHS) & {split_path(p)[0] for p in wanted} and (why := mirror_available()):
         notes.append(f"shadow-ab mirror paths skipped: {why}")
-        wanted = [p for p in wanted if p not in MIRROR_PATHS]
+        wanted = [p for p in wanted if split_path(p)[0] not in MIRROR_PATHS]
 
     if set(NGINX_PATHS) & set(wanted):
         _, why = nginx_binary(install=not args.no_install_nginx)
@@ -799,9 +854,10 @@ def main() -> None:
             )
         )
         targets: dict[str, Target] = {"direct": Target("direct", inc.base_url, None)}
-        for path, (plane, rate, slow_cand) in MIRRORS.items():
-            if path not in wanted:
+        for path in wanted:
+            if path not in MIRRORS:
                 continue
+            plane, rate, slow_cand = MIRRORS[path]
             progress(f"starting shadow-ab mirror: {LABELS[path]}")
             cand_sim = slow if slow_cand else cand
             m = stack.enter_context(
@@ -814,6 +870,7 @@ def main() -> None:
                     rate,
                     plane,
                     args.kafka,
+                    split_path(path)[1],
                 )
             )
             settle = [cand_sim] if rate > 0 else []
@@ -839,7 +896,7 @@ def main() -> None:
                 targets["nginx-mirror"] = Target(
                     "nginx-mirror", mirrored.base_url, mirrored.pid, None, [slow]
                 )
-        order = [p for p in PATHS if p in targets]
+        order = sorted(targets, key=lambda p: (PATHS.index(split_path(p)[0]), wanted.index(p)))
         targets = {p: targets[p] for p in order}
         try:
             import uvloop

@@ -1,6 +1,8 @@
 """The mirror's CPU per shadow request: the candidate and replay requests, the record, the sink.
 
     python bench/shadow_cost.py [--requests 400] [--concurrency 8] [--tokens 20] [--rounds 3]
+        [--sink-rate 300] [--sink-seconds 4] [--kafka-clients confluent,kafka-python]
+        [--sink-before]
 
 A fake engine in another process streams a chat completion of ``--tokens`` SSE events (one
 token each, then the usage event and ``[DONE]``), as vLLM does. In this process a real
@@ -20,6 +22,24 @@ rewriting the candidate's body, the stored request, the trace of the kept chunks
 record, privacy, the sink hand-off (``KafkaSink.submit``), and the sink thread's encoding of the
 record (``to_json``, before and after the change to encode it straight from its fields; and
 kafka-python's ``send`` into its buffer, when ``SHADOW_AB_KAFKA_BOOTSTRAP`` names a Kafka).
+
+With ``SHADOW_AB_KAFKA_BOOTSTRAP`` set, the Kafka sink is also measured whole, per client
+library (``kafka.kafka_client``): a real :class:`~mirror.kafka_sink.KafkaSink` with its
+defaults (``linger_ms`` 100, acks=all, idempotent) takes the record at ``--sink-rate`` records a
+second for ``--sink-seconds`` (the pace of a mirror at a few dozen streams), then flushes; CPU
+per record of this process (the submit, the sink's thread, the client's I/O threads: Python for
+kafka-python, C for librdkafka; the pacing loop's own CPU, measured alone, taken off), clients
+alternated over ``--rounds``. ``--sink-before`` adds
+the sink as it was before its thread ran in rounds (kafka-python, woken at every record and
+every acknowledgement), for the trim's old and new figures side by side. Then, per client,
+what the sink leaves a busy Python thread beside it (a stand-in for the mirror's event loop:
+pure-Python work that submits the records at the same rate), as a share of that thread's work
+just before with the sink idle: the GIL and the CPU the sink's threads take from the loop.
+
+The last table states each piece of the shadow side once, from the figures above: the
+candidate request and the replay request (whole, raw pools), the record building (trace,
+``build_record``, privacy) and the sink hand-off (``KafkaSink.submit`` on the request path, and
+the sink's whole per-record cost with each client).
 """
 
 from __future__ import annotations
@@ -41,6 +61,8 @@ from typing import Any
 import orjson
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+BEFORE = "kafka-python, before"
+"""The Kafka sink as it was: kafka-python, its thread woken at every record and acknowledgement."""
 WHOLE = {
     "candidate, raw": "candidate, raw pool (mirror/shadow_client.py, now)",
     "candidate, aiohttp": "candidate, aiohttp session (before)",
@@ -139,6 +161,21 @@ def _body(i: int) -> dict[str, Any]:
     }
 
 
+def _approx_before(value: Any, depth: int = 0) -> int:
+    """``storage.bounds._approx`` as it was (generators, ``isinstance(v, list | tuple)``)."""
+    if isinstance(value, str):
+        return len(value) + 2
+    if isinstance(value, dict):
+        if depth > 8:
+            return 64 * len(value)
+        return 2 + sum(len(str(k)) + 4 + _approx_before(v, depth + 1) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        if depth > 8:
+            return 16 * len(value)
+        return 2 + sum(_approx_before(v, depth + 1) + 1 for v in value)
+    return 16
+
+
 def _per_call(fn: Callable[[], Any], n: int) -> float:
     """CPU seconds per call of ``fn``, the best of 5 rounds of ``n`` calls."""
     best = float("inf")
@@ -224,12 +261,124 @@ def _kafka_send_cost(records: list[Any], n: int) -> float | None:
         delete_topics(bootstrap, [topic])
 
 
+def _waking_sink() -> Any:
+    """The Kafka sink as it was before its thread ran in rounds: woken at every record handed
+    in and every acknowledgement (kafka-python only: the confluent producer came after)."""
+    from mirror.kafka_sink import KafkaSink
+
+    class WakingSink(KafkaSink):
+        def submit(self, record: Any) -> bool:
+            with self._cond:
+                if not self._queue:
+                    self._cond.notify_all()
+            return super().submit(record)
+
+        def _report(self, outcome: Any) -> None:
+            super()._report(outcome)
+            with self._cond:
+                self._cond.notify_all()
+
+    return WakingSink
+
+
+def _paced(fn: Callable[[], Any], rate: float, total: int) -> float:
+    """Call ``fn`` ``total`` times at ``rate`` a second (in 10 ms ticks); the CPU seconds spent."""
+    tick = 0.01
+    start = time.process_time()
+    t_next, done, owed = time.monotonic(), 0, 0.0
+    while done < total:
+        owed += rate * tick
+        while owed >= 1 and done < total:
+            fn()
+            done += 1
+            owed -= 1
+        t_next += tick
+        time.sleep(max(0.0, t_next - time.monotonic()))
+    return time.process_time() - start
+
+
+def _busy(fn: Callable[[], Any], rate: float, seconds: float) -> float:
+    """A stand-in for a busy event loop: pure-Python work in this thread for ``seconds``,
+    calling ``fn`` ``rate`` times a second on the way; the work done a second (what threads
+    taking the GIL beside it leave it)."""
+    end = time.monotonic() + seconds
+    due, done = time.monotonic(), 0
+    while (now := time.monotonic()) < end:
+        x = 0
+        for i in range(200):
+            x += i
+        done += 1
+        while now >= due:
+            fn()
+            due += 1 / rate
+    return done / seconds
+
+
+def _sink_cost(
+    client: str, bootstrap: str, record: Any, rate: float, seconds: float
+) -> tuple[float, int, float]:
+    """CPU seconds per record of a real Kafka sink on ``client`` fed ``rate`` records a second
+    for ``seconds`` (submit to acknowledgement, every thread of this process), and the records
+    Kafka acknowledged, and the work a busy thread beside it does (:func:`_busy`), as a share of
+    what it does with the sink idle, measured just before.
+    ``client`` ``kafka-python, before``: the sink woken per record."""
+    from mirror.kafka_sink import KafkaSink, KafkaSinkConfig
+    from shadow_ab.topics import TopicSpec, delete_topics, ensure_topics
+
+    run = f"bench-shadow-sink-{uuid.uuid4().hex[:8]}"
+    topics = (f"{run}.exchanges", f"{run}.health")
+    ensure_topics(bootstrap, [TopicSpec(topics[0], 6), TopicSpec(topics[1], 1)])
+    spool = tempfile.mkdtemp(prefix="shadow-cost-sink-")
+    try:
+        config = KafkaSinkConfig(
+            bootstrap=bootstrap,
+            topic_exchanges=topics[0],
+            topic_health=topics[1],
+            spool_dir=Path(spool),
+            kafka_client=client.split(",")[0],
+        )
+        sink = (_waking_sink() if client.endswith("before") else KafkaSink)(config)
+        for _ in range(50):  # connections, metadata
+            sink.submit(record)
+        if not sink.flush(30):
+            raise SystemExit(f"the {client} sink did not deliver to Kafka at {bootstrap}")
+        sent0 = sink.stats().sent
+        total = int(rate * seconds)
+        pacing = _paced(lambda: None, rate, total)  # the pacing loop's own CPU, taken off
+        start = time.process_time()
+        _paced(lambda: sink.submit(record), rate, total)
+        ok = sink.flush(60)
+        spent = time.process_time() - start - pacing
+        sent = sink.stats().sent - sent0
+        alone = _busy(lambda: None, rate, seconds)  # just before, for the drift in the load
+        busy = _busy(lambda: sink.submit(record), rate, seconds) / alone
+        sink.close(10)
+        if not ok or sent < total:
+            raise SystemExit(f"the {client} sink acknowledged {sent} of {total} records")
+        return spent / total, sent, busy
+    finally:
+        delete_topics(bootstrap, list(topics))
+        shutil.rmtree(spool, ignore_errors=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--requests", type=int, default=400)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--sink-rate", type=float, default=300.0, help="records/s to the sink")
+    parser.add_argument("--sink-seconds", type=float, default=4.0)
+    parser.add_argument(
+        "--sink-before",
+        action="store_true",
+        help="also the sink as it was: kafka-python, its thread woken at every record",
+    )
+    parser.add_argument(
+        "--kafka-clients",
+        default="confluent,kafka-python",
+        help="the Kafka sink's client libraries to measure (needs SHADOW_AB_KAFKA_BOOTSTRAP)",
+    )
     args = parser.parse_args()
 
     from mirror.app import Mirror
@@ -239,6 +388,7 @@ def main() -> None:
     from mirror.rewrite import candidate_request, stored_request
     from mirror.trace import stream_trace
     from shadow_ab.records import Endpoint, Role, Status
+    from storage.bounds import _approx
 
     ctx = mp.get_context("spawn")
     ports = [_free_port(), _free_port()]  # incumbent, candidate
@@ -351,6 +501,14 @@ def main() -> None:
             ("privacy (capture full)", _per_call(lambda: mirror.privacy.apply(rec, "full"), n)),
             ("sink hand-off (KafkaSink.submit: size estimate, queue)", _per_call(submit, n)),
             (
+                "size estimate of the stored request, before (generators)",
+                _per_call(lambda: _approx_before(rec.request), n),
+            ),
+            (
+                "size estimate of the stored request, now (storage.bounds._approx)",
+                _per_call(lambda: _approx(rec.request), n),
+            ),
+            (
                 "sink thread: encode, before (pydantic model_dump + orjson)",
                 _per_call(rec.to_json_slow, n),
             ),
@@ -368,6 +526,19 @@ def main() -> None:
         send = _kafka_send_cost([rec] * 50, n)
         if send is not None:
             parts.append(("sink thread: kafka-python send + its I/O thread (acks=all)", send))
+        bootstrap = os.environ.get("SHADOW_AB_KAFKA_BOOTSTRAP")
+        clients = [c for c in args.kafka_clients.split(",") if c] if bootstrap else []
+        if args.sink_before and "kafka-python" in clients:
+            clients.append(BEFORE)
+        sink_rounds: dict[str, list[float]] = {c: [] for c in clients}
+        loop_rounds: dict[str, list[float]] = {c: [] for c in clients}
+        for _ in range(args.rounds if clients else 0):
+            for client in clients:  # alternated, so drift in the load hits both
+                cost, _sent, busy = _sink_cost(
+                    client, bootstrap or "", rec, args.sink_rate, args.sink_seconds
+                )
+                sink_rounds[client].append(cost)
+                loop_rounds[client].append(busy)
 
         print(
             f"{args.requests} shadow requests per role, {args.concurrency} at a time, streamed chat"
@@ -390,8 +561,64 @@ def main() -> None:
         print("|---|---:|---:|")
         for name, sec in parts:
             print(f"| {name} | {sec * 1e6:,.1f} | {sec / cand_s:.1%} |")
-        slow, fast = parts[6][1], parts[7][1]
+        part = dict(parts)
+        slow = part["sink thread: encode, before (pydantic model_dump + orjson)"]
+        fast = part["sink thread: encode, now (to_json: orjson from the fields)"]
         print(f"| encode: before / now | {slow / fast:.1f}x | |")
+        slow = part["size estimate of the stored request, before (generators)"]
+        fast = part["size estimate of the stored request, now (storage.bounds._approx)"]
+        print(f"| size estimate: before / now | {slow / fast:.1f}x | |")
+
+        building = sum(
+            part[k]
+            for k in part
+            if k.startswith(("trace of", "build the record", "privacy", "stored request"))
+        )
+        handoff = part["sink hand-off (KafkaSink.submit: size estimate, queue)"]
+        pieces: list[tuple[str, float, str]] = [
+            ("candidate request (whole, raw pool)", whole_s["candidate, raw"], ""),
+            ("replay request (whole, raw pool)", whole_s["replay, raw"], ""),
+            (
+                "record building (stored request, trace, build_record, privacy)",
+                building,
+                "inside each request above",
+            ),
+            ("sink hand-off on the request path (KafkaSink.submit)", handoff, "inside each"),
+        ]
+        for client, costs in sink_rounds.items():
+            pieces.append(
+                (
+                    f"Kafka sink, whole, per record: {client}",
+                    statistics.median(costs),
+                    "rounds " + ", ".join(f"{c * 1e6:,.0f}" for c in costs),
+                )
+            )
+        print()
+        if clients:
+            print(
+                f"Kafka sink at {args.sink_rate:g} records/s for {args.sink_seconds:g} s per"
+                f" round (submit, sink thread, client I/O threads; acks=all, linger_ms 100)."
+            )
+            print()
+        else:
+            print("(Kafka sink whole: set SHADOW_AB_KAFKA_BOOTSTRAP to measure it per client)")
+            print()
+        print("| shadow-side piece | CPU us/request | note |")
+        print("|---|---:|---|")
+        for name, sec, note in pieces:
+            print(f"| {name} | {sec * 1e6:,.1f} | {note} |")
+        medians = {c: statistics.median(v) for c, v in sink_rounds.items() if v}
+        for client, shares in loop_rounds.items():
+            if shares:
+                rounds = ", ".join(f"{x:.2f}" for x in shares)
+                print(
+                    f"| a busy Python thread's work beside the sink, {client} (1.00: sink idle)"
+                    f" | {statistics.median(shares):.2f}x | rounds {rounds} |"
+                )
+        pairs = (("confluent", "kafka-python"), ("kafka-python", BEFORE), ("confluent", BEFORE))
+        for now, old in pairs:
+            if now in medians and old in medians:
+                print(f"| Kafka sink: {now} / {old} | {medians[now] / medians[old]:.2f}x | |")
     finally:
         for engine in engines:
             engine.terminate()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import logging
 import random
 from typing import Any
@@ -27,6 +26,7 @@ from ingester.steps import (
     ThreadRunner,
     WriteBatch,
 )
+from shadow_ab.gc_tuning import tune_for_serving
 
 log = logging.getLogger(__name__)
 
@@ -45,10 +45,7 @@ def tune_gc() -> None:
     Objects alive now (modules, clients) are frozen out of collection; young collections run
     every :data:`GC_THRESHOLD_GEN0` allocations. Cycles are still collected.
     """
-    gc.collect()
-    gc.freeze()
-    _, gen1, gen2 = gc.get_threshold()
-    gc.set_threshold(GC_THRESHOLD_GEN0, gen1, gen2)
+    tune_for_serving(GC_THRESHOLD_GEN0)
 
 
 def build_processor(

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import logging
 import time
 import uuid
@@ -80,6 +79,7 @@ from mirror.shadow import Shadows
 from mirror.sinks import sink_alive
 from mirror.sse import UsageHider
 from mirror.trace import Outcome, StreamTrace, parse_body, stream_trace
+from shadow_ab.gc_tuning import tune_for_serving
 from shadow_ab.privacy import redact_url, redact_urls
 from shadow_ab.records import Endpoint, ExchangeRecord, Role, Status, utcnow
 
@@ -203,9 +203,7 @@ def _tune_gc() -> None:
     """Move everything alive after start-up (modules, settings, pydantic and SQLAlchemy
     machinery) out of the collector's sight, and collect less often: the collector was ~6% of
     the mirror's CPU under load (py-spy --native)."""
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(*GC_THRESHOLD)
+    tune_for_serving(*GC_THRESHOLD)
 
 
 def _path_qs(scope: Scope, path: str) -> str:

@@ -2,12 +2,14 @@
 
 :meth:`KafkaSink.submit` (called on the mirror's request path) only appends the record to a
 bounded in-memory queue -- when the queue is full the record is dropped and counted. One
-background thread does the rest:
+background thread does the rest, in rounds every ``poll_s`` (it is not woken per record):
 
 - **direct**: while Kafka answers and the spool is empty, each record is encoded
   (``record.to_json()``; key = ``pair_id`` for exchanges, ``engine`` for health samples) and
-  handed to a kafka-python ``KafkaProducer`` (acks=all, idempotent, ``linger_ms`` batching,
-  ``max_block_ms`` small). Send futures are resolved with callbacks, which only queue the
+  handed to the producer of ``kafka_client`` (acks=all, idempotent, ``linger_ms`` batching):
+  ``confluent`` (:mod:`mirror.kafka_confluent`: librdkafka, its I/O in C threads, outside the
+  GIL) or ``kafka-python`` (``KafkaProducer``, ``max_block_ms`` small; its I/O thread is Python).
+  Send futures are resolved with callbacks, which only queue the
   outcome for the thread; at most ``max_in_flight`` records are unacknowledged at once.
 - **spooling**: when a send fails (the broker is unreachable, a delivery timed out, the producer
   cannot even be built), Kafka is marked away and every record -- the failed ones and all new
@@ -58,7 +60,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -83,13 +85,20 @@ TOO_LARGE = "too_large"
 LEDGER_FILE = "ledger"
 SINK_ERROR = "sink_error"
 MAX_STEP_FAILURES = 100
+ROUND_RECORDS = 1000
+"""Records the sink's thread takes from the queue in one round. The thread runs a round every
+``poll_s`` (50 ms), not at each record or acknowledgement: waking it per record cost the
+process ~0.1-0.2 ms of CPU per record in thread switches and GIL hand-offs (bench/shadow_cost.py);
+a queue reaching this many records wakes it at once."""
 """Rounds in a row the sink's thread may fail before it gives up (and liveness fails)."""
 RECORD_OVERHEAD_BYTES = 128
 """What Kafka adds to a record's key and value (batch and record headers), rounded up: a record
 whose key and value exceed ``max_request_size`` minus this is dropped before it is sent."""
 _TOO_LARGE_ERRORS = frozenset({"MessageSizeTooLargeError", "RecordListTooLargeError"})
-"""kafka-python's errors for one record too large for the producer or the topic (the producer
-splits a batch the broker finds too large, so these name one record, never an outage)."""
+"""The errors for one record too large for the producer or the topic, never an outage:
+kafka-python's (the producer splits a batch the broker finds too large, so these name one
+record), and :mod:`mirror.kafka_confluent`'s ``MessageSizeTooLargeError`` (the refused batch's
+record larger than the rest of it together)."""
 DROP_LOG_INTERVAL_S = 10.0
 
 _FRAME = struct.Struct("<HH")
@@ -146,6 +155,13 @@ class KafkaSinkConfig(BaseModel):
     reconnect_backoff_max_ms: int = Field(default=1_000, ge=50)
     retry_backoff_s: float = Field(default=1.0, gt=0, description="first wait to retry Kafka")
     retry_backoff_max_s: float = Field(default=10.0, gt=0, description="longest wait")
+    kafka_client: Literal["confluent", "kafka-python"] = Field(
+        default="confluent",
+        description="the producer's client library: confluent (confluent-kafka, librdkafka: its"
+        " network I/O in C threads, outside the GIL; ~0.5x kafka-python's CPU per record,"
+        " bench/shadow_cost.py) or kafka-python (pure Python, its I/O thread competes with the"
+        " event loop for the GIL); same guarantees, mirror/README.md",
+    )
 
     @model_validator(mode="after")
     def _timeouts(self) -> KafkaSinkConfig:
@@ -202,14 +218,16 @@ def any_reachable(bootstrap: str, timeout_s: float) -> bool:
 
 class SendFuture(Protocol):
     """A send's outcome, as kafka-python's ``FutureRecordMetadata``: callbacks run on the
-    producer's I/O thread."""
+    producer's I/O thread, or in the producer's ``poll`` when it has one."""
 
     def add_callback(self, fn: Callable[[Any], Any]) -> Any: ...
     def add_errback(self, fn: Callable[[Exception], Any]) -> Any: ...
 
 
 class Producer(Protocol):
-    """What the sink uses of kafka-python's ``KafkaProducer`` (tests hand in fakes)."""
+    """What the sink uses of kafka-python's ``KafkaProducer`` (tests hand in fakes). A producer
+    with a ``poll(timeout)`` method (:class:`mirror.kafka_confluent.ConfluentProducer`) has its
+    delivery reports served by the sink's thread calling it at each round."""
 
     def send(self, topic: str, *, key: bytes | None, value: bytes) -> SendFuture: ...
     def partitions_for(self, topic: str) -> set[int] | None: ...
@@ -255,6 +273,15 @@ def make_producer(config: KafkaSinkConfig) -> Producer:
                     log.warning("no metadata for Kafka topic %s yet (does it exist?)", topic)
                     break
     return producer
+
+
+def producer_for(config: KafkaSinkConfig) -> Producer:
+    """The producer of ``config.kafka_client`` (raises when Kafka is unreachable)."""
+    if config.kafka_client == "confluent":
+        from mirror.kafka_confluent import make_confluent_producer
+
+        return make_confluent_producer(config)
+    return make_producer(config)
 
 
 def fetch_topic_limit(config: KafkaSinkConfig) -> int | None:
@@ -310,8 +337,10 @@ STUCK_GRACE_S = 5.0
 class KafkaSink:
     """Records to Kafka from a background thread, through an on-disk spool while Kafka is away.
 
-    ``producer_factory`` builds the kafka-python producer (default :func:`make_producer`); it is
-    called on the sink's thread, again after a failure to build one.
+    ``producer_factory`` builds the producer (default :func:`producer_for`: the client of
+    ``config.kafka_client``); it is called on the sink's thread, again after a failure to build
+    one or after a producer was abandoned, with ``max_request_size`` lowered to the topics'
+    limit once the sink knows it.
     """
 
     label = SINK
@@ -320,15 +349,16 @@ class KafkaSink:
         self,
         config: KafkaSinkConfig,
         *,
-        producer_factory: Callable[[KafkaSinkConfig], Producer] = make_producer,
+        producer_factory: Callable[[KafkaSinkConfig], Producer] | None = None,
         topic_limit: Callable[[KafkaSinkConfig], int | None] | None = None,
         clock: Callable[[], float] = time.monotonic,
         poll_s: float = 0.05,
     ) -> None:
         self.config = config
-        self._factory = producer_factory
+        real = producer_factory is None or producer_factory is make_producer
+        self._factory = producer_for if producer_factory is None else producer_factory
         if topic_limit is None:
-            topic_limit = fetch_topic_limit if producer_factory is make_producer else _no_limit
+            topic_limit = fetch_topic_limit if real else _no_limit
         self._topic_limit = topic_limit
         self._limit = config.max_request_size
         """Largest record sent: max_request_size, or the topics' max.message.bytes if lower."""
@@ -405,10 +435,10 @@ class KafkaSink:
             ):
                 self._drop(QUEUE_FULL)
                 return False
-            if not self._queue:
-                self._cond.notify_all()  # the sink's thread (a flush() may be waiting too)
             self._queue.append((record, size))
             self._queue_bytes += size
+            if len(self._queue) == ROUND_RECORDS:  # a burst: no need to wait for the round
+                self._cond.notify_all()
             if self._ledger is not None:
                 self._ledger.accept()
             self._stats.submitted += 1
@@ -496,8 +526,7 @@ class KafkaSink:
     def _report(self, outcome: _Outcome) -> None:
         """Called by the producer's I/O thread: hand the outcome to the sink's thread."""
         with self._cond:
-            self._outcomes.append(outcome)
-            self._cond.notify_all()
+            self._outcomes.append(outcome)  # handled at the thread's next round (poll_s)
 
     # -- the thread ---------------------------------------------------------------------------
 
@@ -509,7 +538,11 @@ class KafkaSink:
                 with self._cond:
                     if not (self._queue or self._outcomes or self._closing):
                         self._cond.wait(self._poll_s)
-                    taken = [self._queue.popleft() for _ in range(min(len(self._queue), 1000))]
+                self._poll_producer()
+                with self._cond:
+                    taken = [
+                        self._queue.popleft() for _ in range(min(len(self._queue), ROUND_RECORDS))
+                    ]
                     self._queue_bytes -= sum(size for _rec, size in taken)
                     records = [rec for rec, _size in taken]
                     outcomes = list(self._outcomes)
@@ -548,6 +581,16 @@ class KafkaSink:
         self._drain()
         self._log_drops()
 
+    def _poll_producer(self) -> None:
+        """Serve the producer's delivery reports, if it is one that needs it (confluent)."""
+        poll = getattr(self._producer, "poll", None)
+        if poll is not None:
+            try:
+                poll(0)
+            except Exception:  # a delivery report's bug: the round goes on
+                self._error("poll_error")
+                log.exception("serving the Kafka producer's delivery reports failed")
+
     def alive(self) -> bool:
         """False when the sink's thread died (records would pile up unsent): liveness."""
         return not self._crashed and (self._thread.is_alive() or self._closing)
@@ -555,8 +598,11 @@ class KafkaSink:
     def _ensure_producer(self) -> bool:
         if self._producer is not None:
             return True
+        config = self.config
+        if self._limit < config.max_request_size:  # batches must fit the topics' limit too
+            config = config.model_copy(update={"max_request_size": self._limit})
         try:
-            self._producer = self._factory(self.config)
+            self._producer = self._factory(config)
         except Exception as exc:
             self._error("connect_failed")
             self._mark_down(f"cannot connect to Kafka at {self.config.bootstrap}: {exc}")
@@ -686,6 +732,8 @@ class KafkaSink:
                     self.spool.ack(entry_id)
                 return DROPPED
             self._mark_down(f"send failed: {exc}", probe=origin == "spool")
+            if getattr(self._producer, "fatal", None):  # unusable for good: build a new one
+                self._abandon_producer()
             return REFUSED
         if origin == "spool":
             self._spool_sent[entry_id] = self._clock()
@@ -841,6 +889,7 @@ class KafkaSink:
         """Everything queued is routed: while Kafka answers, wait for its acknowledgements and
         drain the spool, until the deadline; then close the producer and the spool."""
         while time.monotonic() < self._deadline:
+            self._poll_producer()
             with self._cond:
                 outcomes = list(self._outcomes)
                 self._outcomes.clear()

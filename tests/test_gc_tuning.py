@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from shadow_ab.gc_tuning import WORK_THRESHOLDS, fewer_collections
+from shadow_ab.gc_tuning import WORK_THRESHOLDS, fewer_collections, tune_for_serving
 
 
 @pytest.fixture(autouse=True)
@@ -74,3 +74,12 @@ def test_a_serving_process_frozen_objects_stay_frozen() -> None:
     with fewer_collections():
         pass
     assert gc.get_freeze_count() > 0  # unfreezing would have left none
+
+
+def test_tune_for_serving_freezes_and_sets_the_thresholds_it_is_given() -> None:
+    gc.set_threshold(700, 11, 12)
+    tune_for_serving(10_000)
+    assert gc.get_threshold() == (10_000, 11, 12)  # the others kept
+    assert gc.get_freeze_count() > 0
+    tune_for_serving(20_000, 30, 40)
+    assert gc.get_threshold() == (20_000, 30, 40)

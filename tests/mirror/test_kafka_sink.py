@@ -21,7 +21,7 @@ from mirror.kafka_sink import (
     decode_frame,
     encode_frame,
     fetch_topic_limit,
-    make_producer,
+    producer_for,
 )
 from mirror.spool import Spool
 from shadow_ab.dev.processes import free_port
@@ -47,6 +47,13 @@ def topics(kafka_bootstrap: str) -> Iterator[Topics]:
     ensure_topics(kafka_bootstrap, [TopicSpec(t.exchanges, 3), TopicSpec(t.health, 1)])
     yield t
     delete_topics(kafka_bootstrap, [t.exchanges, t.health])
+
+
+@pytest.fixture(params=["confluent", "kafka-python"])
+def client(request: pytest.FixtureRequest) -> str:
+    """The Kafka client library of the sink's producer: every test against the broker runs
+    with both (``kafka.kafka_client``)."""
+    return str(request.param)
 
 
 def config(bootstrap: str, topics: Topics, spool_dir: Path, **extra: Any) -> KafkaSinkConfig:
@@ -114,9 +121,9 @@ def test_unusable_spool_folder_fails_at_start(tmp_path: Path) -> None:
 
 
 def test_records_reach_their_topics_with_their_keys(
-    kafka_bootstrap: str, topics: Topics, tmp_path: Path
+    client: str, kafka_bootstrap: str, topics: Topics, tmp_path: Path
 ) -> None:
-    sink = KafkaSink(config(kafka_bootstrap, topics, tmp_path / "spool"))
+    sink = KafkaSink(config(kafka_bootstrap, topics, tmp_path / "spool", kafka_client=client))
     records = [numbered_exchange(DEP, i) for i in range(200)]
     samples = [numbered_health(DEP, i, "candidate") for i in range(5)]
     for r in records:
@@ -138,10 +145,10 @@ def test_records_reach_their_topics_with_their_keys(
 
 
 def test_unreachable_broker_spools_then_next_process_drains(
-    kafka_bootstrap: str, topics: Topics, tmp_path: Path
+    client: str, kafka_bootstrap: str, topics: Topics, tmp_path: Path
 ) -> None:
     spool_dir = tmp_path / "spool"
-    away = KafkaSink(config(closed_port(), topics, spool_dir))
+    away = KafkaSink(config(closed_port(), topics, spool_dir, kafka_client=client))
     records = [numbered_exchange(DEP, i) for i in range(300)]
     assert all(away.submit(r) for r in records)
     assert not away.flush(30.0)  # nothing can be acknowledged: returns once all is spooled
@@ -151,7 +158,7 @@ def test_unreachable_broker_spools_then_next_process_drains(
 
     # A new mirror process on the same spool folder, Kafka reachable: everything goes out,
     # spooled records first.
-    back = KafkaSink(config(kafka_bootstrap, topics, spool_dir))
+    back = KafkaSink(config(kafka_bootstrap, topics, spool_dir, kafka_client=client))
     later = [numbered_exchange(DEP, i) for i in range(300, 350)]
     for r in later:
         back.submit(r)
@@ -215,11 +222,28 @@ def test_full_spool_drops_counts_and_close_reports_it(tmp_path: Path) -> None:
         assert left.size_bytes <= 4096
 
 
-def test_make_producer_is_idempotent_acks_all(kafka_bootstrap: str, topics: Topics) -> None:
-    producer = make_producer(KafkaSinkConfig(bootstrap=kafka_bootstrap, spool_dir=Path("unused")))
+def test_the_producer_is_idempotent_acks_all(
+    client: str, kafka_bootstrap: str, topics: Topics
+) -> None:
+    cfg = KafkaSinkConfig(
+        bootstrap=kafka_bootstrap,
+        spool_dir=Path("unused"),
+        topic_exchanges=topics.exchanges,
+        topic_health=topics.health,
+        kafka_client=client,
+    )
+    producer: Any = producer_for(cfg)
     try:
-        assert producer.config["acks"] in (-1, "all")
-        assert producer.config["enable_idempotence"] is True
+        if client == "confluent":
+            assert type(producer).__name__ == "ConfluentProducer"
+            assert producer.config["acks"] == "all"
+            assert producer.config["enable.idempotence"] is True
+            assert producer.config["message.timeout.ms"] == cfg.delivery_timeout_ms
+        else:
+            assert type(producer).__name__ == "KafkaProducer"
+            assert producer.config["acks"] in (-1, "all")
+            assert producer.config["enable_idempotence"] is True
+        assert producer.partitions_for(topics.exchanges) == {0, 1, 2}
     finally:
         producer.close(timeout=5)
 
@@ -269,6 +293,7 @@ def _limit_after_start() -> Any:
     ],
 )
 def test_a_record_too_large_for_kafka_fails_alone(
+    client: str,
     kafka_bootstrap: str,
     small_topics: Topics,
     tmp_path: Path,
@@ -278,7 +303,11 @@ def test_a_record_too_large_for_kafka_fails_alone(
     """Issue 14, finding 1: one record over the topic's limit was taken for an outage, sat at
     the spool's head for ever with every later record behind it, and close() said True."""
     cfg = config(
-        kafka_bootstrap, small_topics, tmp_path / "spool", max_request_size=max_request_size
+        kafka_bootstrap,
+        small_topics,
+        tmp_path / "spool",
+        max_request_size=max_request_size,
+        kafka_client=client,
     )
     sink = KafkaSink(cfg, topic_limit=topic_limit() if topic_limit else None)
     before = [numbered_exchange(DEP, i) for i in range(20)]
@@ -296,7 +325,7 @@ def test_a_record_too_large_for_kafka_fails_alone(
 
 
 def test_a_too_large_record_at_the_spools_head_is_dropped_and_the_rest_drains(
-    kafka_bootstrap: str, small_topics: Topics, tmp_path: Path
+    client: str, kafka_bootstrap: str, small_topics: Topics, tmp_path: Path
 ) -> None:
     """A spool left by a process whose records were too large (or spooled while Kafka was away
     before the limit was set) does not stay stuck: a restart drains it."""
@@ -306,7 +335,13 @@ def test_a_too_large_record_at_the_spools_head_is_dropped_and_the_rest_drains(
         for r in [_big(100), *records[:15], _big(101), *records[15:]]:
             spool.append(encode_frame(small_topics.exchanges, str(r.pair_id).encode(), r.to_json()))
     sink = KafkaSink(
-        config(kafka_bootstrap, small_topics, spool_dir, max_request_size=SMALL_TOPIC_BYTES)
+        config(
+            kafka_bootstrap,
+            small_topics,
+            spool_dir,
+            max_request_size=SMALL_TOPIC_BYTES,
+            kafka_client=client,
+        )
     )
     assert sink.flush(60)
     assert not sink.close(10)  # two records were dropped: close() says so
@@ -350,3 +385,21 @@ def test_close_is_false_when_records_are_stuck_in_the_spool_while_kafka_answers(
     assert not sink.close(1.0)
     with Spool(tmp_path / "spool", max_bytes=10**9, publish_metrics=False) as left:
         assert len(left) == 5  # spooled at close: not lost, but not reported as delivered
+
+
+def test_the_client_library_is_a_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    from mirror.config import load_settings
+    from mirror.errors import MirrorConfigError
+
+    urls: dict[str, Any] = {
+        "incumbent": {"url": "http://127.0.0.1:1"},
+        "candidate": {"url": "http://127.0.0.1:2"},
+    }
+    settings = load_settings(None, **urls, kafka={"bootstrap": "h:1"})
+    assert settings.kafka is not None and settings.kafka.kafka_client == "confluent"
+    monkeypatch.setenv("SHADOW_AB_MIRROR_KAFKA__KAFKA_CLIENT", "kafka-python")
+    settings = load_settings(None, **urls, kafka={"bootstrap": "h:1"})
+    assert settings.kafka is not None and settings.kafka.kafka_client == "kafka-python"
+    monkeypatch.delenv("SHADOW_AB_MIRROR_KAFKA__KAFKA_CLIENT")
+    with pytest.raises(MirrorConfigError, match="'confluent' or 'kafka-python'"):
+        load_settings(None, **urls, kafka={"bootstrap": "h:1", "kafka_client": "librdkafka"})
