@@ -79,6 +79,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
 from ingester.app import build_processor, tune_gc
+from ingester.batch import Partition
 from ingester.clients import make_consumer, make_producer
 from ingester.decode import decode
 from ingester.settings import IngestSettings
@@ -224,6 +225,89 @@ def produce(bootstrap: str, topic: str, values: list[tuple[bytes, bytes]]) -> fl
     return elapsed
 
 
+class _Timeline:
+    """Where one worker's wall time goes (``--timeline``): its processor thread's time in the
+    consumer's poll (apart: polls while paused or holding messages the steps refused), in
+    waiting for a writer (``wait_for_writer``), and the rest of each step (decode, batching,
+    the commit step); its writes' time (the store write, the dead letters) and how long no
+    write was running at all. Installed by wrapping the objects' methods."""
+
+    def __init__(self, processor: Any, consumer: Any) -> None:
+        self.t0 = time.perf_counter()
+        self.secs: dict[str, float] = {}
+        self.writes: list[tuple[float, float]] = []
+        self.counts: dict[str, int] = {}
+        self.polls: list[tuple[float, int]] = []
+        self.processor = processor
+        self.inline = processor.steps.next_step.next_step.max_inflight == 1
+        write = processor.steps.next_step.next_step  # Decode -> Accumulate -> WriteBatch
+        commit = write.next_step
+        self._wrap(consumer, "poll", self._poll_label)
+        self._wrap(commit.consumer, "commit", lambda: "commit offsets (processor thread)")
+        self._wrap(processor, "step", lambda: "step (all)")
+        self._wrap(processor, "wait_for_writer", lambda: "wait for a writer")
+        self._wrap(write.sink, "write_exchanges", lambda: "store write (writer)", spans=True)
+        self._wrap(write.dead_letters, "send", lambda: "dead letters (writer)")
+
+    def reset(self) -> None:
+        self.t0 = time.perf_counter()
+        self.secs.clear()
+        self.counts.clear()
+        self.writes.clear()
+        self.polls.clear()
+
+    def _poll_label(self) -> str:
+        held = bool(self.processor.held)
+        return "poll, paused or holding" if held or self.processor.paused else "poll"
+
+    def _wrap(self, obj: Any, name: str, label: Callable[[], str], spans: bool = False) -> None:
+        fn = getattr(obj, name)
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            key = label()
+            t = time.perf_counter()
+            result: Any = ()
+            try:
+                result = fn(*args, **kwargs)
+                return result
+            finally:
+                end = time.perf_counter()
+                self.secs[key] = self.secs.get(key, 0.0) + end - t
+                self.counts[key] = self.counts.get(key, 0) + 1
+                if spans:
+                    self.writes.append((t, end))
+                if name == "poll":
+                    self.polls.append((end - t, len(result)))
+
+        setattr(obj, name, timed)
+
+    def summary(self, index: int) -> str:
+        wall = time.perf_counter() - self.t0
+        busy, last = 0.0, self.t0  # the union of the writes' spans within the window
+        for start, end in sorted(self.writes):
+            if end > last:
+                busy += end - max(start, last)
+                last = end
+        secs = dict(self.secs)
+        step = secs.pop("step (all)", 0.0)
+        inside = sum(v for k, v in secs.items() if self.inline or "writer" not in k)
+        lines = [f"worker {index}: {wall:.2f}s wall, measured window and the shutdown's start"]
+        lines.append(f"  processor thread in step(): {step:.2f}s; outside: {wall - step:.2f}s")
+        for key, value in sorted(secs.items()):
+            lines.append(f"  {key}: {value:.2f}s in {self.counts[key]} calls")
+        lines.append(f"  the rest of step() (decode, batching): {step - inside:.2f}s")
+        slow = [(s, m) for s, m in self.polls if s > 0.02]
+        lines.append(
+            f"  polls over 20 ms: {len(slow)}, {sum(s for s, _ in slow):.2f}s, messages"
+            f" {[m for _, m in slow]}"
+        )
+        lines.append(
+            f"  writes: {len(self.writes)}, at least one running {busy:.2f}s,"
+            f" none running {wall - busy:.2f}s"
+        )
+        return "\n".join(lines)
+
+
 def _worker(
     settings: IngestSettings,
     index: int,
@@ -233,22 +317,58 @@ def _worker(
     stop: Any,
     gc_tuning: bool,
     profile: bool,
+    timeline: bool = False,
+    backpressure: str = "wait",
+    dry: Any = None,
+    measuring: Any = None,
 ) -> None:
     """One ingester process, as `shadow-ab ingest` runs it: consume until ``stop`` is set.
-    Publishes its committed offsets (per partition of the exchanges topic) and how many
-    partitions of that topic it has now (``assigned[index]``)."""
+    Publishes its committed offsets (per partition of the exchanges topic), how many
+    partitions of that topic it has now (``assigned[index]``) and when it first found its
+    partitions read to their ends (``dry[index]``)."""
     engine = make_engine(settings.database_url)
     consumer = make_consumer(settings)
+    if dry is not None:
+        poll = consumer.poll
+
+        taken: dict[Any, int] = {}  # partition -> the next offset to take
+
+        def watched(timeout_ms: int, max_records: int | None = None) -> Any:
+            got = poll(timeout_ms, max_records)
+            for m in got:
+                taken[Partition(m.topic, m.partition)] = m.offset + 1
+            if max_records is not None and not got and not dry[index] and measuring.is_set():
+                mine = [
+                    tp
+                    for tp in consumer.assignment()
+                    if tp.topic == settings.ingest_topic_exchanges
+                ]
+                highs = [consumer.highwater(tp) for tp in mine]
+                if mine and all(
+                    h is not None and taken.get(tp, 0) >= h
+                    for tp, h in zip(mine, highs, strict=True)
+                ):  # every partition read to its end (an empty poll alone may be a slow fetch)
+                    dry[index] = time.perf_counter()  # CLOCK_MONOTONIC: every process's
+            return got
+
+        consumer.poll = watched  # type: ignore[method-assign]
     producer = make_producer(settings)
     processor = build_processor(settings, consumer, producer, engine)
+    if backpressure == "pause":  # as before: pause the partitions as soon as the steps push back
+        processor.wait_for_writer = lambda: False  # type: ignore[method-assign]
     if gc_tuning:
         tune_gc()
     profiler = cProfile.Profile() if profile else None
+    clock = _Timeline(processor, consumer) if timeline else None
+    started = False
     try:
         processor.subscribe()
         if profiler:
             profiler.enable()
         while not stop.is_set():
+            if clock and not started and measuring.is_set():
+                clock.reset()  # the measured window only: every worker holds partitions
+                started = True
             processor.step()
             assigned[index] = sum(
                 1 for tp in consumer.assignment() if tp.topic == settings.ingest_topic_exchanges
@@ -258,6 +378,8 @@ def _worker(
                     committed[tp.partition] = max(committed[tp.partition], off)
         if profiler:
             profiler.disable()
+        if clock:
+            print(clock.summary(index), flush=True)
         assert processor.shutdown(30)
     finally:
         consumer.close()
@@ -332,6 +454,8 @@ def _load() -> float:
 LAST_CPU: dict[str, float] = {}
 """CPU seconds per record of the last measured run, by process group (see _cpu_by_process)."""
 LAST_LOAD: list[float] = []
+LAST_TO_END: list[float] = []
+"""Records committed from the start to the last one, and the seconds that took."""
 """The 1-minute load averages sampled during the last measured run."""
 
 
@@ -341,20 +465,41 @@ def ingest_once(
     workers: int,
     gc_tuning: bool = True,
     profile: bool = False,
+    timeline: bool = False,
+    backpressure: str = "wait",
 ) -> tuple[float, int, float]:
     """Run ``workers`` ingester processes in one consumer group until all ``n`` records are
     committed. Returns (startup seconds, records measured, seconds): the measurement starts
-    once every worker holds partitions (the group is stable: no more rebalances) and counts
-    the records committed from then on."""
+    once every worker holds partitions (the group is stable: no more rebalances) and ends when
+    the first worker has read its partitions to their ends, counting the records
+    committed in between: the steady rate with every worker busy. Workers do not run out
+    together (the first to join reads all partitions alone until the others join), and the
+    last batch of each waits out the batch timeout, so the time to the last record (in
+    ``LAST_TO_END``) holds idle time that is the bench's, not the ingester's."""
     ctx = mp.get_context("spawn")
     committed = ctx.Array("q", PARTITIONS, lock=False)
     assigned = ctx.Array("q", workers, lock=False)
+    dry = ctx.Array("d", workers, lock=False)
     stop = ctx.Event()
+    measuring = ctx.Event()
     t0 = time.perf_counter()
     procs = [
         ctx.Process(
             target=_worker,
-            args=(settings, i, PARTITIONS, committed, assigned, stop, gc_tuning, profile),
+            args=(
+                settings,
+                i,
+                PARTITIONS,
+                committed,
+                assigned,
+                stop,
+                gc_tuning,
+                profile,
+                timeline,
+                backpressure,
+                dry,
+                measuring,
+            ),
             daemon=True,
         )
         for i in range(workers)
@@ -362,6 +507,7 @@ def ingest_once(
     for p in procs:
         p.start()
     start: tuple[float, int] | None = None
+    busy_end: tuple[float, int] | None = None
     watch = make_engine(settings.database_url)  # one connection, left out of "pg db"
     loads: list[float] = []
     next_load = 0.0
@@ -372,6 +518,7 @@ def ingest_once(
             done = sum(committed)
             if start is None and all(assigned) and sum(assigned) == PARTITIONS:
                 start = (time.perf_counter(), done)
+                measuring.set()
                 pids = {p.pid for p in procs if p.pid is not None}
                 # Backends that exist now; those the writers open later are added as found
                 # (their CPU before the start is theirs to count: they did not exist).
@@ -383,14 +530,22 @@ def ingest_once(
                 # A backend opened since the start used all its CPU within the window.
                 backends |= _backends(watch)
                 next_load = now + 1.0
+            if start is not None and busy_end is None and any(d > start[0] for d in dry):
+                # A worker ran out of records (its partitions are read): the others work on
+                # alone, so the steady rate of every worker busy ends here.
+                busy_end = (time.perf_counter(), done)
+                cpu_busy = _cpu_by_process(pids, backends)
+                loads.append(_load())
             if done >= n:
                 break
             time.sleep(0.002)
             if time.perf_counter() - t0 > 900 or not all(p.is_alive() for p in procs):
                 raise SystemExit(f"gave up: {done} of {n} committed")
         end = time.perf_counter()
-        cpu1 = _cpu_by_process(pids, backends)
-        loads.append(_load())
+        if busy_end is None:  # every worker ran dry at once (or no poll came back empty)
+            busy_end = (end, n)
+            cpu_busy = _cpu_by_process(pids, backends)
+            loads.append(_load())
     finally:
         stop.set()
         for p in procs:
@@ -403,10 +558,12 @@ def ingest_once(
     if rows != n:
         raise SystemExit(f"expected {n} rows, found {rows}")
     assert start is not None
+    busy = busy_end[1] - start[1]
     LAST_CPU.clear()
-    LAST_CPU.update({k: (cpu1[k] - cpu0[k]) / (n - start[1]) for k in cpu1})
+    LAST_CPU.update({k: (cpu_busy[k] - cpu0[k]) / max(busy, 1) for k in cpu_busy})
     LAST_LOAD[:] = loads
-    return start[0] - t0, n - start[1], end - start[0]
+    LAST_TO_END[:] = [n - start[1], end - start[0]]
+    return start[0] - t0, busy, busy_end[0] - start[0]
 
 
 # -- parts, each alone -------------------------------------------------------------------------
@@ -464,6 +621,87 @@ def time_consume_only(
     return elapsed, cpu
 
 
+def time_poll_with_pauses(
+    bootstrap: str, topic: str, n: int, client: str, pause: bool, work_s: float = 0.05
+) -> float:
+    """Seconds a record spent in the consumer's poll, polls of 1,000 with ``work_s`` of other
+    work (a sleep: the batch's decoding) between them, and with ``pause``: every partition
+    paused and resumed after each poll, as the ingester's back-pressure did while its writers
+    were busy (librdkafka drops the prefetched messages of a paused partition, and fetches
+    them again after the resume)."""
+    consumer = _fetch_consumer(client, bootstrap, topic, 8192)
+    got, polling = 0, 0.0
+    while got < n:
+        t = time.perf_counter()
+        got += len(consumer.poll(timeout_ms=500, max_records=1000))
+        polling += time.perf_counter() - t
+        if pause:
+            assigned = consumer.assignment() or {Partition(topic, p) for p in range(PARTITIONS)}
+            consumer.pause(*assigned)
+        time.sleep(work_s)
+        if pause:
+            consumer.resume(*consumer.paused())
+    consumer.close()
+    return polling / got
+
+
+def time_batching(row: Any, offer_every_message: bool, rounds: int = 7) -> float:
+    """Seconds a message costs Accumulate + WriteBatch (batches of 1,000, 2 in flight) while
+    the writer is full and a complete batch waits for it: the writes never finish (a runner
+    that only holds them), the store is a no-op. ``offer_every_message``: as before, every
+    message offers the waiting batch to the writer (a check, a gauge update and a raised
+    MessageRejected each). Best of ``rounds``."""
+    from concurrent.futures import Future
+
+    from ingester.backoff import Backoff
+    from ingester.batch import Decoded
+    from ingester.clock import SystemClock
+    from ingester.sink import StoreSink
+    from ingester.steps import Accumulate, CommitOffsets, WriteBatch
+
+    class Held:
+        def submit(self, fn: Any) -> Future[None]:
+            return Future()
+
+    class Message:
+        __slots__ = ("key", "offset", "partition", "topic", "value")
+
+        def __init__(self, offset: int) -> None:
+            self.topic, self.partition, self.offset, self.key, self.value = "t", 0, offset, b"", b""
+
+    class Before(WriteBatch):
+        """As before: every message offers the writer the waiting batch, and every check sets
+        the paused gauge."""
+
+        _paused_shown = property(lambda self: True, lambda self, value: None)  # type: ignore[assignment]
+
+        def has_room(self) -> bool:
+            return True
+
+    best = float("inf")
+    for _ in range(rounds):
+        clock = SystemClock()
+        sink = StoreSink(None, lambda e, r: len(r), lambda e, r: len(r))  # type: ignore[arg-type]
+        write = (Before if offer_every_message else WriteBatch)(
+            sink,
+            type("NoLetters", (), {"send": lambda self, letters: None})(),
+            CommitOffsets(None, clock=clock),  # type: ignore[arg-type]
+            clock,
+            Backoff(initial_s=1.0, cap_s=8.0, rng=random.Random(1)),
+            Held(),
+            2,
+        )
+        acc = Accumulate(write, clock, max_size=1000, max_wait_s=600)
+        items = [Decoded(Message(i), row) for i in range(3999)]
+        for item in items[:3000]:  # two batches in flight, the third waiting
+            acc.submit(item)
+        t = time.perf_counter()
+        for item in items[3000:]:
+            acc.submit(item)
+        best = min(best, (time.perf_counter() - t) / 999)
+    return best
+
+
 def _write_all(engine: Any, chunks: list[list[Any]]) -> None:
     for chunk in chunks:
         write_exchanges(engine, chunk)
@@ -486,6 +724,11 @@ def main() -> None:
     parser.add_argument("--batch-sizes", default="100,1000,5000")
     parser.add_argument("--profile", action="store_true")
     parser.add_argument(
+        "--timeline",
+        action="store_true",
+        help="print where each worker's wall time went (poll, wait, decode, writes)",
+    )
+    parser.add_argument(
         "--workers", default="1,2", help="ingester processes in one consumer group, e.g. 1,2"
     )
     parser.add_argument(
@@ -505,6 +748,14 @@ def main() -> None:
     )
     parser.add_argument(
         "--inflight", default="2", help="SHADOW_AB_INGEST_INFLIGHT_BATCHES values, e.g. 1,2,3"
+    )
+    parser.add_argument(
+        "--backpressure",
+        default="wait",
+        help=(
+            "wait (the ingester's: wait for a running write, the consumer keeps its prefetched"
+            " messages) or pause (before: pause the partitions at once), e.g. pause,wait"
+        ),
     )
     parser.add_argument(
         "--kafka-client",
@@ -530,6 +781,9 @@ def main() -> None:
     if unknown:
         raise SystemExit(f"--decoder: unknown {unknown}; choose from {', '.join(DECODERS)}")
     inflights = [int(k) for k in args.inflight.split(",")]
+    backpressures = args.backpressure.split(",")
+    if set(backpressures) - {"wait", "pause"}:
+        raise SystemExit(f"--backpressure: {backpressures}; choose from wait, pause")
     clients = args.kafka_client.split(",")
     unknown = [c for c in clients if c not in CLIENTS]
     if unknown:
@@ -561,16 +815,19 @@ def main() -> None:
         )
         print()
         print(
-            "| batch size | workers | client | decoder | in flight | gc | fetch KiB"
+            "| batch size | workers | client | decoder | in flight | back-pressure | gc | fetch KiB"
             " | records measured | startup s | seconds | records/s | vs first"
+            " | to the last: records, s, records/s"
             f" | vs {decoders[0]} | ratio to 10,000/s"
             " | CPU us/record: ingester / postgres (pg db) / kafka / other / idle"
             " | load avg mean / max |"
         )
-        print("|---:|---:|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|")
+        print(
+            "|---:|---:|---|---|---:|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---|---|"
+        )
         # The decoders innermost: the old and the new one run back to back on each setting.
         runs = [
-            (rep, size, workers, client, decoder, inflight, gc_mode, fetch_kb)
+            (rep, size, workers, client, decoder, inflight, gc_mode, fetch_kb, bp)
             for rep in range(args.repeat)
             for size in sizes
             for workers in worker_counts
@@ -578,11 +835,12 @@ def main() -> None:
             for gc_mode in gcs
             for fetch_kb in fetch_kbs
             for client in clients
+            for bp in backpressures
             for decoder in decoders
         ]
         first_rate: float | None = None
         old_rate: dict[tuple[Any, ...], float] = {}
-        for i, (rep, size, workers, client, decoder, inflight, gc_mode, fetch_kb) in enumerate(
+        for i, (rep, size, workers, client, decoder, inflight, gc_mode, fetch_kb, bp) in enumerate(
             runs if args.runs else []
         ):
             settings = IngestSettings(
@@ -606,17 +864,22 @@ def main() -> None:
                 workers,
                 gc_tuning=gc_mode == "tuned",
                 profile=args.profile and size == 1000,
+                timeline=args.timeline,
+                backpressure=bp,
             )
             dbs.drop_all()
             rate = measured / seconds
             first_rate = first_rate or rate
-            setting = (rep, size, workers, client, inflight, gc_mode, fetch_kb)
+            setting = (rep, size, workers, client, inflight, gc_mode, fetch_kb, bp)
             old = old_rate.setdefault(setting, rate)  # the first decoder's, on this setting
             us = {k: f"{LAST_CPU[k] * 1e6:.0f}" for k in CPU_GROUPS}
+            last_n, last_s = LAST_TO_END
             print(
-                f"| {size:,} | {workers} | {client} | {decoder} | {inflight} | {gc_mode}"
+                f"| {size:,} | {workers} | {client} | {decoder} | {inflight} | {bp} | {gc_mode}"
                 f" | {fetch_kb:,} | {measured:,} | {startup:.2f} | {seconds:.2f} | {rate:,.0f}"
-                f" | {rate / first_rate:.2f} | {rate / old:.2f} | {rate / GOAL:.2f}"
+                f" | {rate / first_rate:.2f}"
+                f" | {last_n:,.0f}, {last_s:.2f}, {last_n / last_s:,.0f}"
+                f" | {rate / old:.2f} | {rate / GOAL:.2f}"
                 f" | {us['ingester']} / {us['postgres']} ({us['pg db']}) / {us['kafka']}"
                 f" / {us['other']} / {us['idle']}"
                 f" | {sum(LAST_LOAD) / len(LAST_LOAD):.1f} / {max(LAST_LOAD):.1f} |",
@@ -633,6 +896,11 @@ def main() -> None:
             for kb in fetch_kbs:
                 wall, cpu = time_consume_only(bootstrap, topic, n, kb, client)
                 consume.append((client, kb, (wall / n, cpu / n)))
+        polls = [
+            (client, pause, time_poll_with_pauses(bootstrap, topic, min(n, 20_000), client, pause))
+            for client in clients
+            for pause in (True, False)
+        ]
         if "tuned" in gcs:
             tune_gc()  # as the ingester runs
         decodes: list[tuple[str, tuple[float, float]]] = []
@@ -652,6 +920,8 @@ def main() -> None:
             kind = ExchangeRow if name == "rows" else ExchangeRecord
             assert sum(isinstance(r, kind) for r in decoded) == n
         records = outputs["msgspec"]
+        row = outputs.get("rows", records)[0]
+        batching = {offer: time_batching(row, offer) for offer in (True, False)}
         rows_us = cpu_per_record(lambda: [exchange_values(r, WIRE) for r in records], n)
         url = dbs.create()
         engine = make_engine(url)
@@ -670,6 +940,13 @@ def main() -> None:
             write_us = ((time.perf_counter() - wall) / n, (time.process_time() - cpu) / n)
             pg_us = ((_proc_cpu(backend) or ("", 0.0))[1] - pg0) / n
             writes[name] = (write_us, pg_us)
+        with engine.connect() as conn:  # what the last write left: every record, once
+            stored = conn.execute(
+                text(
+                    "SELECT sum(pg_total_relation_size(inhrelid)), sum(pg_relation_size(inhrelid))"
+                    " FROM pg_inherits WHERE inhparent = 'exchanges'::regclass"
+                )
+            ).one()
         engine.dispose()
         write_us, pg_us = writes["records"]
         parts = [
@@ -699,6 +976,18 @@ def main() -> None:
                 ("store write of the rows decoder's rows (copy only)", writes["rows"][0]),
                 ("postgres: the backend's CPU for that write", (writes["rows"][1],) * 2),
             ]
+        for client, pause, per_record in polls:
+            print(
+                f"poll wall, {client}, polls of 1,000 with 50 ms of work between them,"
+                f" {'a pause and resume after each' if pause else 'no pause'}:"
+                f" {per_record * 1e6:,.0f} us a record ({per_record * 1e3 * 1000:,.0f} ms a poll)"
+            )
+        print(
+            "batching (Accumulate + WriteBatch) while the writer is full, a message:"
+            f" {batching[True] * 1e6:.2f} us offering it the waiting batch each time (before),"
+            f" {batching[False] * 1e6:.2f} us now ({batching[False] / batching[True]:.2f}x)"
+        )
+        print()
         print(
             "| part (alone, same records) | wall us/record | CPU us/record"
             " | records/s a core gives it (by CPU) |"
@@ -739,7 +1028,11 @@ def main() -> None:
                 f" {new / old:.2f}x ({new * 1e6:,.0f} against {old * 1e6:,.0f}) | |"
             )
         print(
-            f"\nload average (1 min) over the parts: {load0:.1f} at the start,"
+            f"\nPostgreSQL bytes a row of these records: {stored[0] / n:,.0f} in all (table,"
+            f" TOAST, indexes), {stored[1] / n:,.0f} of them in the table's own pages"
+        )
+        print(
+            f"load average (1 min) over the parts: {load0:.1f} at the start,"
             f" {_load():.1f} at the end"
         )
     finally:

@@ -24,7 +24,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from ingester import metrics
 from ingester.backoff import Backoff
@@ -51,6 +51,14 @@ class Step(Protocol[T_contra]):
     def poll(self) -> None: ...
     def join(self, timeout_s: float) -> bool: ...
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class Waits(Protocol):
+    def wait(self, timeout_s: float) -> bool:
+        """Wait (at most ``timeout_s``) for a write in flight to finish; False at once when
+        none is running."""
+        ...
 
 
 class SendsDeadLetters(Protocol):
@@ -209,11 +217,23 @@ class WriteBatch:
         self.runner: Runner = runner or InlineRunner()
         self.max_inflight = max_inflight
         self.slots: deque[_Slot] = deque()
+        self._paused_shown = True
+        """Whether the paused gauge may show 1 (set to 0 on the first check, then only after a
+        retry set it: a gauge update on every check cost as much as the rest of it)."""
 
     @property
     def busy(self) -> bool:
         """Whether ``submit`` would refuse a batch now."""
         return len(self.slots) >= self.max_inflight
+
+    def has_room(self) -> bool:
+        """Whether ``submit`` may take a batch now: a slot is free, or the oldest batch's write
+        has finished (``submit`` then hands it on first). Cheap, for a caller asking once a
+        message."""
+        if len(self.slots) < self.max_inflight:
+            return True
+        future = self.slots[0].future
+        return future is not None and future.done()
 
     @property
     def pending_messages(self) -> int:
@@ -277,6 +297,17 @@ class WriteBatch:
     def close(self) -> None:
         self.next_step.close()
 
+    def wait(self, timeout_s: float) -> bool:
+        """Wait (at most ``timeout_s``) until a write in flight finishes, so the caller can
+        wait for room instead of pausing its partitions. False at once when no write is
+        running (the batches wait out a retry's backoff, or writes are inline): only time
+        helps then, and the caller pauses."""
+        running = [slot.future for slot in self.slots if slot.future is not None]
+        if not running:
+            return False
+        wait(running, timeout=timeout_s, return_when=FIRST_COMPLETED)
+        return True
+
     def _start(self, slot: _Slot) -> None:
         if slot.future is not None or slot.written:
             return
@@ -304,6 +335,7 @@ class WriteBatch:
                 cause = "dlq" if isinstance(exc, DeadLetterUnavailable) else "store"
                 metrics.STORE_RETRIES.labels(cause=cause).inc()
                 metrics.PAUSED.set(1)
+                self._paused_shown = True
                 log.warning(
                     "batch of %d not written (attempt %d, %s); retrying in %.2fs: %s",
                     slot.batch.size,
@@ -326,8 +358,9 @@ class WriteBatch:
         while self.slots and self.slots[0].written:
             done = self.slots.popleft()
             self.next_step.submit(done.batch.offsets)
-        if not any(slot.attempts and not slot.written for slot in self.slots):
+        if self._paused_shown and not any(s.attempts and not s.written for s in self.slots):
             metrics.PAUSED.set(0)
+            self._paused_shown = False
 
     def _write(self, batch: Batch) -> None:
         # The store first, then every dead letter of the batch (poison and records the store
@@ -386,7 +419,7 @@ class Accumulate:
         metrics.PENDING_MESSAGES.set(0)
 
     def submit(self, item: Decoded) -> None:
-        if self.ready is not None:
+        if self.ready is not None and self.next_step.has_room():
             self._hand_on()
         if self.current is not None and self.current.size >= self.max_size:
             # Full, and the batch before it is still waiting for the writer: push back.
@@ -428,6 +461,10 @@ class Accumulate:
 
     def close(self) -> None:
         self.next_step.close()
+
+    def wait(self, timeout_s: float) -> bool:
+        """:meth:`WriteBatch.wait`: until a write in flight finishes."""
+        return self.next_step.wait(timeout_s)
 
     @property
     def pending_messages(self) -> int:
@@ -500,6 +537,10 @@ class Decode:
     def close(self) -> None:
         self.next_step.close()
 
+    def wait(self, timeout_s: float) -> bool:
+        """The next step's ``wait`` (:meth:`WriteBatch.wait`), if it has one."""
+        return isinstance(self.next_step, Waits) and self.next_step.wait(timeout_s)
+
 
 def _where(message: Message) -> tuple[str, int, int]:
     return message.topic, message.partition, message.offset
@@ -513,5 +554,6 @@ __all__ = [
     "MessageRejected",
     "Step",
     "ThreadRunner",
+    "Waits",
     "WriteBatch",
 ]

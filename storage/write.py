@@ -11,9 +11,9 @@ Used by the direct sink (:mod:`storage.sink`) and by the Kafka ingester. Each ca
 - raises :class:`~storage.errors.StoreUnavailable` when the database cannot be reached (retry
   the same batch with backoff) and :class:`~storage.errors.StoreError` otherwise.
 
-PostgreSQL: binary ``COPY`` straight into the table inside a savepoint, ``jsonb`` and
-``float8[]`` values encoded here in their binary formats (:data:`WIRE`); when a row is already
-there (a replayed batch), roll back to the savepoint and ``COPY`` into a temporary table, then
+PostgreSQL: binary ``COPY`` straight into the table, ``jsonb`` and ``float8[]`` values
+encoded here in their binary formats (:data:`WIRE`); when a row is already there (a replayed
+batch), roll the transaction back and, in a new one, ``COPY`` into a temporary table, then
 ``INSERT ... SELECT ... ON CONFLICT DO NOTHING``. Rows go in key order, so concurrent writers of
 overlapping batches take their locks in the same order (a deadlock would be retried anyway).
 SQLite: ``executemany`` of ``INSERT ... ON CONFLICT DO NOTHING``.
@@ -22,7 +22,9 @@ SQLite: ``executemany`` of ``INSERT ... ON CONFLICT DO NOTHING``.
 from __future__ import annotations
 
 import struct
+import threading
 import uuid
+import weakref
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -499,16 +501,17 @@ def _write(
     postgres = is_postgres(engine)
     enc = WIRE if postgres else PLAIN
     write = _write_postgres if postgres else _write_sqlite
+    deployments = _new_deployments(engine, deployments)
     with translate():
         if postgres:
             cache_for(engine).ensure(engine, spec.table.name, days)
         try:
             try:
-                return write(engine, spec, build(enc), deployments)
+                written = write(engine, spec, build(enc), deployments)
             except _BAD_TEXT:
                 # PostgreSQL text and jsonb cannot hold NUL characters, and nothing encodes
                 # lone surrogates: store the records with U+FFFD there rather than lose them.
-                return write(engine, spec, _scrubbed_rows(spec, build, enc), deployments)
+                written = write(engine, spec, _scrubbed_rows(spec, build, enc), deployments)
         except psycopg.errors.CheckViolation as exc:
             if exc.sqlstate != _NO_PARTITION or "no partition" not in str(exc):
                 raise
@@ -516,10 +519,32 @@ def _write(
             cache = cache_for(engine)
             cache.forget()
             cache.ensure(engine, spec.table.name, days)
-            return write(engine, spec, _scrubbed_rows(spec, build, enc), deployments)
+            written = write(engine, spec, _scrubbed_rows(spec, build, enc), deployments)
+    _known_deployments(engine).update(deployments)
+    return written
+
+
+_deployments: weakref.WeakKeyDictionary[Engine, set[str]] = weakref.WeakKeyDictionary()
+_deployments_lock = threading.Lock()
+
+
+def _known_deployments(engine: Engine) -> set[str]:
+    """The deployment names this process has seen committed in ``engine``'s ``deployments``
+    table (nothing deletes a row there): a batch of known deployments skips their insert."""
+    with _deployments_lock:
+        known = _deployments.get(engine)
+        if known is None:
+            known = _deployments[engine] = set()
+        return known
+
+
+def _new_deployments(engine: Engine, names: set[str]) -> set[str]:
+    return names - _known_deployments(engine)
 
 
 def _ensure_deployments(conn: Connection, names: set[str]) -> None:
+    if not names:
+        return
     rows = [{"name": n} for n in sorted(names)]
     if conn.dialect.name == "postgresql":
         conn.execute(postgresql.insert(DEPLOYMENTS).on_conflict_do_nothing(), rows)
@@ -589,29 +614,41 @@ def _copy_rows(cur: psycopg.Cursor[Any], target: str, spec: _TableSpec, rows: li
 def _write_postgres(
     engine: Engine, spec: _TableSpec, rows: list[tuple[Any, ...]], deployments: set[str]
 ) -> int:
-    """COPY the rows straight into the table; if any is already there (a replay), roll back to
-    a savepoint and take the conflict-tolerant path: COPY into a temporary table, then
-    ``INSERT ... SELECT ... ON CONFLICT DO NOTHING``. Fresh batches, the common case, are
-    written once; replays cost the failed attempt."""
+    """COPY the rows straight into the table; if any is already there (a replay), roll the
+    transaction back and take the conflict-tolerant path in a new one: COPY into a temporary
+    table, then ``INSERT ... SELECT ... ON CONFLICT DO NOTHING``. Fresh batches, the common
+    case, are written once, in three round trips (BEGIN, the COPY, COMMIT: no savepoint, whose
+    two more round trips and subtransaction every batch would pay); replays cost the failed
+    attempt."""
     name = spec.table.name
     check_int_ranges(spec, rows)
     # Key order (the key columns come first in every row): concurrent writers of overlapping
     # batches then take their locks in the same order.
     rows = sorted(rows, key=_sort_key)
-    with engine.begin() as conn:
-        _ensure_deployments(conn, deployments)
-        raw = conn.connection.driver_connection
-        if not isinstance(raw, psycopg.Connection):
-            raise StoreError(f"expected a psycopg 3 connection, got {type(raw).__name__}")
-        with raw.cursor() as cur:
-            cur.execute("SAVEPOINT shadow_ab_copy")
+    try:
+        with engine.begin() as conn, _raw_cursor(conn) as cur:
+            _ensure_deployments(conn, deployments)
             try:
                 _copy_rows(cur, name, spec, rows)
-            except psycopg.errors.UniqueViolation:
-                cur.execute("ROLLBACK TO SAVEPOINT shadow_ab_copy")
-                return _insert_new_rows(cur, spec, rows)
-            cur.execute("RELEASE SAVEPOINT shadow_ab_copy")
+            except psycopg.errors.UniqueViolation as exc:
+                raise _Replayed() from exc  # rolls the transaction back
             return len(rows)
+    except _Replayed:
+        pass
+    with engine.begin() as conn, _raw_cursor(conn) as cur:
+        _ensure_deployments(conn, deployments)
+        return _insert_new_rows(cur, spec, rows)
+
+
+class _Replayed(Exception):
+    """Some of the rows are stored already: write the batch again, skipping them."""
+
+
+def _raw_cursor(conn: Connection) -> psycopg.Cursor[Any]:
+    raw = conn.connection.driver_connection
+    if not isinstance(raw, psycopg.Connection):
+        raise StoreError(f"expected a psycopg 3 connection, got {type(raw).__name__}")
+    return raw.cursor()
 
 
 def _insert_new_rows(cur: psycopg.Cursor[Any], spec: _TableSpec, rows: list[Any]) -> int:

@@ -460,3 +460,127 @@ def test_metrics_move_once_a_batch_and_on_every_poll() -> None:
     p.decode.submit(p.msg(topic, numbered_exchange("dep", 3).to_json()))
     p.decode.poll()
     assert (consumed(), pending()) == (4, 1)
+
+
+class PausingConsumer:
+    """The consumer as the processor sees it: hands out the queued messages, none while
+    paused; counts its pauses."""
+
+    def __init__(self, messages: list[Msg]) -> None:
+        self.queue = list(messages)
+        self.paused_now: set[Partition] = set()
+        self.pauses = 0
+
+    def poll(self, timeout_ms: int, max_records: int | None = None) -> list[Msg]:
+        if self.paused_now:
+            return []
+        out = self.queue[: max_records or 1]
+        del self.queue[: len(out)]
+        return out
+
+    def assignment(self) -> set[Partition]:
+        return {Partition(EX, 0)}
+
+    def pause(self, *partitions: Partition) -> None:
+        self.pauses += 1
+        self.paused_now.update(partitions)
+
+    def resume(self, *partitions: Partition) -> None:
+        self.paused_now.difference_update(partitions)
+
+    def paused(self) -> set[Partition]:
+        return set(self.paused_now)
+
+
+def _processor(p: Pipeline, runner: HeldRunner, consumer: PausingConsumer) -> Any:
+    from ingester.processor import StreamProcessor
+
+    backoff = Backoff(initial_s=1.0, cap_s=8.0, rng=random.Random(1))
+    sink = StoreSink(None, p.store.write_exchanges, p.store.write_health)
+    p.write = WriteBatch(sink, p.letters, p.commits, p.clock, backoff, runner, 1)
+    p.acc = Accumulate(p.write, p.clock, max_size=2, max_wait_s=60.0)
+    p.decode = Decode(p.acc, {EX: "exchange", HE: "health"})
+    return StreamProcessor(
+        consumer, [EX], lambda: p.decode, p.clock, max_records=2, poll_timeout_ms=1
+    )
+
+
+def _held_up(p: Pipeline, runner: HeldRunner) -> tuple[Any, PausingConsumer]:
+    """A processor whose one batch in flight is not written yet, a second batch waiting for
+    the writer and a third full: the next messages are held."""
+    messages = [p.msg(EX, numbered_exchange("dep", i).to_json()) for i in range(10)]
+    consumer = PausingConsumer(messages)
+    proc = _processor(p, runner, consumer)
+    while not proc.held:
+        proc.step()
+    assert len(runner.jobs) == 1 and consumer.pauses == 0
+    return proc, consumer
+
+
+def test_a_running_write_is_waited_for_and_the_prefetched_messages_kept() -> None:
+    """librdkafka drops what it prefetched for a paused partition: while a write runs the
+    processor waits for it instead of pausing, for WAIT_FOR_WRITER_S at most."""
+    from ingester.processor import WAIT_FOR_WRITER_S
+
+    p = Pipeline()
+    runner = HeldRunner()
+    proc, consumer = _held_up(p, runner)
+    for _ in range(3):
+        proc.step()  # waits (a millisecond: poll_timeout_ms) for the write
+    assert consumer.pauses == 0 and not proc.paused and proc.held
+    p.clock.advance(WAIT_FOR_WRITER_S)
+    proc.step()  # the write has taken too long: pause, and poll on to keep the group
+    assert consumer.pauses == 1 and proc.paused
+    runner.run(0)
+    _drain(proc, runner)
+    assert not consumer.paused_now and consumer.pauses == 1
+    assert p.commits.offsets[0] == {Partition(EX, 0): 2}
+
+
+def _drain(proc: Any, runner: HeldRunner) -> None:
+    """Step and write until nothing is held and the partitions are resumed."""
+    while proc.held or proc.paused:
+        proc.step()
+        for i, (_, future) in enumerate(runner.jobs):
+            if not future.done():
+                runner.run(i)
+
+
+def test_no_running_write_pauses_at_once() -> None:
+    """A batch waiting out its retry (the store is away): nothing to wait for, so pause."""
+    p = Pipeline()
+    runner = HeldRunner()
+    proc, consumer = _held_up(p, runner)
+    p.store.down = True
+    runner.run(0)
+    proc.step()  # the write failed: a retry in a second, nothing running
+    assert consumer.pauses == 1 and proc.paused and p.write.attempts == 1
+    p.store.down = False
+    p.clock.advance(p.write.retry_at - p.clock.monotonic())
+    proc.step()  # the retry starts
+    assert len(runner.jobs) == 2
+    _drain(proc, runner)
+    assert p.commits.offsets[0] == {Partition(EX, 0): 2}
+
+
+def test_a_waiting_batch_goes_to_the_writer_on_the_next_message_once_there_is_room() -> None:
+    """While the writer is full, messages do not knock on it one by one (each knock cost as
+    much as decoding a message); once the oldest write is done the next message hands the
+    waiting batch on, without waiting for a poll."""
+    p, runner = _inflight_pipeline(max_inflight=1)
+    for i in range(4):  # batch 1 to the writer, batch 2 waits
+        p.submit_exchange(i)
+    assert len(runner.jobs) == 1 and p.acc.ready is not None
+    knocks = []
+    submit = p.write.submit
+    p.write.submit = lambda batch: (knocks.append(batch), submit(batch))[1]  # type: ignore[method-assign]
+    p.submit_exchange(4)
+    assert len(runner.jobs) == 1 and knocks == []  # no room: batch 2 waits, unoffered
+    runner.run(0)
+    p.submit_exchange(5)  # batch 2 to the writer; this message fills batch 3, which waits
+    assert (
+        len(runner.jobs) == 2
+        and p.acc.ready is not None
+        and p.acc.ready.offsets == {Partition(EX, 0): 6}
+    )
+    assert p.commits.offsets == [{Partition(EX, 0): 2}]

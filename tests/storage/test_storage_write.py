@@ -420,3 +420,26 @@ def test_exchange_rows_are_stored_as_their_records(store: Engine) -> None:
     assert write_exchanges(store, [_row(r) for r in recs]) == 0  # a replay
     with pytest.raises(TypeError, match="ExchangeRecord or ExchangeRow"):
         write_exchanges(store, [full_health()])  # type: ignore[list-item]
+
+
+def test_a_deployment_is_remembered_only_once_its_row_is_committed(
+    pg_engine: Engine, pg_url: str
+) -> None:
+    """The writers skip the deployments insert for names they have seen committed: a batch
+    the store refused (rolled back with its deployment row) must not count as seen."""
+    from storage.errors import StoreError
+
+    good = exchanges(3, deployment="exp-new")
+    # Too long for its column (the contract forbids it; built without validation here).
+    bad = good[0].model_copy(update={"engine": "x" * 300})
+    with pytest.raises(StoreError):
+        write_exchanges(pg_engine, [bad])
+    assert write_exchanges(pg_engine, good[:2]) == 2
+    assert _count(pg_engine, "SELECT count(*) FROM deployments WHERE name = 'exp-new'") == 1
+    # Another process replaying stored rows takes the conflict path in a second transaction.
+    other = make_engine(pg_url)
+    try:
+        assert write_exchanges(other, good) == 1
+    finally:
+        other.dispose()
+    assert _count(pg_engine, "SELECT count(*) FROM exchanges") == 3
