@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from shadow_ab.dev.processes import ManagedProcess, ProcessError
+from shadow_ab.dev.processes import ManagedProcess, ProcessError, free_port_run
 
 # A leader that starts a child which outlives it (like vLLM's worker), and ignores SIGTERM
 # when asked to.
@@ -98,3 +99,20 @@ def test_without_a_group_of_its_own_only_the_process_is_stopped(tmp_path: Path) 
         assert alive(child)
     finally:
         os.kill(child, signal.SIGKILL)
+
+
+def test_a_free_port_run_is_bindable_whole_and_below_the_ephemeral_range() -> None:
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        ephemeral_low = int(f.read().split()[0])
+    for _ in range(5):
+        base = free_port_run(3)
+        assert base >= 10_000 and base + 3 <= ephemeral_low
+        held = []
+        try:
+            for port in range(base, base + 3):  # every port of the run binds
+                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                held.append(s)
+                s.bind(("127.0.0.1", port))
+        finally:
+            for s in held:
+                s.close()

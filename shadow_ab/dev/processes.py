@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -69,6 +70,35 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def free_port_run(count: int, host: str = "127.0.0.1") -> int:
+    """The first of ``count`` consecutive TCP ports nothing listens on right now, for a process
+    that serves on ``port + i`` (the ingester's workers' metrics). Taken below the kernel's
+    ephemeral range, where :func:`free_port` and every outgoing connection take theirs, so
+    another test cannot be handed one of them in between; ``RuntimeError`` when 200 random
+    tries found none."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            ephemeral_low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral_low = 32768
+    picker = random.Random()
+    for _ in range(200):
+        base = picker.randrange(10_000, max(10_001, ephemeral_low - count))
+        taken = []
+        try:
+            for port in range(base, base + count):
+                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                taken.append(s)
+                s.bind((host, port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in taken:
+                s.close()
+    raise RuntimeError(f"no {count} consecutive free TCP ports found below {ephemeral_low}")
 
 
 def http_get(url: str, timeout: float = 2.0) -> tuple[int, bytes]:

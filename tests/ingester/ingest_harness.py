@@ -20,7 +20,7 @@ from ingester.app import build_processor
 from ingester.clients import make_consumer, make_producer
 from ingester.processor import StreamProcessor
 from ingester.settings import IngestSettings
-from shadow_ab.dev.processes import free_port
+from shadow_ab.dev.processes import free_port_run
 
 WAIT_S = 90.0
 """Upper bound for anything a test waits for; reaching it fails the test (never a speed check)."""
@@ -145,7 +145,10 @@ class IngestProcess:
     """``shadow-ab ingest`` as a child process, logging to a file in the test's tmp_path."""
 
     def __init__(self, settings: IngestSettings, log_path: Path, *extra_args: str) -> None:
-        self.metrics_port = free_port()
+        workers = 1
+        if "--workers" in extra_args:
+            workers = int(extra_args[extra_args.index("--workers") + 1])
+        self.metrics_port = free_port_run(workers)  # worker i serves its metrics on port + i
         args = [
             sys.executable,
             "-c",
