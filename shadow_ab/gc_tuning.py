@@ -19,7 +19,9 @@ review) that is a quarter of its CPU.
 
 Measured on a 3 M-pair month (``bench/report.py --pairs 3000000 --days 30 --database D
 --reuse-rollups``, alternating runs): the whole review's CPU 24.1 / 21.4 s with CPython's
-defaults, 17.0 / 16.7 s inside :func:`fewer_collections`, 15.9 s with the collector off.
+defaults, 17.0 / 16.7 s frozen with thresholds (50,000, 20, 100), 15.9 s with the collector
+off; with these thresholds (a full collection even rarer), 12.5-15.8 CPU s at 1, 3 and 10 M
+pairs (docs/capacity.md).
 
 Errors: none.
 """
