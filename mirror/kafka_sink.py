@@ -85,12 +85,12 @@ TOO_LARGE = "too_large"
 LEDGER_FILE = "ledger"
 SINK_ERROR = "sink_error"
 MAX_STEP_FAILURES = 100
+"""Rounds in a row the sink's thread may fail before it gives up (and liveness fails)."""
 ROUND_RECORDS = 1000
 """Records the sink's thread takes from the queue in one round. The thread runs a round every
 ``poll_s`` (50 ms), not at each record or acknowledgement: waking it per record cost the
 process ~0.1-0.2 ms of CPU per record in thread switches and GIL hand-offs (bench/shadow_cost.py);
 a queue reaching this many records wakes it at once."""
-"""Rounds in a row the sink's thread may fail before it gives up (and liveness fails)."""
 RECORD_OVERHEAD_BYTES = 128
 """What Kafka adds to a record's key and value (batch and record headers), rounded up: a record
 whose key and value exceed ``max_request_size`` minus this is dropped before it is sent."""
