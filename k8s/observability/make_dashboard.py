@@ -118,7 +118,8 @@ ROWS: list[tuple[str, list[tuple[str, str, list[tuple[str, str]], str]]]] = [
                         "{{decision}}",
                     )
                 ],
-                "skipped_sample is the sampling rate; skipped_cap/guard mean shadow was held back.",
+                "skipped_sample is the sampling rate;"
+                " skipped_cap/guard/overload mean shadow was held back.",
             ),
             (
                 "Guard rate multiplier",
