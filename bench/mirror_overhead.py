@@ -24,6 +24,8 @@ Paths, side by side in one run, each with its own keep-alive client session:
   (``data_plane: protocol``, mirror/wire.py, the default); ``mirror*`` are the ASGI plane
   (``data_plane: asgi``, kept selectable). Default paths: direct, nginx, nginx-mirror, mirror,
   wire (both planes; the shadow side is the same raw-connection client on both);
+- ``wire-x2``: ``wire`` served by two mirror processes on one port (``reuse_port``: the kernel
+  spreads the connections), one per core; CPU and shadowed counts are summed over both;
 - ``wire-shed``: ``wire`` with the mirror's overload shedding on (``overload.enabled``, its
   default lags: mirror/overload.py): shadowing scales down while the mirror's loop lags, and
   the ``shadowed`` column says how much was still shadowed;
@@ -93,6 +95,7 @@ from shadow_ab.dev.processes import (
     ProcessError,
     RunningSim,
     free_port,
+    free_port_run,
     http_get,
     running_sim,
 )
@@ -137,6 +140,7 @@ PATHS = (
     "wire",
     "wire-slow",
     "wire-shed",
+    "wire-x2",
     "native-off",
     "native",
 )
@@ -149,6 +153,7 @@ MIRROR_PATHS = (
     "wire",
     "wire-slow",
     "wire-shed",
+    "wire-x2",
 )
 NGINX_PATHS = ("nginx", "nginx-mirror")
 NATIVE_DIR = Path(__file__).resolve().parent / "native_plane"
@@ -160,9 +165,12 @@ MIRRORS = {  # path: (data plane, shadow rate, slow candidate)
     "wire": ("protocol", 1.0, False),
     "wire-slow": ("protocol", 1.0, True),
     "wire-shed": ("protocol", 1.0, False),
+    "wire-x2": ("protocol", 1.0, False),
 }
 SHEDDING = {"wire-shed"}
 """Paths whose mirror sheds shadow work while its loop lags (``overload.enabled``, defaults)."""
+PROCESSES = {"wire-x2": 2}
+"""Paths served by several mirror processes on one port (``reuse_port``): one per core."""
 LABELS = {
     "direct": "direct",
     "mirror-off": "mirror asgi, shadowing off",
@@ -172,6 +180,7 @@ LABELS = {
     "wire": "mirror protocol (default), candidate",
     "wire-slow": "mirror protocol (default), 10x slow candidate",
     "wire-shed": "mirror protocol, candidate, overload shedding on",
+    "wire-x2": "mirror protocol, candidate, 2 processes on one port",
     "nginx": "nginx proxy_pass",
     "nginx-mirror": "nginx `mirror`, 10x slow candidate",
     "native-off": "Go reference plane (bench/native_plane), shadowing off",
@@ -204,6 +213,8 @@ def with_clients(wanted: list[str], clients: list[str]) -> list[str]:
             LABELS[path] = f"{LABELS[base]}, sink {client}"
             if base in SHEDDING:
                 SHEDDING.add(path)
+            if base in PROCESSES:
+                PROCESSES[path] = PROCESSES[base]
     return out
 
 
@@ -293,11 +304,13 @@ def running_mirror(
     kafka: str | None = None,
     kafka_client: str | None = None,
     shed: bool = False,
+    port: int | None = None,
 ) -> Iterator[Proxy]:
     """``shadow-ab mirror`` as a subprocess on ``data_plane``: shadow ``rate`` of requests
     (default every one), guard off, overload shedding as ``shed`` says; records to the Kafka
     sink at ``kafka`` (topics of this run, deleted after; its producer on ``kafka_client``,
-    default the sink's), else to the direct sink."""
+    default the sink's), else to the direct sink. With ``port``, on that port with
+    ``reuse_port`` (other processes listen there too)."""
     sink: dict[str, Any] = {}
     topics: list[str] = []
     name = name.replace("@", "-")  # wire@confluent: topic and deployment names take no @
@@ -329,6 +342,8 @@ def running_mirror(
                 guard={"enabled": False},
                 overload={"enabled": shed},
                 data_plane=data_plane,
+                port=port,
+                reuse_port=port is not None,
             )
         )
         models = mirror.base_url + "/v1/models"
@@ -598,6 +613,18 @@ class Target:
     pid: int | None
     metrics_url: str | None = None
     settle: list[RunningSim] = field(default_factory=list)
+    siblings: list[Proxy] = field(default_factory=list)
+    """Other processes serving ``base_url`` (``reuse_port``): their CPU and samples count too."""
+
+    def cpu_seconds(self) -> float:
+        pids = [self.pid, *(s.pid for s in self.siblings)]
+        return sum(tree_cpu_seconds(p) for p in pids if p)
+
+    def sampled(self) -> float | None:
+        counts = [
+            shadow_sampled(u) for u in [self.metrics_url, *(s.metrics_url for s in self.siblings)]
+        ]
+        return None if any(c is None for c in counts) else sum(c or 0.0 for c in counts)
 
 
 async def measure(
@@ -615,13 +642,13 @@ async def measure(
         for sim in target.settle:
             await asyncio.to_thread(wait_trt_idle, sim)
         plan = make_plan(concurrency=conc, duration_s=duration_s, requests=requests, seed=seed)
-        sampled0 = shadow_sampled(target.metrics_url)
-        cpu0 = tree_cpu_seconds(target.pid) if target.pid else 0.0
+        sampled0 = target.sampled()
+        cpu0 = target.cpu_seconds()
         busy0, total0 = machine_busy()
         result = await run_traffic(session, target.base_url, mix, plan)
         busy1, total1 = machine_busy()
-        cpu1 = tree_cpu_seconds(target.pid) if target.pid else 0.0
-        sampled1 = shadow_sampled(target.metrics_url)
+        cpu1 = target.cpu_seconds()
+        sampled1 = target.sampled()
     cell.rows += result.rows
     cell.wall_s += result.wall_s
     cell.proxy_cpu_s += cpu1 - cpu0
@@ -888,22 +915,29 @@ def main() -> None:
             plane, rate, slow_cand = MIRRORS[path]
             progress(f"starting shadow-ab mirror: {LABELS[path]}")
             cand_sim = slow if slow_cand else cand
-            m = stack.enter_context(
-                running_mirror(
-                    inc.base_url,
-                    cand_sim.base_url,
-                    tmp,
-                    args.database_url,
-                    path,
-                    rate,
-                    plane,
-                    args.kafka,
-                    split_path(path)[1],
-                    shed=path in SHEDDING,
+            processes = PROCESSES.get(path, 1)
+            shared_port = free_port_run(1) if processes > 1 else None
+            started = [
+                stack.enter_context(
+                    running_mirror(
+                        inc.base_url,
+                        cand_sim.base_url,
+                        tmp,
+                        args.database_url,
+                        path if processes == 1 else f"{path}-{i}",
+                        rate,
+                        plane,
+                        args.kafka,
+                        split_path(path)[1],
+                        shed=path in SHEDDING,
+                        port=shared_port,
+                    )
                 )
-            )
+                for i in range(processes)
+            ]
+            m = started[0]
             settle = [cand_sim] if rate > 0 else []
-            targets[path] = Target(path, m.base_url, m.pid, m.metrics_url, settle)
+            targets[path] = Target(path, m.base_url, m.pid, m.metrics_url, settle, started[1:])
         if native := [p for p in ("native-off", "native") if p in wanted]:
             progress("building and starting the Go reference plane")
             binary, why = native_binary(tmp)

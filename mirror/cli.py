@@ -66,6 +66,13 @@ log = logging.getLogger("mirror")
     " (uvicorn + aiohttp, the earlier design, kept selectable).",
 )
 @click.option(
+    "--reuse-port",
+    is_flag=True,
+    default=None,
+    help="Let several mirror processes listen on --port (SO_REUSEPORT), one per core; each"
+    ' needs its own --admin-port (mirror/README.md, "More than one core").',
+)
+@click.option(
     "--health-only",
     is_flag=True,
     help="Run only the health sampler (serving /metrics and /healthz on --host/--port).",
@@ -151,8 +158,9 @@ def _uvicorn_common(settings: MirrorSettings) -> dict[str, Any]:
     }
 
 
-def bind(host: str, port: int, what: str) -> socket.socket:
-    """A listening TCP socket on ``host:port``; a usage error naming ``what`` when it cannot."""
+def bind(host: str, port: int, what: str, *, reuse_port: bool = False) -> socket.socket:
+    """A listening TCP socket on ``host:port`` (with ``SO_REUSEPORT`` when ``reuse_port``: other
+    processes may listen there too); a usage error naming ``what`` when it cannot."""
     try:
         family, kind, proto, _, addr = socket.getaddrinfo(
             host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
@@ -162,6 +170,8 @@ def bind(host: str, port: int, what: str) -> socket.socket:
         raise click.ClickException(f"cannot listen on {host}:{port} ({what}): {exc}") from None
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         sock.bind(addr)
         sock.listen(2048)
     except OSError as exc:
@@ -210,7 +220,9 @@ def serve(settings: MirrorSettings, sink: RecordSink, *, health_only: bool = Fal
         return
     admin_host = settings.admin_host or settings.host
     with (
-        _listening(settings.host, settings.port, "client port") as client_sock,
+        _listening(
+            settings.host, settings.port, "client port", reuse_port=settings.reuse_port
+        ) as client_sock,
         _listening(admin_host, settings.admin_port, "admin port") as admin_sock,
     ):
         mirror_app = create_app(settings, sink=sink)
@@ -240,8 +252,10 @@ def serve(settings: MirrorSettings, sink: RecordSink, *, health_only: bool = Fal
 
 
 @contextlib.contextmanager
-def _listening(host: str, port: int, what: str) -> Iterator[socket.socket]:
-    sock = bind(host, port, what)
+def _listening(
+    host: str, port: int, what: str, *, reuse_port: bool = False
+) -> Iterator[socket.socket]:
+    sock = bind(host, port, what, reuse_port=reuse_port)
     try:
         yield sock
     finally:
