@@ -24,8 +24,9 @@ Paths, side by side in one run, each with its own keep-alive client session:
   (``data_plane: protocol``, mirror/wire.py, the default); ``mirror*`` are the ASGI plane
   (``data_plane: asgi``, kept selectable). Default paths: direct, nginx, nginx-mirror, mirror,
   wire (both planes; the shadow side is the same raw-connection client on both);
-- ``wire-x2``: ``wire`` served by two mirror processes on one port (``reuse_port``: the kernel
-  spreads the connections), one per core; CPU and shadowed counts are summed over both;
+- ``wire-x2``: ``wire`` with ``workers: 2``, two mirror processes on one port (the kernel
+  spreads the connections, mirror/workers.py), one per core; CPU and shadowed counts are summed
+  over both;
 - ``wire-shed``: ``wire`` with the mirror's overload shedding on (``overload.enabled``, its
   default lags: mirror/overload.py): shadowing scales down while the mirror's loop lags, and
   the ``shadowed`` column says how much was still shadowed;
@@ -95,7 +96,6 @@ from shadow_ab.dev.processes import (
     ProcessError,
     RunningSim,
     free_port,
-    free_port_run,
     http_get,
     running_sim,
 )
@@ -169,8 +169,8 @@ MIRRORS = {  # path: (data plane, shadow rate, slow candidate)
 }
 SHEDDING = {"wire-shed"}
 """Paths whose mirror sheds shadow work while its loop lags (``overload.enabled``, defaults)."""
-PROCESSES = {"wire-x2": 2}
-"""Paths served by several mirror processes on one port (``reuse_port``): one per core."""
+WORKERS = {"wire-x2": 2}
+"""Paths whose mirror runs several worker processes on one port (``workers``), one per core."""
 LABELS = {
     "direct": "direct",
     "mirror-off": "mirror asgi, shadowing off",
@@ -213,8 +213,8 @@ def with_clients(wanted: list[str], clients: list[str]) -> list[str]:
             LABELS[path] = f"{LABELS[base]}, sink {client}"
             if base in SHEDDING:
                 SHEDDING.add(path)
-            if base in PROCESSES:
-                PROCESSES[path] = PROCESSES[base]
+            if base in WORKERS:
+                WORKERS[path] = WORKERS[base]
     return out
 
 
@@ -290,6 +290,8 @@ class Proxy:
     base_url: str
     pid: int
     metrics_url: str | None = None
+    more_metrics: list[str] = field(default_factory=list)
+    """The other workers' metrics (``workers`` above 1); their CPU is in ``pid``'s tree."""
 
 
 @contextlib.contextmanager
@@ -304,13 +306,12 @@ def running_mirror(
     kafka: str | None = None,
     kafka_client: str | None = None,
     shed: bool = False,
-    port: int | None = None,
+    workers: int = 1,
 ) -> Iterator[Proxy]:
     """``shadow-ab mirror`` as a subprocess on ``data_plane``: shadow ``rate`` of requests
     (default every one), guard off, overload shedding as ``shed`` says; records to the Kafka
     sink at ``kafka`` (topics of this run, deleted after; its producer on ``kafka_client``,
-    default the sink's), else to the direct sink. With ``port``, on that port with
-    ``reuse_port`` (other processes listen there too)."""
+    default the sink's), else to the direct sink; ``workers`` mirror processes on the port."""
     sink: dict[str, Any] = {}
     topics: list[str] = []
     name = name.replace("@", "-")  # wire@confluent: topic and deployment names take no @
@@ -342,13 +343,13 @@ def running_mirror(
                 guard={"enabled": False},
                 overload={"enabled": shed},
                 data_plane=data_plane,
-                port=port,
-                reuse_port=port is not None,
+                workers=workers,
             )
         )
         models = mirror.base_url + "/v1/models"
         mirror.wait_until(lambda: answers(models), f"answering {models}", 60.0, interval=0.1)
-        yield Proxy(mirror.base_url, mirror.pid, mirror.admin_url + "/metrics")
+        more = [f"http://{mirror.host}:{mirror.admin_port + i}/metrics" for i in range(1, workers)]
+        yield Proxy(mirror.base_url, mirror.pid, mirror.admin_url + "/metrics", more)
 
 
 def mirror_available() -> str | None:
@@ -613,17 +614,14 @@ class Target:
     pid: int | None
     metrics_url: str | None = None
     settle: list[RunningSim] = field(default_factory=list)
-    siblings: list[Proxy] = field(default_factory=list)
-    """Other processes serving ``base_url`` (``reuse_port``): their CPU and samples count too."""
+    more_metrics: list[str] = field(default_factory=list)
+    """The other workers' metrics (their CPU is in ``pid``'s process tree)."""
 
     def cpu_seconds(self) -> float:
-        pids = [self.pid, *(s.pid for s in self.siblings)]
-        return sum(tree_cpu_seconds(p) for p in pids if p)
+        return tree_cpu_seconds(self.pid) if self.pid else 0.0
 
     def sampled(self) -> float | None:
-        counts = [
-            shadow_sampled(u) for u in [self.metrics_url, *(s.metrics_url for s in self.siblings)]
-        ]
+        counts = [shadow_sampled(u) for u in [self.metrics_url, *self.more_metrics]]
         return None if any(c is None for c in counts) else sum(c or 0.0 for c in counts)
 
 
@@ -915,29 +913,23 @@ def main() -> None:
             plane, rate, slow_cand = MIRRORS[path]
             progress(f"starting shadow-ab mirror: {LABELS[path]}")
             cand_sim = slow if slow_cand else cand
-            processes = PROCESSES.get(path, 1)
-            shared_port = free_port_run(1) if processes > 1 else None
-            started = [
-                stack.enter_context(
-                    running_mirror(
-                        inc.base_url,
-                        cand_sim.base_url,
-                        tmp,
-                        args.database_url,
-                        path if processes == 1 else f"{path}-{i}",
-                        rate,
-                        plane,
-                        args.kafka,
-                        split_path(path)[1],
-                        shed=path in SHEDDING,
-                        port=shared_port,
-                    )
+            m = stack.enter_context(
+                running_mirror(
+                    inc.base_url,
+                    cand_sim.base_url,
+                    tmp,
+                    args.database_url,
+                    path,
+                    rate,
+                    plane,
+                    args.kafka,
+                    split_path(path)[1],
+                    shed=path in SHEDDING,
+                    workers=WORKERS.get(path, 1),
                 )
-                for i in range(processes)
-            ]
-            m = started[0]
+            )
             settle = [cand_sim] if rate > 0 else []
-            targets[path] = Target(path, m.base_url, m.pid, m.metrics_url, settle, started[1:])
+            targets[path] = Target(path, m.base_url, m.pid, m.metrics_url, settle, m.more_metrics)
         if native := [p for p in ("native-off", "native") if p in wanted]:
             progress("building and starting the Go reference plane")
             binary, why = native_binary(tmp)

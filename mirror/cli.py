@@ -7,7 +7,8 @@ client flood cannot starve the probes and clients never see the admin endpoints.
 SIGINT: stop accepting, let the requests in flight finish, let shadow requests finish
 (``drain_timeout_s``), flush and close the record sink, then close the admin port, exit 0.
 ``--health-only`` runs just the health sampler (for a separate Kubernetes Deployment that keeps
-scraping while the mirror is rolled).
+scraping while the mirror is rolled). ``--workers N`` runs N such mirror processes on the port
+under a supervisor (:mod:`mirror.workers`).
 """
 
 from __future__ import annotations
@@ -66,6 +67,12 @@ log = logging.getLogger("mirror")
     " (uvicorn + aiohttp, the earlier design, kept selectable).",
 )
 @click.option(
+    "--workers",
+    type=click.IntRange(1, 64),
+    help="Mirror processes on --port, one per core (default 1); worker i serves /metrics on"
+    " --admin-port + i (mirror/workers.py).",
+)
+@click.option(
     "--reuse-port",
     is_flag=True,
     default=None,
@@ -117,11 +124,32 @@ def mirror(
         )
     except MirrorConfigError as exc:
         raise click.UsageError(str(exc)) from None
+    if settings.workers > 1:
+        if health_only:
+            raise click.UsageError("--health-only runs one sampler: leave --workers at 1")
+        from mirror.workers import supervise
+
+        _log_to_stderr(settings, verbose)
+        try:
+            status = supervise(settings, run_worker, verbose)
+        except MirrorConfigError as exc:
+            raise click.ClickException(str(exc)) from None
+        log.info("stopped")
+        sys.exit(status)
+    _log_to_stderr(settings, verbose)
+    _run(settings, health_only=health_only)
+
+
+def _log_to_stderr(settings: MirrorSettings, verbose: bool) -> None:
     logging.basicConfig(
         level=logging.DEBUG if verbose else getattr(logging, settings.log_level.upper()),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+
+
+def _run(settings: MirrorSettings, *, health_only: bool = False) -> None:
+    """One mirror process: open the sink, serve until SIGTERM/SIGINT, close the sink."""
     sink = _open_sink(settings)
     try:
         serve(settings, sink, health_only=health_only)
@@ -129,6 +157,17 @@ def mirror(
         if not sink.close(settings.sink_close_timeout_s):
             log.warning("the sink could not deliver every record before closing")
     log.info("stopped")
+
+
+def run_worker(settings: MirrorSettings, verbose: bool) -> None:
+    """A worker process of ``--workers N`` (mirror/workers.py); exit status 1 on an error it
+    explains in its log."""
+    _log_to_stderr(settings, verbose)
+    try:
+        _run(settings)
+    except click.ClickException as exc:
+        log.error("mirror worker on admin port %d: %s", settings.admin_port, exc.format_message())
+        sys.exit(1)
 
 
 def _open_sink(settings: MirrorSettings) -> RecordSink:

@@ -243,6 +243,13 @@ class MirrorSettings(CommonSettings):
         default_factory=PrivacyConfig,
         description="what of the request and response text is recorded (mirror/README.md)",
     )
+    workers: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="mirror processes on the port, one per core (SO_REUSEPORT); above 1,"
+        " `shadow-ab mirror` supervises them (mirror/workers.py)",
+    )
     reuse_port: bool = Field(
         default=False,
         description="let several mirror processes listen on the same port (SO_REUSEPORT): the"

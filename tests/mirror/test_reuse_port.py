@@ -8,9 +8,8 @@ import contextlib
 from pathlib import Path
 
 import click
-import httpx
 import pytest
-from mirror_helpers import MODEL, rows
+from mirror_helpers import ask, rows, served
 
 from mirror.cli import bind
 from shadow_ab.dev.processes import RunningSim, free_port_run, running_mirror
@@ -28,16 +27,6 @@ def test_with_reuse_port_on_both_two_listeners_share_the_port() -> None:
         port = first.getsockname()[1]
         with contextlib.closing(bind("127.0.0.1", port, "client port", reuse_port=True)) as other:
             assert other.getsockname()[1] == port
-
-
-def served(admin_url: str) -> float:
-    """Client requests a mirror answered (its own /metrics)."""
-    text = httpx.get(admin_url + "/metrics", timeout=10.0).text
-    return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith("shadow_ab_mirror_requests_total{")
-    )
 
 
 def test_two_mirrors_on_one_port_share_the_connections_and_record_each_request_once(
@@ -58,20 +47,7 @@ def test_two_mirrors_on_one_port_share_the_connections_and_record_each_request_o
         running_mirror(inc.base_url, cand.base_url, database_url=dbs[0], **common) as one,
         running_mirror(inc.base_url, cand.base_url, database_url=dbs[1], **common) as two,
     ):
-        pair_ids = set()
-        for i in range(n):  # a new connection each: the kernel picks a listener per connection
-            with httpx.Client(timeout=30.0) as http:
-                resp = http.post(
-                    f"http://127.0.0.1:{port}/v1/chat/completions",
-                    json={
-                        "model": MODEL,
-                        "messages": [{"role": "user", "content": f"question {i}"}],
-                        "max_tokens": 4,
-                        "temperature": 0,
-                    },
-                )
-            assert resp.status_code == 200
-            pair_ids.add(resp.headers["x-shadow-pair-id"])
+        pair_ids = set(ask(port, n, "question"))
         counts = [served(one.admin_url), served(two.admin_url)]
         assert one.stop() == 0 and two.stop() == 0
     # Both served (all 40 on one listener has probability 2^-39), and together exactly n.
