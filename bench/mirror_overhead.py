@@ -59,7 +59,10 @@ Added latency = path minus direct at the same percentile, with a bootstrap 95% i
 added TTFT. ``proxy CPU ms/req``: user + system CPU of the proxy's process tree (from
 /proc/<pid>/stat) over the measured segment, divided by the requests answered (the mirror's
 includes reading the candidate's stream and writing records). ``shadowed`` is the share of
-requests the mirror sent to the candidate (from its /metrics).
+requests the mirror sent to the candidate (from its /metrics). ``loop lag p99`` is the mirror's
+own queueing (``shadow_ab_mirror_loop_lag_seconds``, mirror/overload.py): the bucket bound under
+which 99 % of its 50 ms timer's ticks fired late during the measured segments, summed over its
+workers.
 
 The machine has 2 cores: the client (this process), three simulators, the mirror and nginx
 share them, along with whatever else runs (the output prints the load average before and
@@ -364,20 +367,52 @@ def mirror_available() -> str | None:
     return None
 
 
-def shadow_sampled(metrics_url: str | None) -> float | None:
-    """The mirror's count of sampled requests (shadow_ab_mirror_shadow_decisions_total)."""
+@dataclass
+class Scrape:
+    """What a mirror's /metrics say at one moment: sampled requests, and the loop-lag
+    histogram's cumulative counts by upper bound (``shadow_ab_mirror_loop_lag_seconds``)."""
+
+    sampled: float = 0.0
+    lag: dict[float, float] = field(default_factory=dict)
+
+    def __add__(self, other: Scrape) -> Scrape:
+        keys = self.lag.keys() | other.lag.keys()
+        lag = {k: self.lag.get(k, 0.0) + other.lag.get(k, 0.0) for k in keys}
+        return Scrape(self.sampled + other.sampled, lag)
+
+    def __sub__(self, other: Scrape) -> Scrape:
+        lag = {k: v - other.lag.get(k, 0.0) for k, v in self.lag.items()}
+        return Scrape(self.sampled - other.sampled, lag)
+
+
+def scrape_mirror(metrics_url: str | None) -> Scrape | None:
+    """A mirror's sampled count and loop-lag buckets, or None when it does not answer."""
     if metrics_url is None:
         return None
     status, body = http_get(metrics_url, timeout=2.0)
     if status != 200:
         return None
-    total = 0.0
+    out = Scrape()
     for line in body.decode(errors="replace").splitlines():
         if line.startswith("shadow_ab_mirror_shadow_decisions_total{") and (
             'decision="sampled"' in line
         ):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
+            out.sampled += float(line.rsplit(" ", 1)[1])
+        elif line.startswith("shadow_ab_mirror_loop_lag_seconds_bucket{"):
+            le = line.split('le="', 1)[1].split('"', 1)[0]
+            out.lag[float(le)] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def lag_quantile(lag: dict[float, float], q: float) -> float | None:
+    """The upper bound of the histogram bucket holding quantile ``q`` (None without ticks)."""
+    total = lag.get(float("inf"), 0.0)
+    if total <= 0:
+        return None
+    for le in sorted(lag):
+        if lag[le] >= q * total:
+            return le
+    return None
 
 
 # -- nginx -----------------------------------------------------------------------------------
@@ -602,6 +637,8 @@ class Cell:
     machine_busy: float = 0.0
     machine_total: float = 0.0
     sampled: float | None = None
+    lag: dict[float, float] = field(default_factory=dict)
+    """Loop-lag histogram counts of the measured segments (mirror paths)."""
 
     def result(self) -> TrafficResult:
         return TrafficResult(rows=self.rows, wall_s=self.wall_s)
@@ -620,9 +657,12 @@ class Target:
     def cpu_seconds(self) -> float:
         return tree_cpu_seconds(self.pid) if self.pid else 0.0
 
-    def sampled(self) -> float | None:
-        counts = [shadow_sampled(u) for u in [self.metrics_url, *self.more_metrics]]
-        return None if any(c is None for c in counts) else sum(c or 0.0 for c in counts)
+    def scrape(self) -> Scrape | None:
+        """Summed over the workers; None when one does not answer (or no metrics)."""
+        scrapes = [scrape_mirror(u) for u in [self.metrics_url, *self.more_metrics]]
+        if any(sc is None for sc in scrapes):
+            return None
+        return sum((sc for sc in scrapes if sc is not None), Scrape())
 
 
 async def measure(
@@ -640,20 +680,22 @@ async def measure(
         for sim in target.settle:
             await asyncio.to_thread(wait_trt_idle, sim)
         plan = make_plan(concurrency=conc, duration_s=duration_s, requests=requests, seed=seed)
-        sampled0 = target.sampled()
+        scrape0 = target.scrape()
         cpu0 = target.cpu_seconds()
         busy0, total0 = machine_busy()
         result = await run_traffic(session, target.base_url, mix, plan)
         busy1, total1 = machine_busy()
         cpu1 = target.cpu_seconds()
-        sampled1 = target.sampled()
+        scrape1 = target.scrape()
     cell.rows += result.rows
     cell.wall_s += result.wall_s
     cell.proxy_cpu_s += cpu1 - cpu0
     cell.machine_busy += busy1 - busy0
     cell.machine_total += total1 - total0
-    if sampled0 is not None and sampled1 is not None:
-        cell.sampled = (cell.sampled or 0.0) + sampled1 - sampled0
+    if scrape0 is not None and scrape1 is not None:
+        delta = scrape1 - scrape0
+        cell.sampled = (cell.sampled or 0.0) + delta.sampled
+        cell.lag = (Scrape(lag=cell.lag) + Scrape(lag=delta.lag)).lag
     for sim in target.settle:
         await asyncio.to_thread(wait_trt_idle, sim)
 
@@ -688,9 +730,9 @@ def table(cells: dict[tuple[str, int], Cell], levels: list[int], paths: list[str
     head = (
         "| conc | path | req/s | TTFT p50 | TTFT p99 | E2E p50 | E2E p99 | +TTFT p50 [95% CI]"
         " | +TTFT p99 [95% CI] | +E2E p50 | +E2E p99 | req/s ratio | proxy CPU ms/req"
-        " | shadowed | errors | n |"
+        " | shadowed | loop lag p99 | errors | n |"
     )
-    out = [head, "|" + "---|" * 16]
+    out = [head, "|" + "---|" * 17]
     for conc in levels:
         base = cells.get(("direct", conc))
         br = base.result() if base else None
@@ -729,7 +771,9 @@ def table(cells: dict[tuple[str, int], Cell], levels: list[int], paths: list[str
             shadowed = "" if path in ("direct", "nginx", "native-off") else "100% (all)"
             if cell.sampled is not None:
                 shadowed = f"{cell.sampled / max(1, len(cell.rows)):.0%}"
-            row += [cpu, shadowed, str(len(r.errors)), str(len(r.rows))]
+            p99 = lag_quantile(cell.lag, 0.99)
+            lag = "" if p99 is None else ("> 250 ms" if p99 == float("inf") else f"<= {ms(p99)} ms")
+            row += [cpu, shadowed, lag, str(len(r.errors)), str(len(r.rows))]
             out.append("| " + " | ".join(row) + " |")
     return out
 
@@ -1003,6 +1047,7 @@ def main() -> None:
                         **cell.result().summary(),
                         "proxy_cpu_s": cell.proxy_cpu_s,
                         "sampled": cell.sampled,
+                        "loop_lag_buckets": {str(k): v for k, v in cell.lag.items()},
                         "machine_busy": busy[(p, c)],
                     }
                     for (p, c), cell in cells.items()
