@@ -160,20 +160,34 @@ MIRROR_PATHS = (
 )
 NGINX_PATHS = ("nginx", "nginx-mirror")
 NATIVE_DIR = Path(__file__).resolve().parent / "native_plane"
-MIRRORS = {  # path: (data plane, shadow rate, slow candidate)
-    "mirror-off": ("asgi", 0.0, False),
-    "mirror": ("asgi", 1.0, False),
-    "mirror-slow": ("asgi", 1.0, True),
-    "wire-off": ("protocol", 0.0, False),
-    "wire": ("protocol", 1.0, False),
-    "wire-slow": ("protocol", 1.0, True),
-    "wire-shed": ("protocol", 1.0, False),
-    "wire-x2": ("protocol", 1.0, False),
+
+
+@dataclass(frozen=True)
+class MirrorPath:
+    """How a mirror path's ``shadow-ab mirror`` runs."""
+
+    plane: str
+    """``data_plane``: ``asgi`` or ``protocol``."""
+    rate: float
+    """The shadow rate."""
+    slow: bool = False
+    """The candidate is the 10x slower simulator."""
+    shed: bool = False
+    """``overload.enabled`` (its default lags)."""
+    workers: int = 1
+    """Mirror processes on the port (``workers``)."""
+
+
+MIRRORS = {
+    "mirror-off": MirrorPath("asgi", 0.0),
+    "mirror": MirrorPath("asgi", 1.0),
+    "mirror-slow": MirrorPath("asgi", 1.0, slow=True),
+    "wire-off": MirrorPath("protocol", 0.0),
+    "wire": MirrorPath("protocol", 1.0),
+    "wire-slow": MirrorPath("protocol", 1.0, slow=True),
+    "wire-shed": MirrorPath("protocol", 1.0, shed=True),
+    "wire-x2": MirrorPath("protocol", 1.0, workers=2),
 }
-SHEDDING = {"wire-shed"}
-"""Paths whose mirror sheds shadow work while its loop lags (``overload.enabled``, defaults)."""
-WORKERS = {"wire-x2": 2}
-"""Paths whose mirror runs several worker processes on one port (``workers``), one per core."""
 LABELS = {
     "direct": "direct",
     "mirror-off": "mirror asgi, shadowing off",
@@ -214,10 +228,6 @@ def with_clients(wanted: list[str], clients: list[str]) -> list[str]:
         if client is not None:
             MIRRORS[path] = MIRRORS[base]
             LABELS[path] = f"{LABELS[base]}, sink {client}"
-            if base in SHEDDING:
-                SHEDDING.add(path)
-            if base in WORKERS:
-                WORKERS[path] = WORKERS[base]
     return out
 
 
@@ -954,9 +964,9 @@ def main() -> None:
         for path in wanted:
             if path not in MIRRORS:
                 continue
-            plane, rate, slow_cand = MIRRORS[path]
+            how = MIRRORS[path]
             progress(f"starting shadow-ab mirror: {LABELS[path]}")
-            cand_sim = slow if slow_cand else cand
+            cand_sim = slow if how.slow else cand
             m = stack.enter_context(
                 running_mirror(
                     inc.base_url,
@@ -964,15 +974,15 @@ def main() -> None:
                     tmp,
                     args.database_url,
                     path,
-                    rate,
-                    plane,
+                    how.rate,
+                    how.plane,
                     args.kafka,
                     split_path(path)[1],
-                    shed=path in SHEDDING,
-                    workers=WORKERS.get(path, 1),
+                    shed=how.shed,
+                    workers=how.workers,
                 )
             )
-            settle = [cand_sim] if rate > 0 else []
+            settle = [cand_sim] if how.rate > 0 else []
             targets[path] = Target(path, m.base_url, m.pid, m.metrics_url, settle, m.more_metrics)
         if native := [p for p in ("native-off", "native") if p in wanted]:
             progress("building and starting the Go reference plane")
