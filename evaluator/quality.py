@@ -41,6 +41,7 @@ from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from functools import partial
 from typing import Any
 
 from scipy import stats
@@ -140,6 +141,23 @@ def paired_delta(
     c_ = sum(1 for _, c, i in units if not c and i)
     d = n - a - b - c_
     deff = design_effect([(k, float(c) - float(i)) for k, c, i in units])
+    delta = (a + b) / n - (a + c_) / n
+    info = {
+        "n": n,
+        "both": a,
+        "candidate_only": b,
+        "incumbent_only": c_,
+        "neither": d,
+        "deff": deff,
+    }
+    return delta, paired_interval(a, b, c_, d, deff, level), info
+
+
+def paired_interval(a: int, b: int, c_: int, d: int, deff: float, level: float) -> Interval:
+    """Newcombe's paired hybrid score interval (method 10, continuity-corrected phi) of
+    ``(a + b) / n - (a + c_) / n`` on the effective sample size ``n / deff``, from the 2x2
+    counts (a: both, b: candidate only, c_: incumbent only, d: neither)."""
+    n = a + b + c_ + d
     p1, p2 = (a + b) / n, (a + c_) / n
     delta = p1 - p2
     ne = n / deff
@@ -155,15 +173,22 @@ def paired_delta(
     dl1, du1, dl2, du2 = p1 - w1.low, w1.high - p1, p2 - w2.low, w2.high - p2
     low = delta - math.sqrt(max(0.0, dl1 * dl1 - 2 * phi * dl1 * du2 + du2 * du2))
     high = delta + math.sqrt(max(0.0, du1 * du1 - 2 * phi * du1 * dl2 + dl2 * dl2))
-    info = {
-        "n": n,
-        "both": a,
-        "candidate_only": b,
-        "incumbent_only": c_,
-        "neither": d,
-        "deff": deff,
-    }
-    return delta, Interval(max(-1.0, low), min(1.0, high), level), info
+    return Interval(max(-1.0, low), min(1.0, high), level)
+
+
+def _restate(info: dict[str, Any]) -> Any:
+    """:func:`paired_interval` of ``paired_delta``'s counts at any level (``Measurement.restate``);
+    None without pairs."""
+    if not info.get("n"):
+        return None
+    return partial(
+        paired_interval,
+        info["both"],
+        info["candidate_only"],
+        info["incumbent_only"],
+        info["neither"],
+        info["deff"],
+    )
 
 
 # -- loading -----------------------------------------------------------------------------------
@@ -537,6 +562,7 @@ def probe_figures(
             f" Newcombe's paired interval on the effective n (design effect"
             f" {info.get('deff', 1.0):.2f}, clusters: probes)",
             "" if info["n"] else NO_PROBES,
+            restate=_restate(info),
         )
     ]
     for role in ("candidate", "incumbent"):
@@ -595,6 +621,7 @@ def _paired_figure(
             "share",
             f"candidate minus incumbent {what} on {info['n']} pairs both answered; Newcombe's"
             f" paired interval on the effective n (clusters: UTC hours)",
+            restate=_restate(info),
         )
     ]
     for role, s in sides.items():
