@@ -24,6 +24,9 @@ Paths, side by side in one run, each with its own keep-alive client session:
   (``data_plane: protocol``, mirror/wire.py, the default); ``mirror*`` are the ASGI plane
   (``data_plane: asgi``, kept selectable). Default paths: direct, nginx, nginx-mirror, mirror,
   wire (both planes; the shadow side is the same raw-connection client on both);
+- ``wire-shed``: ``wire`` with the mirror's overload shedding on (``overload.enabled``, its
+  default lags: mirror/overload.py): shadowing scales down while the mirror's loop lags, and
+  the ``shadowed`` column says how much was still shadowed;
 - ``nginx``: a private Debian nginx (own prefix and config in a temp dir, free ports, one
   worker, ``proxy_buffering off``, upstream keep-alive) with ``proxy_pass`` only;
 - ``nginx-mirror``: the same plus nginx's ``mirror`` directive to the 10x slower candidate;
@@ -133,11 +136,20 @@ PATHS = (
     "wire-off",
     "wire",
     "wire-slow",
+    "wire-shed",
     "native-off",
     "native",
 )
 DEFAULT_PATHS = ("direct", "nginx", "nginx-mirror", "mirror", "wire")
-MIRROR_PATHS = ("mirror-off", "mirror", "mirror-slow", "wire-off", "wire", "wire-slow")
+MIRROR_PATHS = (
+    "mirror-off",
+    "mirror",
+    "mirror-slow",
+    "wire-off",
+    "wire",
+    "wire-slow",
+    "wire-shed",
+)
 NGINX_PATHS = ("nginx", "nginx-mirror")
 NATIVE_DIR = Path(__file__).resolve().parent / "native_plane"
 MIRRORS = {  # path: (data plane, shadow rate, slow candidate)
@@ -147,7 +159,10 @@ MIRRORS = {  # path: (data plane, shadow rate, slow candidate)
     "wire-off": ("protocol", 0.0, False),
     "wire": ("protocol", 1.0, False),
     "wire-slow": ("protocol", 1.0, True),
+    "wire-shed": ("protocol", 1.0, False),
 }
+SHEDDING = {"wire-shed"}
+"""Paths whose mirror sheds shadow work while its loop lags (``overload.enabled``, defaults)."""
 LABELS = {
     "direct": "direct",
     "mirror-off": "mirror asgi, shadowing off",
@@ -156,6 +171,7 @@ LABELS = {
     "wire-off": "mirror protocol (default), shadowing off",
     "wire": "mirror protocol (default), candidate",
     "wire-slow": "mirror protocol (default), 10x slow candidate",
+    "wire-shed": "mirror protocol, candidate, overload shedding on",
     "nginx": "nginx proxy_pass",
     "nginx-mirror": "nginx `mirror`, 10x slow candidate",
     "native-off": "Go reference plane (bench/native_plane), shadowing off",
@@ -186,6 +202,8 @@ def with_clients(wanted: list[str], clients: list[str]) -> list[str]:
         if client is not None:
             MIRRORS[path] = MIRRORS[base]
             LABELS[path] = f"{LABELS[base]}, sink {client}"
+            if base in SHEDDING:
+                SHEDDING.add(path)
     return out
 
 
@@ -274,11 +292,12 @@ def running_mirror(
     data_plane: str = "asgi",
     kafka: str | None = None,
     kafka_client: str | None = None,
+    shed: bool = False,
 ) -> Iterator[Proxy]:
     """``shadow-ab mirror`` as a subprocess on ``data_plane``: shadow ``rate`` of requests
-    (default every one), guard off; records to the Kafka sink at ``kafka`` (topics of this run,
-    deleted after; its producer on ``kafka_client``, default the sink's), else to the direct
-    sink."""
+    (default every one), guard off, overload shedding as ``shed`` says; records to the Kafka
+    sink at ``kafka`` (topics of this run, deleted after; its producer on ``kafka_client``,
+    default the sink's), else to the direct sink."""
     sink: dict[str, Any] = {}
     topics: list[str] = []
     name = name.replace("@", "-")  # wire@confluent: topic and deployment names take no @
@@ -308,6 +327,7 @@ def running_mirror(
                 startup_timeout=180.0,
                 shadow={"rate": rate, "max_concurrent": 512, "timeout_s": 60.0},
                 guard={"enabled": False},
+                overload={"enabled": shed},
                 data_plane=data_plane,
             )
         )
@@ -692,7 +712,15 @@ def table(cells: dict[tuple[str, int], Cell], levels: list[int], paths: list[str
 def goal_lines(cells: dict[tuple[str, int], Cell]) -> list[str]:
     lines = []
     base = cells.get(("direct", GOAL_CONCURRENCY))
-    shadowing = ("mirror", "wire", "mirror-slow", "wire-slow", "mirror-off", "wire-off")
+    shadowing = (
+        "mirror",
+        "wire",
+        "wire-shed",
+        "mirror-slow",
+        "wire-slow",
+        "mirror-off",
+        "wire-off",
+    )
     paths = [p for p, _c in cells if split_path(p)[0] in shadowing]
     for path in sorted(set(paths), key=lambda p: (shadowing.index(split_path(p)[0]), p)):
         cell = cells.get((path, GOAL_CONCURRENCY))
@@ -871,6 +899,7 @@ def main() -> None:
                     plane,
                     args.kafka,
                     split_path(path)[1],
+                    shed=path in SHEDDING,
                 )
             )
             settle = [cand_sim] if rate > 0 else []

@@ -38,6 +38,7 @@ from mirror.headers import CANDIDATE_FORWARD_DEFAULT, CREDENTIAL_HEADERS
 from mirror.health import HealthConfig
 from mirror.kafka_sink import KafkaSinkConfig
 from mirror.limits import ServerLimits
+from mirror.overload import OverloadConfig
 from mirror.privacy import PrivacyConfig
 from mirror.probes import ProbeConfig
 from mirror.rewrite import CandidateRewrite
@@ -221,6 +222,7 @@ class MirrorSettings(CommonSettings):
     candidate: CandidateConfig
     shadow: ShadowConfig = Field(default_factory=ShadowConfig)
     guard: GuardConfig = Field(default_factory=GuardConfig)
+    overload: OverloadConfig = Field(default_factory=OverloadConfig)
     health: HealthConfig = Field(default_factory=HealthConfig)
     health_enabled: bool = Field(default=True, description="run the health sampler")
     kafka: KafkaSinkConfig | None = Field(

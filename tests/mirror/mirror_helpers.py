@@ -16,6 +16,7 @@ from aiohttp import web
 from factories import ListSink as ListSink  # used by the mirror tests from here
 from sqlalchemy import text
 
+from mirror import metrics as m
 from shadow_ab.dev.processes import free_port
 from storage.db import make_engine
 
@@ -30,6 +31,17 @@ FAST: dict[str, Any] = {
 
 _ID = re.compile(rb'"id":\s*"[^"]*"')
 _CREATED = re.compile(rb'"created":\s*\d+')
+
+
+def decisions() -> dict[str, float]:
+    """The in-process mirror's shadow decisions so far (``shadow_ab_mirror_shadow_decisions_total``
+    by decision: the metric is process-wide, so a test takes the difference)."""
+    return {
+        s.labels["decision"]: s.value
+        for metric in m.SHADOW_DECISIONS.collect()
+        for s in metric.samples
+        if s.name.endswith("_total")
+    }
 
 
 def normalize(body: bytes) -> bytes:
