@@ -1,7 +1,8 @@
 """False NO-GO, power and GO over generated months looked at daily, old decision rule beside new.
 
     python bench/verdict_validity.py [--months 200] [--latency-months 24] [--leak-months 20]
-                                     [--effect-months N] [--new-only] [--curve-months 100]
+                                     [--effect-months N] [--new-only] [--compare-pass]
+                                     [--curve-months 100]
                                      [--groups latency,counts,leak]
                                      [--latency-pairs 40000]
                                      [--resamples 999] [--kinds independent,clustered]
