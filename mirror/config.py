@@ -243,6 +243,19 @@ class MirrorSettings(CommonSettings):
         default_factory=PrivacyConfig,
         description="what of the request and response text is recorded (mirror/README.md)",
     )
+    workers: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="mirror processes on the port, one per core (SO_REUSEPORT); above 1,"
+        " `shadow-ab mirror` supervises them (mirror/workers.py)",
+    )
+    reuse_port: bool = Field(
+        default=False,
+        description="let several mirror processes listen on the same port (SO_REUSEPORT): the"
+        " kernel spreads new connections across them, one process per core; each keeps its own"
+        " admin port, guard, shadow cap, probes, health sampler and spool (mirror/README.md)",
+    )
     admin_host: str | None = Field(
         default=None,
         description="address of the admin port (/metrics, /healthz, /mirror/docs); default: host",

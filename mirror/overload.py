@@ -4,9 +4,9 @@ The client's bytes and the shadow side's work (the candidate's and the replay's 
 streams parsed, the records built and handed to the sink) share one event loop. When the
 mirror's process is short of CPU (more streams than one core serves, or a machine whose other
 work takes the cores), every callback waits behind the others, and the client's chunks wait
-too: at 128 streams on two shared cores the shadowing mirror added +63 ms TTFT p50 where it
-added +5 ms with shadowing off (mirror/README.md, "The mirror's own overload"). The shadow side
-is the one part of that work the mirror may drop.
+too: at 32 streams on two busy cores the shadowing mirror added +56 ms TTFT p50 where it added
++6 ms with shadowing off (mirror/README.md, "The mirror's own overload"). The shadow side is
+the one part of that work the mirror may drop.
 
 :class:`LoopLag` measures how late a periodic timer fires (``interval_ms``): the time a
 callback that became ready waited for the loop, the same wait the client's next chunk has. The

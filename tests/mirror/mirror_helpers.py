@@ -213,3 +213,32 @@ async def served_in_process(mirror: Any, plane: str) -> AsyncIterator[httpx.Asyn
             wire.upstream.close()
     finally:
         await mirror.shutdown()
+
+
+def served(admin_url: str) -> float:
+    """Client requests a mirror process answered (its own /metrics)."""
+    text = httpx.get(admin_url + "/metrics", timeout=10.0).text
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("shadow_ab_mirror_requests_total{")
+    )
+
+
+def ask(port: int, n: int, tag: str) -> list[str]:
+    """``n`` chats, each on a new connection (the kernel picks a worker per connection)."""
+    pairs = []
+    for i in range(n):
+        with httpx.Client(timeout=30.0) as http:
+            resp = http.post(
+                f"http://127.0.0.1:{port}/v1/chat/completions",
+                json={
+                    "model": MODEL,
+                    "messages": [{"role": "user", "content": f"{tag} {i}"}],
+                    "max_tokens": 4,
+                    "temperature": 0,
+                },
+            )
+        assert resp.status_code == 200
+        pairs.append(resp.headers["x-shadow-pair-id"])
+    return pairs

@@ -8,19 +8,18 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
-from mirror_helpers import FAST, MODEL, ListSink, decisions
+from mirror_helpers import MODEL, ListSink, decisions
 
 from mirror import metrics as m
 from mirror.app import Mirror
 from mirror.config import MirrorSettings, load_settings
 from mirror.errors import MirrorConfigError
 from mirror.overload import LoopLag, OverloadConfig
-from shadow_ab.dev.processes import RunningSim, running_sim
+from shadow_ab.dev.processes import RunningSim
 from shadow_ab.records import ExchangeRecord, Role
 
 
@@ -102,21 +101,12 @@ def test_saturated_must_exceed_scaled_and_the_error_names_both() -> None:
 # -- the mirror ----------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def engines() -> Iterator[tuple[RunningSim, RunningSim]]:
-    with (
-        running_sim("vllm", "clean", overrides=FAST, ledger=False) as inc,
-        running_sim("vllm", "clean", overrides=FAST, ledger=False) as cand,
-    ):
-        yield inc, cand
-
-
 def settings(pair: tuple[RunningSim, RunningSim], **overload: Any) -> MirrorSettings:
     inc, cand = pair
     return load_settings(
         None,
         incumbent={"url": inc.base_url},
-        candidate={"url": cand.base_url, "flavor": "vllm"},
+        candidate={"url": cand.base_url},
         health_enabled=False,
         database_url="sqlite:///unused.db",
         guard={"enabled": False},
