@@ -25,7 +25,8 @@ Sparse events: a criterion with ``pass_if_zero`` PASSes when nothing was seen on
 candidate (the value is 0, or the ratio has no value because neither engine had an event)
 *and* the exact upper bound of the candidate's own rate (``<...>.candidate_rate``, at the
 PASS side's level when the rate carries its method, else at the look's) is within the
-criterion's ``zero_budget``: zero crashes in two days bound nothing. Without a budget, zero events do not pass on their own.
+criterion's ``zero_budget``: zero crashes in two days bound nothing. Without a budget, zero
+events do not pass on their own.
 
 **PASS has its own level** when the policy sets ``false_go``: the interval restated at the
 look's ``pass_level``, whose boundary spends ``false_go`` per criterion over the looks. A
