@@ -486,7 +486,8 @@ class QualitySection:
         return (
             f"{read:,} of {total:,} probe pairs (at most {cap} sends of each probe, evenly"
             " spread over its sends in time; a probe's sends are answered alike, so more"
-            " barely narrow the interval)"
+            " barely narrow the interval; the failed and unscored answers are counted among"
+            " the pairs read)"
         )
 
     def per_day(self) -> list[dict[str, Any]]:
