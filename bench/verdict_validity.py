@@ -1,7 +1,8 @@
 """False NO-GO, power and GO over generated months looked at daily, old decision rule beside new.
 
     python bench/verdict_validity.py [--months 200] [--latency-months 24] [--leak-months 20]
-                                     [--effect-months N] [--new-only] [--curve-months 100]
+                                     [--effect-months N] [--new-only] [--compare-pass]
+                                     [--curve-months 100]
                                      [--groups latency,counts,leak]
                                      [--latency-pairs 40000]
                                      [--resamples 999] [--kinds independent,clustered]
@@ -28,7 +29,13 @@ each as % of months with its Wilson 95 % interval (the binomial interval of that
 months simulated), for the **old** rule (every look at 95 %, NO-GO on any FAIL from day 1,
 ``pass_if_zero`` on zero events) and the **new** one (the default policy: 30 daily looks,
 false_nogo 0.05 split over its criteria (16 today), O'Brien-Fleming spending, min_days 3, zero
-budgets, PASS on its own boundary of false_go 0.05 per criterion). Each criterion is judged at
+budgets, PASS on its own boundary of false_go 0.05 per criterion); with ``--compare-pass`` also
+**norm**: the new rule with every interval restated at the PASS and ALERT levels by the normal
+approximation and the zero budget held at the look's level (the rule before the counts'
+intervals were recomputed at the PASS level by their own exact / score method), side by side
+on the same months, and two more scenarios on the thresholds themselves (``errors@1.5``:
+failures x1.5; ``crash@2``: crash episodes x2), whose ``GO any look`` is the false GO each
+criterion's ``false_go`` (5 %) bounds. Each criterion is judged at
 the level the shipped policy gives it (1/16 of the family-wise budget). Rows: ``ttft p95``,
 ``errors``, ``crash``, ``leak``, ``divergence``; ``all 5``: the five together on the months
 that have all five (a scenario's effect on its criterion, A/A data on the others: the
@@ -68,7 +75,7 @@ from evaluator.rates import wilson_interval
 from evaluator.results import Interval, Measurement
 from evaluator.review import data_measurements
 from evaluator.verdict import Outcome, decide
-from shadow_ab.dev.months import AA, EFFECTS, MonthShape, generate
+from shadow_ab.dev.months import AA, AT_THRESHOLD, EFFECTS, MonthShape, generate
 from shadow_ab.dev.verdict_months import Settings, look_month, old_decide, simulated_policy
 from tests.evaluator.memory_months import MB, QUIET, MonthSpec
 from tests.evaluator.memory_months import generate as generate_memory
@@ -102,6 +109,8 @@ class Job:
     settings: Settings = field(default_factory=Settings)
     old: bool = True
     """Also judge the old rule (the curves do not)."""
+    norm: bool = False
+    """Also judge the new rule with PASS restated by the normal approximation (``norm``)."""
 
 
 Traces = dict[str, list[str]]
@@ -167,9 +176,11 @@ def run(job: Job) -> tuple[Job, Traces]:
     keys = LATENCY if job.group == "latency" else COUNTS
     if job.group == "crash":  # the crash criterion alone (the power curve)
         keys = ("incidents.crash.rate_ratio",)
-    effects = EFFECTS.get(job.scenario, AA)
+    effects = EFFECTS.get(job.scenario) or AT_THRESHOLD.get(job.scenario, AA)
     shape = (job.shape or MonthShape(clustered=job.kind == "clustered")).with_effects(effects)
-    traces = look_month(generate(shape, job.seed), _policy(keys), job.settings, old=job.old)
+    traces = look_month(
+        generate(shape, job.seed), _policy(keys), job.settings, old=job.old, norm=job.norm
+    )
     return job, {
         rule: ["".join(LETTER[o] for o in look) for look in t.outcomes]
         for rule, t in traces.items()
@@ -177,9 +188,14 @@ def run(job: Job) -> tuple[Job, Traces]:
 
 
 def _effect_group(scenario: str) -> str:
-    return {"ttft": "latency", "crash": "counts", "divergence": "counts", "leak": "leak"}.get(
-        scenario, ""
-    )
+    return {
+        "ttft": "latency",
+        "crash": "counts",
+        "divergence": "counts",
+        "leak": "leak",
+        "errors@1.5": "counts",
+        "crash@2": "counts",
+    }.get(scenario, "")
 
 
 @dataclass
@@ -236,36 +252,52 @@ def main_table(args: argparse.Namespace, kind: str, settings: Settings) -> list[
         effect = data != "A/A" and args.effect_months is not None
         return int(args.effect_months) if effect else sizes[group]
 
+    scenarios = (*SCENARIOS, *AT_THRESHOLD) if args.compare_pass else SCENARIOS
     jobs = []
     for group in sizes:
-        for scenario in ("A/A", *(s for s in SCENARIOS if _effect_group(s) == group)):
+        for scenario in ("A/A", *(s for s in scenarios if _effect_group(s) == group)):
             n = months(group, scenario)
             jobs += [
-                Job(group, kind, scenario, seed, settings=settings, old=not args.new_only)
+                Job(
+                    group,
+                    kind,
+                    scenario,
+                    seed,
+                    settings=settings,
+                    old=not args.new_only,
+                    norm=args.compare_pass and group != "leak",
+                )
                 for seed in range(n)
             ]
     started = time.perf_counter()
     traces = run_all(jobs, args.workers)
     keys = {"latency": LATENCY, "counts": COUNTS, "leak": (LEAK,)}
     lines = []
-    for scenario in SCENARIOS:
+    for scenario in scenarios:
         data_of = {g: scenario if _effect_group(scenario) == g else "A/A" for g in sizes}
         both = min(months(g, d) for g, d in data_of.items())
-        for rule in ("new",) if args.new_only else ("old", "new"):
+        rules = ("new",) if args.new_only else ("old", "new")
+        if args.compare_pass:
+            rules = (*rules[:-1], "norm", "new")
+        for rule in rules:
             rows: dict[str, Tally] = {}
             for group in sizes:
                 data = data_of[group]
                 for seed in range(months(group, data)):
-                    trace = traces[(group, kind, data, seed)][rule]
+                    both_rules = traces[(group, kind, data, seed)]
+                    trace = both_rules.get(rule, both_rules["new"])
                     for i, key in enumerate(keys[group]):
                         rows.setdefault(ROWS[key], Tally()).add([x[i] for x in trace])
             combined = Tally()
             for seed in range(both):
                 per = [traces[(g, kind, data_of[g], seed)] for g in sizes]
-                combined.add(["".join(p[rule][d] for p in per) for d in range(DAYS)])
+                # the leak's growth interval has no method of its own: its "norm" is "new"
+                combined.add(["".join(p.get(rule, p["new"])[d] for p in per) for d in range(DAYS)])
             if len(sizes) == 3:
                 rows["all 5"] = combined
-            own = {"ttft": "ttft p95"}.get(scenario, scenario)
+            own = {"ttft": "ttft p95", "errors@1.5": "errors", "crash@2": "crash"}.get(
+                scenario, scenario
+            )
             for row, t in rows.items():
                 if scenario == "A/A" or row in (own, "all 5"):
                     lines.append(_line(kind, scenario, row, rule, t))
@@ -280,7 +312,7 @@ HEADER = (
 
 
 def _line(kind: str, scenario: str, row: str, rule: str, t: Tally) -> str:
-    alert = rate(t.alert, t.months) if rule == "new" else ""
+    alert = rate(t.alert, t.months) if rule != "old" else ""
     return (
         f"{kind:<12}{scenario:<11}{row:<11}{rule:<5}{t.months:>7}  {rate(t.nogo, t.months):<22}"
         f"{rate(t.go, t.months):<22}{rate(t.go_last, t.months):<22}{alert:<20}"
@@ -353,6 +385,12 @@ def main() -> None:
     )
     ap.add_argument("--effect-months", type=int, default=None, help="months per real effect")
     ap.add_argument("--new-only", action="store_true", help="the new rule alone")
+    ap.add_argument(
+        "--compare-pass",
+        action="store_true",
+        help="also the new rule with the PASS level restated by the normal approximation"
+        " (rows 'norm': the rule before the exact / score restatement)",
+    )
     ap.add_argument("--groups", default="latency,counts,leak", help="which groups' months")
     ap.add_argument("--latency-pairs", type=int, default=Settings().latency_pairs)
     ap.add_argument("--resamples", type=int, default=999)

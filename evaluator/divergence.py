@@ -25,6 +25,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, time, timedelta
+from functools import partial
 from typing import Any
 from urllib.parse import quote
 
@@ -351,6 +352,7 @@ class DivergenceSection:
             unit,
             f"{what}, on {est.n} triads (requests answered by the incumbent, the candidate and"
             f" the replay); {method}{deff}",
+            restate=est.restate,
         )
 
     def measurements(self) -> list[Measurement]:
@@ -427,6 +429,11 @@ class DivergenceSection:
                 "share",
                 "invalid-JSON share where JSON was asked, candidate minus replay; Newcombe"
                 " interval" + ("" if c.json_asked else "; no request asked for JSON"),
+                restate=None
+                if js_iv is None
+                else partial(
+                    newcombe_interval, c.json_invalid, c.json_asked, r.json_invalid, r.json_asked
+                ),
             ),
             self._paired(
                 "divergence.length_shift",

@@ -24,8 +24,9 @@ Errors: none; no data gives None.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 from scipy import stats
@@ -44,6 +45,8 @@ class PairedEstimate:
     n: int
     design_effect: float
     """Variance inflation applied for clustering by day (1: none)."""
+    restate: Callable[[float], Interval | None] | None = field(default=None, compare=False)
+    """The same interval at another level (``Measurement.restate``), when its method gives it."""
 
 
 def design_effect(diffs: Sequence[float], clusters: Sequence[str]) -> float:
@@ -79,6 +82,17 @@ def paired_share_difference(
     b = sum(1 for u, v in zip(x, y, strict=True) if u and not v)
     c = sum(1 for u, v in zip(x, y, strict=True) if v and not u)
     d = n - a - b - c
+    deff = design_effect([float(u) - float(v) for u, v in zip(x, y, strict=True)], clusters)
+    interval = newcombe_paired(a, b, c, d, deff, level)
+    delta = (a + b) / n - (a + c) / n
+    return PairedEstimate(delta, interval, n, deff, partial(newcombe_paired, a, b, c, d, deff))
+
+
+def newcombe_paired(a: int, b: int, c: int, d: int, deff: float, level: float) -> Interval:
+    """Newcombe's paired hybrid score interval (method 10) of ``(a + b) / n - (a + c) / n`` from
+    the 2x2 counts of ``n`` pairs (a: both, b: first only, c: second only, d: neither) at
+    ``level``, its half-widths widened by ``sqrt(deff)``."""
+    n = a + b + c + d
     p1, p2 = (a + b) / n, (a + c) / n
     w1 = wilson_interval(a + b, n, level)
     w2 = wilson_interval(a + c, n, level)
@@ -90,10 +104,8 @@ def paired_share_difference(
     delta = p1 - p2
     lo_half = math.sqrt(max(0.0, l1**2 - 2 * phi * l1 * u2 + u2**2))
     hi_half = math.sqrt(max(0.0, u1**2 - 2 * phi * u1 * l2 + l2**2))
-    deff = design_effect([float(u) - float(v) for u, v in zip(x, y, strict=True)], clusters)
     s = math.sqrt(deff)
-    interval = Interval(max(-1.0, delta - s * lo_half), min(1.0, delta + s * hi_half), level)
-    return PairedEstimate(delta, interval, n, deff)
+    return Interval(max(-1.0, delta - s * lo_half), min(1.0, delta + s * hi_half), level)
 
 
 def paired_mean_difference(

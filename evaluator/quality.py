@@ -30,7 +30,11 @@ averaged). *Does not cover*: a probe set unlike the production traffic (the prob
 the set's, not the traffic's), refusals worded otherwise than :func:`is_refusal` knows.
 
 All figures are computed on the fly from the exchanges (a bounded sample per UTC day for the
-all-traffic figures, every probe for the probe figures); nothing is stored.
+all-traffic figures; for the probe figures at most ``max_sends_per_probe`` sends of each probe,
+evenly spread over its sends in time: :func:`spread_sample`); nothing is stored. The probe
+sample is chosen by send time alone, never by answer, and keeps every probe, so the clusters
+and the design effect are the same kind of estimate as on every send: a greedy engine answers a
+probe alike each time, and a month's 144 sends of a probe weigh about as much as a few dozen.
 """
 
 from __future__ import annotations
@@ -39,8 +43,9 @@ import math
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
+from functools import partial
 from typing import Any
 
 from scipy import stats
@@ -73,6 +78,14 @@ class QualityConfig:
     max_pairs_per_day: int = 2000
     """All-traffic figures (validity, refusal): at most this many pairs per UTC day, the
     smallest (random UUID) pair ids: a uniform sample."""
+    max_sends_per_probe: int | None = 32
+    """Probe figures: at most this many sends (pairs) of each probe over the window, evenly
+    spread over its sends in time (:func:`spread_sample`; every probe kept), so the probe
+    figures' cost is flat in the window's length (the mirror's default, one probe a minute
+    through the 300 shipped probes, sends each probe ~144 times a month). The sends of one
+    probe are correlated (a greedy engine answers a probe alike every time: the design effect),
+    so past a few dozen sends a probe the interval barely narrows (bench/divergence_month.py
+    measures it). None: every send (the review before the cap)."""
 
 
 # -- intervals --------------------------------------------------------------------------------
@@ -140,6 +153,23 @@ def paired_delta(
     c_ = sum(1 for _, c, i in units if not c and i)
     d = n - a - b - c_
     deff = design_effect([(k, float(c) - float(i)) for k, c, i in units])
+    delta = (a + b) / n - (a + c_) / n
+    info = {
+        "n": n,
+        "both": a,
+        "candidate_only": b,
+        "incumbent_only": c_,
+        "neither": d,
+        "deff": deff,
+    }
+    return delta, paired_interval(a, b, c_, d, deff, level), info
+
+
+def paired_interval(a: int, b: int, c_: int, d: int, deff: float, level: float) -> Interval:
+    """Newcombe's paired hybrid score interval (method 10, continuity-corrected phi) of
+    ``(a + b) / n - (a + c_) / n`` on the effective sample size ``n / deff``, from the 2x2
+    counts (a: both, b: candidate only, c_: incumbent only, d: neither)."""
+    n = a + b + c_ + d
     p1, p2 = (a + b) / n, (a + c_) / n
     delta = p1 - p2
     ne = n / deff
@@ -155,15 +185,22 @@ def paired_delta(
     dl1, du1, dl2, du2 = p1 - w1.low, w1.high - p1, p2 - w2.low, w2.high - p2
     low = delta - math.sqrt(max(0.0, dl1 * dl1 - 2 * phi * dl1 * du2 + du2 * du2))
     high = delta + math.sqrt(max(0.0, du1 * du1 - 2 * phi * du1 * dl2 + dl2 * dl2))
-    info = {
-        "n": n,
-        "both": a,
-        "candidate_only": b,
-        "incumbent_only": c_,
-        "neither": d,
-        "deff": deff,
-    }
-    return delta, Interval(max(-1.0, low), min(1.0, high), level), info
+    return Interval(max(-1.0, low), min(1.0, high), level)
+
+
+def _restate(info: dict[str, Any]) -> Any:
+    """:func:`paired_interval` of ``paired_delta``'s counts at any level (``Measurement.restate``);
+    None without pairs."""
+    if not info.get("n"):
+        return None
+    return partial(
+        paired_interval,
+        info["both"],
+        info["candidate_only"],
+        info["incumbent_only"],
+        info["neither"],
+        info["deff"],
+    )
 
 
 # -- loading -----------------------------------------------------------------------------------
@@ -239,6 +276,80 @@ def _load_probes(engine: Engine, deployment: str, window: Window) -> dict[Any, _
     )
     with engine.connect() as conn:
         return _pairs(conn.execute(stmt))
+
+
+def spread_sample(sends: Iterable[tuple[Any, datetime, str]], per_probe: int) -> list[Any]:
+    """The pair ids of at most ``per_probe`` sends of each probe: ``sends`` are ``(pair_id,
+    sent_at, probe_id)``; each probe's sends in time order (ties by pair id) are cut into
+    ``per_probe`` equal runs and the middle send of each run is kept (a systematic sample:
+    evenly spread over the probe's sends, so over the window's days as the mirror sends them),
+    every send of a probe sent at most ``per_probe`` times. Deterministic: the same sends give
+    the same sample, whatever their order. Probes in sorted order, each probe's ids in time
+    order."""
+    if per_probe < 1:
+        raise ValueError(f"max_sends_per_probe must be at least 1, got {per_probe}")
+    by_probe: dict[str, list[tuple[datetime, str, Any]]] = defaultdict(list)
+    for pair_id, sent, probe in sends:
+        by_probe[probe].append((sent, str(pair_id), pair_id))
+    out: list[Any] = []
+    for probe in sorted(by_probe):
+        xs = sorted(by_probe[probe], key=lambda x: (x[0], x[1]))
+        m = len(xs)
+        if m <= per_probe:
+            out.extend(x[2] for x in xs)
+        else:
+            out.extend(xs[(2 * j + 1) * m // (2 * per_probe)][2] for j in range(per_probe))
+    return out
+
+
+def _probe_sends(
+    conn: Connection, deployment: str, window: Window
+) -> dict[Any, tuple[datetime, str]]:
+    """Every probe pair of the window: pair id -> (sent_at, probe_id), the incumbent's send time
+    where it has one (narrow columns only: no text, no request)."""
+    x = EXCHANGES.c
+    stmt = select(x.pair_id, x.role, x.sent_at, x.probe_id).where(
+        x.deployment == deployment,
+        x.sent_at >= window[0],
+        x.sent_at < window[1],
+        x.synthetic.is_not(None),
+        x.role.in_(("incumbent", "candidate")),
+    )
+    out: dict[Any, tuple[datetime, str]] = {}
+    for pair_id, role, sent, probe in conn.execute(stmt):
+        if role == "incumbent" or pair_id not in out:
+            out[pair_id] = (as_utc(sent), probe or "")
+    return out
+
+
+def _load_probe_sample(
+    engine: Engine, deployment: str, window: Window, per_probe: int
+) -> tuple[dict[Any, _Pair], int]:
+    """The probe pairs :func:`spread_sample` keeps (both roles; of each request only the
+    :data:`JSON_REQUEST_FIELDS`), and how many probe pairs the window holds."""
+    with engine.connect() as conn:
+        sends = _probe_sends(conn, deployment, window)
+        chosen = spread_sample(((p, t, probe) for p, (t, probe) in sends.items()), per_probe)
+        by_day: dict[datetime, list[Any]] = defaultdict(list)
+        for pair_id in chosen:
+            by_day[bucket_start(sends[pair_id][0], "day")].append(pair_id)
+        x = EXCHANGES.c
+        fields = [x.request[key].label(f"request_{key}") for key in JSON_REQUEST_FIELDS]
+        out: dict[Any, _Pair] = {}
+        for day, ids in sorted(by_day.items()):
+            for chunk in (ids[i : i + 1000] for i in range(0, len(ids), 1000)):
+                stmt = select(
+                    x.pair_id, x.role, x.sent_at, x.status, x.output_text, *fields, x.probe_id
+                ).where(
+                    x.deployment == deployment,
+                    x.pair_id.in_(chunk),
+                    x.role.in_(("incumbent", "candidate")),
+                    x.synthetic.is_not(None),
+                    x.sent_at >= max(window[0], day - timedelta(minutes=10)),
+                    x.sent_at < min(window[1], day + DAY + timedelta(minutes=10)),
+                )
+                out.update(_sample_pairs(conn.execute(stmt)))
+    return out, len(sends)
 
 
 READERS = 2
@@ -344,6 +455,7 @@ class QualitySection:
             "probe_set": {
                 **self.probe_set,
                 "unscored answers": self.probes.get("unscored", 0),
+                "probe pairs read": self._probe_sample_text(),
                 "failed answers": {
                     role: e.get("failed", 0)
                     for role, e in (self.probes.get("engines") or {}).items()
@@ -360,9 +472,23 @@ class QualitySection:
                 "refusal": "refusal phrases in the first 300 characters; paired delta"
                 " candidate - incumbent (clusters: UTC hours)",
                 "sample": f"all traffic: at most {self.config.max_pairs_per_day} pairs a UTC"
-                " day; probes: every probe pair",
+                f" day; probes: {self._probe_sample_text()}",
             },
         }
+
+    def _probe_sample_text(self) -> str:
+        """How many probe pairs the probe figures read, of how many the window holds."""
+        sample = self.probes.get("sample") or {}
+        read, total = sample.get("pairs read", 0), sample.get("pairs", 0)
+        cap = sample.get("max sends per probe")
+        if cap is None or read >= total:
+            return f"every probe pair ({total:,})"
+        return (
+            f"{read:,} of {total:,} probe pairs (at most {cap} sends of each probe, evenly"
+            " spread over its sends in time; a probe's sends are answered alike, so more"
+            " barely narrow the interval; the failed and unscored answers are counted among"
+            " the pairs read)"
+        )
 
     def per_day(self) -> list[dict[str, Any]]:
         """One row per UTC day: each engine's probe accuracy, JSON validity and refusal rate
@@ -537,6 +663,7 @@ def probe_figures(
             f" Newcombe's paired interval on the effective n (design effect"
             f" {info.get('deff', 1.0):.2f}, clusters: probes)",
             "" if info["n"] else NO_PROBES,
+            restate=_restate(info),
         )
     ]
     for role in ("candidate", "incumbent"):
@@ -595,6 +722,7 @@ def _paired_figure(
             "share",
             f"candidate minus incumbent {what} on {info['n']} pairs both answered; Newcombe's"
             f" paired interval on the effective n (clusters: UTC hours)",
+            restate=_restate(info),
         )
     ]
     for role, s in sides.items():
@@ -632,6 +760,15 @@ def traffic_figures(
     return jf, rf, jm + rm
 
 
+def _sampled_note(m: Measurement, read: int, total: int, config: QualityConfig) -> Measurement:
+    """A probe measurement whose detail says it rests on a sample of the window's probe pairs."""
+    note = (
+        f" (a sample: {read:,} of the window's {total:,} probe pairs, at most"
+        f" {config.max_sends_per_probe} sends of each probe, evenly spread over its sends)"
+    )
+    return replace(m, detail=m.detail + note)
+
+
 def analyze_quality(
     engine: Engine,
     deployment: str,
@@ -645,8 +782,21 @@ def analyze_quality(
     probe_set = load_probe_set(config.probe_set)
     if progress is not None:
         progress("quality: probes", 0.0)
-    probe_pairs = _load_probes(engine, deployment, window)
+    if config.max_sends_per_probe is None:
+        probe_pairs = _load_probes(engine, deployment, window)
+        total = len(probe_pairs)
+    else:
+        probe_pairs, total = _load_probe_sample(
+            engine, deployment, window, config.max_sends_per_probe
+        )
     probes, pm = probe_figures(probe_pairs, probe_set, config.level)
+    probes["sample"] = {
+        "pairs read": len(probe_pairs),
+        "pairs": total,
+        "max sends per probe": config.max_sends_per_probe,
+    }
+    if total > len(probe_pairs):
+        pm = [_sampled_note(m, len(probe_pairs), total, config) for m in pm]
     sample = _load_sample(engine, deployment, window, config.max_pairs_per_day, progress)
     sample.update(probe_pairs)  # every JSON probe counts for validity, whatever the sample
     js, rf, tm = traffic_figures(sample, config.level)

@@ -24,6 +24,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
+from functools import partial
 from typing import Any, Literal
 
 from scipy import stats
@@ -52,6 +53,16 @@ class RateComparison:
     dispersion: float = 1.0
     """Overdispersion factor the counts were divided by (1: Poisson counts; see
     :func:`compare_dispersed_rates`)."""
+
+    def interval_at(self, level: float) -> Interval:
+        """The ratio's interval at another ``level`` by the same exact method (the
+        conditional binomial's beta quantiles, on the counts divided by ``dispersion``): what
+        the verdict judges a PASS on at the look's PASS level (``Measurement.restate``). At
+        zero or few events this is the exact bound, not a normal restatement of another
+        level's."""
+        if self.dispersion == 1.0 or self.x1 + self.x2 == 0:
+            return compare_poisson_rates(self.x1, self.t1, self.x2, self.t2, level).interval
+        return _dispersed_interval(self.x1, self.t1, self.x2, self.t2, self.dispersion, level)
 
     @property
     def rate1(self) -> float:
@@ -191,10 +202,6 @@ def compare_dispersed_rates(
     if phi == 1.0 or x1 + x2 == 0:
         return plain
     e1, e2 = x1 / phi, x2 / phi
-    alpha = 1.0 - level
-    pl = float(stats.beta.ppf(alpha / 2, e1, e2 + 1)) if e1 > 0 else 0.0
-    pu = float(stats.beta.ppf(1 - alpha / 2, e1 + 1, e2)) if e2 > 0 else 1.0
-    scale = t2 / t1
     p0 = t1 / (t1 + t2)
     n_eff = max(1, round(e1 + e2))
     p_value = float(stats.binomtest(min(n_eff, round(e1)), n_eff, p0).pvalue)
@@ -204,10 +211,22 @@ def compare_dispersed_rates(
         x2,
         t2,
         plain.ratio,
-        Interval(_odds(pl) * scale, _odds(pu) * scale, level),
+        _dispersed_interval(x1, t1, x2, t2, phi, level),
         min(1.0, p_value),
         phi,
     )
+
+
+def _dispersed_interval(
+    x1: int, t1: float, x2: int, t2: float, phi: float, level: float
+) -> Interval:
+    """The rate ratio's conditional-binomial interval on the effective counts ``x / phi``."""
+    e1, e2 = x1 / phi, x2 / phi
+    alpha = 1.0 - level
+    pl = float(stats.beta.ppf(alpha / 2, e1, e2 + 1)) if e1 > 0 else 0.0
+    pu = float(stats.beta.ppf(1 - alpha / 2, e1 + 1, e2)) if e2 > 0 else 1.0
+    scale = t2 / t1
+    return Interval(_odds(pl) * scale, _odds(pu) * scale, level)
 
 
 # -- buckets ------------------------------------------------------------------------------
@@ -318,5 +337,11 @@ def rate_measurement(
     if t <= 0:
         return Measurement(key, None, None, x, unit, detail + " (nothing observed)")
     return Measurement(
-        key, x / t, poisson_rate_interval(x, t, level), x, unit, f"{x} events; {detail}"
+        key,
+        x / t,
+        poisson_rate_interval(x, t, level),
+        x,
+        unit,
+        f"{x} events; {detail}",
+        restate=partial(poisson_rate_interval, x, t),
     )

@@ -63,7 +63,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -109,6 +109,15 @@ class Measurement:
     inconclusive: str = ""
     """When set, why this measurement cannot decide anything (the verdict makes its criterion
     INCONCLUSIVE with this reason), e.g. the engines ran at different concurrencies."""
+    restate: Callable[[float], Interval | None] | None = field(
+        default=None, compare=False, repr=False
+    )
+    """The interval's own method at another level, when the analysis can give it: an exact or
+    score interval recomputed from its counts (``RateComparison.interval_at``, Garwood,
+    Newcombe). The verdict restates the interval at the PASS and ALERT levels with it; without
+    it, by the normal approximation about the value. Not part of the JSON (a stored report
+    keeps the intervals it was judged on); picklable (a bound method or a
+    ``functools.partial`` of a module-level function), so measurements cross processes."""
 
     def to_dict(self) -> dict[str, Any]:
         out = {

@@ -24,12 +24,17 @@ Per criterion (``op`` ``<=``; ``>=`` mirrors it):
 Sparse events: a criterion with ``pass_if_zero`` PASSes when nothing was seen on the
 candidate (the value is 0, or the ratio has no value because neither engine had an event)
 *and* the exact upper bound of the candidate's own rate (``<...>.candidate_rate``, at the
-look's level) is within the criterion's ``zero_budget``: zero crashes in two days bound
-nothing. Without a budget, zero events do not pass on their own.
+PASS side's level when the rate carries its method, else at the look's) is within the
+criterion's ``zero_budget``: zero crashes in two days bound nothing. Without a budget, zero
+events do not pass on their own.
 
-**PASS has its own level** when the policy sets ``false_go``: the interval restated (normal
-approximation about the estimate, as above) at the look's ``pass_level``, whose boundary spends
-``false_go`` per criterion over the looks. A false GO needs the one criterion the candidate is
+**PASS has its own level** when the policy sets ``false_go``: the interval restated at the
+look's ``pass_level``, whose boundary spends ``false_go`` per criterion over the looks. A
+measurement that carries its interval's method (``Measurement.restate``: the exact conditional
+binomial of the rate ratios, Garwood's rate interval, Newcombe's score intervals) is recomputed
+at that level by the same method as the FAIL side's; any other by the normal approximation
+about the estimate, as above. The same holds for the ALERT level, and a ``zero_budget`` is held
+against the exact bound at the PASS level. A false GO needs the one criterion the candidate is
 really worse on to PASS, so that side is not split over the criteria as the FAIL side is.
 
 Overall: **NO-GO** if any criterion FAILs (the boundary crossed, at least ``min_days`` of
@@ -171,6 +176,22 @@ def at_level(m: Measurement, level: float) -> Measurement:
     return replace(m, interval=Interval(low, high, level))
 
 
+def restated(m: Measurement, level: float) -> Measurement:
+    """``m`` with its interval at ``level``: recomputed by its own method when the measurement
+    carries it (``Measurement.restate``: the exact or score interval of its counts, as the
+    look's level was computed), else by the normal approximation (:func:`at_level`). At zero
+    or few events the two differ most: a normal restatement of an exact bound about an
+    estimate of 0 keeps the bound's skew at every level and is conservative."""
+    iv = m.interval
+    if iv is None or m.value is None or abs(iv.level - level) < 1e-12:
+        return m
+    if m.restate is not None:
+        own = m.restate(level)
+        if own is not None and _finite(own.low) and _finite(own.high):
+            return replace(m, interval=own)
+    return at_level(m, level)
+
+
 def _widened(m: Measurement | None, look: Look | None) -> tuple[Measurement | None, str]:
     """``m`` at the look's level when it came at a lower one, and a note saying so."""
     if m is None or m.interval is None or look is None or m.interval.level >= look.level - 1e-12:
@@ -189,7 +210,14 @@ def _zero_budget(
     within the criterion's ``zero_budget``; the sentence either way."""
     if c.zero_budget is None:
         return False, "no zero_budget: zero events alone do not pass"
-    rate, _ = _widened(rates.get(c.rate_key or ""), look)
+    rate = rates.get(c.rate_key or "")
+    if rate is not None and rate.restate is not None and look is not None:
+        # a PASS: the exact bound at the PASS side's own level (Policy.false_go), as every
+        # other criterion's PASS; a rate without its method stays at the look's level
+        pass_at = look.level if look.pass_level is None else min(look.pass_level, look.level)
+        rate = restated(rate, pass_at)
+    else:
+        rate, _ = _widened(rate, look)
     if rate is None or rate.interval is None:
         return False, f"no {c.rate_key} to hold against the zero_budget {c.zero_budget:g}"
     bound = fmt(rate.interval.high)
@@ -267,7 +295,7 @@ def judge(
         and look.pass_level is not None
         and look.pass_level < min(look.level, m.interval.level) - 1e-12
     ):
-        good = at_level(m, look.pass_level)
+        good = restated(m, look.pass_level)
     assert good.interval is not None
     g_low, g_high = good.interval.low, good.interval.high
     g_span = _interval_text(good)
@@ -312,7 +340,7 @@ def _alert(r: CriterionResult, policy: Policy, days: float) -> CriterionResult:
     m = r.measurement
     if r.outcome is not Outcome.INCONCLUSIVE or m is None or m.interval is None:
         return r
-    early = at_level(m, policy.alert_level)
+    early = restated(m, policy.alert_level)
     if not _beyond(r.criterion, early):
         return r
     return replace(

@@ -315,6 +315,7 @@ class IncidentSection:
                         + dispersion
                         + ("" if c is None else f", p = {c.p_value:.3g}")
                     ),
+                    restate=None if c is None else c.interval_at,
                 )
             )
             out.append(
@@ -352,6 +353,7 @@ class IncidentSection:
                     )
                     + ("" if e is None else f", p = {e.p_value:.3g}")
                 ),
+                restate=None if e is None else e.interval_at,
             )
         )
         return out + self._candidate_rates()

@@ -27,7 +27,8 @@ What a generated month assumes (so a reader can question it):
   probability ``error_share``, independently (*independent*); *clustered* adds error bursts per
   engine, a Poisson process of rate uniform in ``bursts_per_day`` (0.05-0.2 a day), each of
   Poisson(``burst_failures``, 20) failures, on top of a base rate lowered to keep the same
-  mean. Both engines alike in every scenario (no error effect is simulated). Bursts never span
+  mean. Both engines alike in every scenario but ``failure_factor``'s (the candidate's mean
+  rate times it, bursts alike, the extra on its base rate: ``AT_THRESHOLD``). Bursts never span
   midnight (the per-day overdispersion sees each one whole).
 - **Crashes**, per day: restarts (``crashes``: the incidents detection reports, one per
   restart) and episodes (``episodes``: what ``incidents.<kind>.rate_ratio`` compares, restarts
@@ -72,6 +73,9 @@ class Effects:
     ttft_factor: float = 1.0
     crash_factor: float = 1.0
     divergence_excess: float = 0.0
+    failure_factor: float = 1.0
+    """The candidate's mean failure rate over the incumbent's (its bursts alike, the extra on
+    its base rate)."""
 
     @property
     def name(self) -> str:
@@ -80,6 +84,8 @@ class Effects:
             parts.append(f"TTFT x{self.ttft_factor:g}")
         if self.crash_factor != 1.0:
             parts.append(f"crashes x{self.crash_factor:g}")
+        if self.failure_factor != 1.0:
+            parts.append(f"failures x{self.failure_factor:g}")
         if self.divergence_excess:
             parts.append(f"divergence +{self.divergence_excess * 100:g} pts")
         return ", ".join(parts) or "A/A"
@@ -92,6 +98,12 @@ EFFECTS: dict[str, Effects] = {
     "divergence": Effects(divergence_excess=0.05),
 }
 """The real effects the proof asks for: TTFT p95 12 % slower, crashes 3x, divergence +5 pts."""
+AT_THRESHOLD: dict[str, Effects] = {
+    "errors@1.5": Effects(failure_factor=1.5),
+    "crash@2": Effects(crash_factor=2.0),
+}
+"""Effects exactly on the default policy's thresholds (errors.rate_ratio <= 1.5, crash
+rate_ratio <= 2): a PASS there is a false GO, which each criterion's ``false_go`` bounds."""
 
 
 @dataclass(frozen=True)
@@ -193,6 +205,8 @@ def _failures(
     failed = {}
     for role in ROLES:
         mean = shape.error_share * shape.exchanges_per_day
+        if role == "candidate":
+            mean *= shape.effects.failure_factor
         if shape.clustered:
             rate = rng.uniform(*shape.bursts_per_day)
             bursts = rng.poisson(rate, shape.days)

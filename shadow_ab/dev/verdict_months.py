@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from functools import partial
 
 import numpy as np
 
@@ -101,7 +102,11 @@ def measurements(
         for r in ("candidate", "incumbent")
     }
     e = compare_dispersed_rates(*per_day["candidate"], *per_day["incumbent"], level)
-    out.append(Measurement("errors.rate_ratio", e.ratio, e.interval, e.x1 + e.x2, "ratio"))
+    out.append(
+        Measurement(
+            "errors.rate_ratio", e.ratio, e.interval, e.x1 + e.x2, "ratio", restate=e.interval_at
+        )
+    )
     failed_c, sent_c = (round(sum(x)) for x in per_day["candidate"])
     out.append(rate_measurement("errors.candidate_rate", failed_c, sent_c, level, "", ""))
 
@@ -116,6 +121,7 @@ def measurements(
         newcombe_interval(k1, n1, k2, n2, level),
         n1,
         "share",
+        restate=partial(newcombe_interval, k1, n1, k2, n2),
     )
     # the generated divergences have no near ties: the hard excess (the default policy's
     # divergence criterion) is the excess
@@ -140,7 +146,16 @@ def _crash(month: Month, day: int, level: float) -> list[Measurement]:
     c = compare_dispersed_rates(ep_c, ones, ep_i, ones, level)
     n_c = month.cumulative("crashes", "candidate", day)
     n_i = month.cumulative("crashes", "incumbent", day)
-    out.append(Measurement("incidents.crash.rate_ratio", c.ratio, c.interval, n_c + n_i, "ratio"))
+    out.append(
+        Measurement(
+            "incidents.crash.rate_ratio",
+            c.ratio,
+            c.interval,
+            n_c + n_i,
+            "ratio",
+            restate=c.interval_at,
+        )
+    )
     out.append(rate_measurement("incidents.crash.candidate_rate", n_c, float(day), level, "", ""))
     return out
 
@@ -245,11 +260,21 @@ class Trace:
         return any(o[i] is Outcome.ALERT for o in self.outcomes)
 
 
+def normal_restated(ms: list[Measurement]) -> list[Measurement]:
+    """``ms`` without their intervals' own methods: the verdict then restates every interval
+    at the PASS and ALERT levels by the normal approximation, and holds a zero budget at the
+    look's level (the rule before the exact restatement: the bench's ``norm`` rows)."""
+    return [replace(m, restate=None) for m in ms]
+
+
 def look_month(
-    month: Month, policy: Policy, settings: Settings, *, old: bool = True
+    month: Month, policy: Policy, settings: Settings, *, old: bool = True, norm: bool = False
 ) -> dict[str, Trace]:
-    """The month looked at every day: ``{"new": Trace, "old": Trace}``."""
+    """The month looked at every day: ``{"new": Trace, "old": Trace}`` (``"norm"`` too with
+    ``norm``: the new rule with the PASS level restated by the normal approximation)."""
     traces = {"new": Trace(), "old": Trace()} if old else {"new": Trace()}
+    if norm:
+        traces["norm"] = Trace()
     latency = any(c.key == "latency.ttft.p95.ratio" for c in policy.criteria)
     keys = frozenset(c.key for c in policy.criteria)
     for day in range(1, month.shape.days + 1):
@@ -261,6 +286,10 @@ def look_month(
         verdict = decide(policy, ms)
         traces["new"].decisions.append(verdict.decision)
         traces["new"].outcomes.append([r.outcome for r in verdict.results])
+        if norm:
+            before = decide(policy, normal_restated(ms))
+            traces["norm"].decisions.append(before.decision)
+            traces["norm"].outcomes.append([r.outcome for r in before.results])
         if old:
             ms = measurements(
                 month, day, 0.95, settings, latency=latency, ttft=ttft.get(0.95), keys=keys

@@ -15,7 +15,7 @@ from evaluator.policy import default_policy, parse_policy
 from evaluator.results import Interval, Measurement
 from evaluator.sequential import boundaries, look_at, spent
 from evaluator.verdict import Decision, Outcome, decide
-from shadow_ab.dev.months import AA, EFFECTS, MonthShape, generate
+from shadow_ab.dev.months import AA, AT_THRESHOLD, EFFECTS, MonthShape, generate
 from shadow_ab.dev.verdict_months import Settings, look_month, simulated_policy
 
 COUNTS = ("errors.rate_ratio", "incidents.crash.rate_ratio", "divergence.hard_excess_rate")
@@ -173,3 +173,31 @@ def test_the_generators_draw_what_their_docstring_says() -> None:
     assert generate(MonthShape(), 5).crashes["candidate"].sum() == (
         generate(MonthShape().with_effects(AA), 5).crashes["candidate"].sum()
     )
+
+
+def test_failure_factor_scales_the_candidates_failures_and_leaves_a_a_draws_alone() -> None:
+    """The errors-on-the-threshold scenario of the bench: the candidate's failures x1.5 over
+    the month (bursts alike), the incumbent's the same draws as without the effect."""
+    for clustered in (False, True):
+        shape = MonthShape(clustered=clustered)
+        aa = generate(shape, 4)
+        assert (
+            generate(shape.with_effects(AA), 4).failed["candidate"] == aa.failed["candidate"]
+        ).all()
+        ratios = []
+        for seed in range(10):
+            m = generate(shape.with_effects(AT_THRESHOLD["errors@1.5"]), seed)
+            ratios.append(m.failed["candidate"].sum() / m.failed["incumbent"].sum())
+        assert 1.2 < float(np.median(ratios)) < 1.8, ratios
+
+
+def test_the_norm_rule_is_the_new_rule_without_the_intervals_methods() -> None:
+    """``look_month(norm=True)`` judges the same measurements restated by the normal
+    approximation: its FAIL side is the new rule's, look for look."""
+    shape = MonthShape(clustered=True)
+    policy = simulated_policy(keys=COUNTS)
+    for seed in range(3):
+        traces = look_month(generate(shape, seed), policy, Settings(), old=False, norm=True)
+        new, norm = traces["new"], traces["norm"]
+        for a, b in zip(new.outcomes, norm.outcomes, strict=True):
+            assert [o is Outcome.FAIL for o in a] == [o is Outcome.FAIL for o in b]
