@@ -24,6 +24,12 @@ Paths, side by side in one run, each with its own keep-alive client session:
   (``data_plane: protocol``, mirror/wire.py, the default); ``mirror*`` are the ASGI plane
   (``data_plane: asgi``, kept selectable). Default paths: direct, nginx, nginx-mirror, mirror,
   wire (both planes; the shadow side is the same raw-connection client on both);
+- ``wire-x2``: ``wire`` with ``workers: 2``, two mirror processes on one port (the kernel
+  spreads the connections, mirror/workers.py), one per core; CPU and shadowed counts are summed
+  over both;
+- ``wire-shed``: ``wire`` with the mirror's overload shedding on (``overload.enabled``, its
+  default lags: mirror/overload.py): shadowing scales down while the mirror's loop lags, and
+  the ``shadowed`` column says how much was still shadowed;
 - ``nginx``: a private Debian nginx (own prefix and config in a temp dir, free ports, one
   worker, ``proxy_buffering off``, upstream keep-alive) with ``proxy_pass`` only;
 - ``nginx-mirror``: the same plus nginx's ``mirror`` directive to the 10x slower candidate;
@@ -53,7 +59,10 @@ Added latency = path minus direct at the same percentile, with a bootstrap 95% i
 added TTFT. ``proxy CPU ms/req``: user + system CPU of the proxy's process tree (from
 /proc/<pid>/stat) over the measured segment, divided by the requests answered (the mirror's
 includes reading the candidate's stream and writing records). ``shadowed`` is the share of
-requests the mirror sent to the candidate (from its /metrics).
+requests the mirror sent to the candidate (from its /metrics). ``loop lag p99`` is the mirror's
+own queueing (``shadow_ab_mirror_loop_lag_seconds``, mirror/overload.py): the bucket bound under
+which 99 % of its 50 ms timer's ticks fired late during the measured segments, summed over its
+workers.
 
 The machine has 2 cores: the client (this process), three simulators, the mirror and nginx
 share them, along with whatever else runs (the output prints the load average before and
@@ -133,20 +142,51 @@ PATHS = (
     "wire-off",
     "wire",
     "wire-slow",
+    "wire-shed",
+    "wire-x2",
     "native-off",
     "native",
 )
 DEFAULT_PATHS = ("direct", "nginx", "nginx-mirror", "mirror", "wire")
-MIRROR_PATHS = ("mirror-off", "mirror", "mirror-slow", "wire-off", "wire", "wire-slow")
+MIRROR_PATHS = (
+    "mirror-off",
+    "mirror",
+    "mirror-slow",
+    "wire-off",
+    "wire",
+    "wire-slow",
+    "wire-shed",
+    "wire-x2",
+)
 NGINX_PATHS = ("nginx", "nginx-mirror")
 NATIVE_DIR = Path(__file__).resolve().parent / "native_plane"
-MIRRORS = {  # path: (data plane, shadow rate, slow candidate)
-    "mirror-off": ("asgi", 0.0, False),
-    "mirror": ("asgi", 1.0, False),
-    "mirror-slow": ("asgi", 1.0, True),
-    "wire-off": ("protocol", 0.0, False),
-    "wire": ("protocol", 1.0, False),
-    "wire-slow": ("protocol", 1.0, True),
+
+
+@dataclass(frozen=True)
+class MirrorPath:
+    """How a mirror path's ``shadow-ab mirror`` runs."""
+
+    plane: str
+    """``data_plane``: ``asgi`` or ``protocol``."""
+    rate: float
+    """The shadow rate."""
+    slow: bool = False
+    """The candidate is the 10x slower simulator."""
+    shed: bool = False
+    """``overload.enabled`` (its default lags)."""
+    workers: int = 1
+    """Mirror processes on the port (``workers``)."""
+
+
+MIRRORS = {
+    "mirror-off": MirrorPath("asgi", 0.0),
+    "mirror": MirrorPath("asgi", 1.0),
+    "mirror-slow": MirrorPath("asgi", 1.0, slow=True),
+    "wire-off": MirrorPath("protocol", 0.0),
+    "wire": MirrorPath("protocol", 1.0),
+    "wire-slow": MirrorPath("protocol", 1.0, slow=True),
+    "wire-shed": MirrorPath("protocol", 1.0, shed=True),
+    "wire-x2": MirrorPath("protocol", 1.0, workers=2),
 }
 LABELS = {
     "direct": "direct",
@@ -156,6 +196,8 @@ LABELS = {
     "wire-off": "mirror protocol (default), shadowing off",
     "wire": "mirror protocol (default), candidate",
     "wire-slow": "mirror protocol (default), 10x slow candidate",
+    "wire-shed": "mirror protocol, candidate, overload shedding on",
+    "wire-x2": "mirror protocol, candidate, 2 processes on one port",
     "nginx": "nginx proxy_pass",
     "nginx-mirror": "nginx `mirror`, 10x slow candidate",
     "native-off": "Go reference plane (bench/native_plane), shadowing off",
@@ -261,6 +303,8 @@ class Proxy:
     base_url: str
     pid: int
     metrics_url: str | None = None
+    more_metrics: list[str] = field(default_factory=list)
+    """The other workers' metrics (``workers`` above 1); their CPU is in ``pid``'s tree."""
 
 
 @contextlib.contextmanager
@@ -274,11 +318,13 @@ def running_mirror(
     data_plane: str = "asgi",
     kafka: str | None = None,
     kafka_client: str | None = None,
+    shed: bool = False,
+    workers: int = 1,
 ) -> Iterator[Proxy]:
     """``shadow-ab mirror`` as a subprocess on ``data_plane``: shadow ``rate`` of requests
-    (default every one), guard off; records to the Kafka sink at ``kafka`` (topics of this run,
-    deleted after; its producer on ``kafka_client``, default the sink's), else to the direct
-    sink."""
+    (default every one), guard off, overload shedding as ``shed`` says; records to the Kafka
+    sink at ``kafka`` (topics of this run, deleted after; its producer on ``kafka_client``,
+    default the sink's), else to the direct sink; ``workers`` mirror processes on the port."""
     sink: dict[str, Any] = {}
     topics: list[str] = []
     name = name.replace("@", "-")  # wire@confluent: topic and deployment names take no @
@@ -308,12 +354,15 @@ def running_mirror(
                 startup_timeout=180.0,
                 shadow={"rate": rate, "max_concurrent": 512, "timeout_s": 60.0},
                 guard={"enabled": False},
+                overload={"enabled": shed},
                 data_plane=data_plane,
+                workers=workers,
             )
         )
         models = mirror.base_url + "/v1/models"
         mirror.wait_until(lambda: answers(models), f"answering {models}", 60.0, interval=0.1)
-        yield Proxy(mirror.base_url, mirror.pid, mirror.admin_url + "/metrics")
+        more = [f"http://{mirror.host}:{mirror.admin_port + i}/metrics" for i in range(1, workers)]
+        yield Proxy(mirror.base_url, mirror.pid, mirror.admin_url + "/metrics", more)
 
 
 def mirror_available() -> str | None:
@@ -328,20 +377,52 @@ def mirror_available() -> str | None:
     return None
 
 
-def shadow_sampled(metrics_url: str | None) -> float | None:
-    """The mirror's count of sampled requests (shadow_ab_mirror_shadow_decisions_total)."""
+@dataclass
+class Scrape:
+    """What a mirror's /metrics say at one moment: sampled requests, and the loop-lag
+    histogram's cumulative counts by upper bound (``shadow_ab_mirror_loop_lag_seconds``)."""
+
+    sampled: float = 0.0
+    lag: dict[float, float] = field(default_factory=dict)
+
+    def __add__(self, other: Scrape) -> Scrape:
+        keys = self.lag.keys() | other.lag.keys()
+        lag = {k: self.lag.get(k, 0.0) + other.lag.get(k, 0.0) for k in keys}
+        return Scrape(self.sampled + other.sampled, lag)
+
+    def __sub__(self, other: Scrape) -> Scrape:
+        lag = {k: v - other.lag.get(k, 0.0) for k, v in self.lag.items()}
+        return Scrape(self.sampled - other.sampled, lag)
+
+
+def scrape_mirror(metrics_url: str | None) -> Scrape | None:
+    """A mirror's sampled count and loop-lag buckets, or None when it does not answer."""
     if metrics_url is None:
         return None
     status, body = http_get(metrics_url, timeout=2.0)
     if status != 200:
         return None
-    total = 0.0
+    out = Scrape()
     for line in body.decode(errors="replace").splitlines():
         if line.startswith("shadow_ab_mirror_shadow_decisions_total{") and (
             'decision="sampled"' in line
         ):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
+            out.sampled += float(line.rsplit(" ", 1)[1])
+        elif line.startswith("shadow_ab_mirror_loop_lag_seconds_bucket{"):
+            le = line.split('le="', 1)[1].split('"', 1)[0]
+            out.lag[float(le)] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def lag_quantile(lag: dict[float, float], q: float) -> float | None:
+    """The upper bound of the histogram bucket holding quantile ``q`` (None without ticks)."""
+    total = lag.get(float("inf"), 0.0)
+    if total <= 0:
+        return None
+    for le in sorted(lag):
+        if lag[le] >= q * total:
+            return le
+    return None
 
 
 # -- nginx -----------------------------------------------------------------------------------
@@ -566,6 +647,8 @@ class Cell:
     machine_busy: float = 0.0
     machine_total: float = 0.0
     sampled: float | None = None
+    lag: dict[float, float] = field(default_factory=dict)
+    """Loop-lag histogram counts of the measured segments (mirror paths)."""
 
     def result(self) -> TrafficResult:
         return TrafficResult(rows=self.rows, wall_s=self.wall_s)
@@ -578,6 +661,18 @@ class Target:
     pid: int | None
     metrics_url: str | None = None
     settle: list[RunningSim] = field(default_factory=list)
+    more_metrics: list[str] = field(default_factory=list)
+    """The other workers' metrics (their CPU is in ``pid``'s process tree)."""
+
+    def cpu_seconds(self) -> float:
+        return tree_cpu_seconds(self.pid) if self.pid else 0.0
+
+    def scrape(self) -> Scrape | None:
+        """Summed over the workers; None when one does not answer (or no metrics)."""
+        scrapes = [scrape_mirror(u) for u in [self.metrics_url, *self.more_metrics]]
+        if any(sc is None for sc in scrapes):
+            return None
+        return sum((sc for sc in scrapes if sc is not None), Scrape())
 
 
 async def measure(
@@ -595,20 +690,22 @@ async def measure(
         for sim in target.settle:
             await asyncio.to_thread(wait_trt_idle, sim)
         plan = make_plan(concurrency=conc, duration_s=duration_s, requests=requests, seed=seed)
-        sampled0 = shadow_sampled(target.metrics_url)
-        cpu0 = tree_cpu_seconds(target.pid) if target.pid else 0.0
+        scrape0 = target.scrape()
+        cpu0 = target.cpu_seconds()
         busy0, total0 = machine_busy()
         result = await run_traffic(session, target.base_url, mix, plan)
         busy1, total1 = machine_busy()
-        cpu1 = tree_cpu_seconds(target.pid) if target.pid else 0.0
-        sampled1 = shadow_sampled(target.metrics_url)
+        cpu1 = target.cpu_seconds()
+        scrape1 = target.scrape()
     cell.rows += result.rows
     cell.wall_s += result.wall_s
     cell.proxy_cpu_s += cpu1 - cpu0
     cell.machine_busy += busy1 - busy0
     cell.machine_total += total1 - total0
-    if sampled0 is not None and sampled1 is not None:
-        cell.sampled = (cell.sampled or 0.0) + sampled1 - sampled0
+    if scrape0 is not None and scrape1 is not None:
+        delta = scrape1 - scrape0
+        cell.sampled = (cell.sampled or 0.0) + delta.sampled
+        cell.lag = (Scrape(lag=cell.lag) + Scrape(lag=delta.lag)).lag
     for sim in target.settle:
         await asyncio.to_thread(wait_trt_idle, sim)
 
@@ -643,9 +740,9 @@ def table(cells: dict[tuple[str, int], Cell], levels: list[int], paths: list[str
     head = (
         "| conc | path | req/s | TTFT p50 | TTFT p99 | E2E p50 | E2E p99 | +TTFT p50 [95% CI]"
         " | +TTFT p99 [95% CI] | +E2E p50 | +E2E p99 | req/s ratio | proxy CPU ms/req"
-        " | shadowed | errors | n |"
+        " | shadowed | loop lag p99 | errors | n |"
     )
-    out = [head, "|" + "---|" * 16]
+    out = [head, "|" + "---|" * 17]
     for conc in levels:
         base = cells.get(("direct", conc))
         br = base.result() if base else None
@@ -684,7 +781,9 @@ def table(cells: dict[tuple[str, int], Cell], levels: list[int], paths: list[str
             shadowed = "" if path in ("direct", "nginx", "native-off") else "100% (all)"
             if cell.sampled is not None:
                 shadowed = f"{cell.sampled / max(1, len(cell.rows)):.0%}"
-            row += [cpu, shadowed, str(len(r.errors)), str(len(r.rows))]
+            p99 = lag_quantile(cell.lag, 0.99)
+            lag = "" if p99 is None else ("> 250 ms" if p99 == float("inf") else f"<= {ms(p99)} ms")
+            row += [cpu, shadowed, lag, str(len(r.errors)), str(len(r.rows))]
             out.append("| " + " | ".join(row) + " |")
     return out
 
@@ -692,7 +791,15 @@ def table(cells: dict[tuple[str, int], Cell], levels: list[int], paths: list[str
 def goal_lines(cells: dict[tuple[str, int], Cell]) -> list[str]:
     lines = []
     base = cells.get(("direct", GOAL_CONCURRENCY))
-    shadowing = ("mirror", "wire", "mirror-slow", "wire-slow", "mirror-off", "wire-off")
+    shadowing = (
+        "mirror",
+        "wire",
+        "wire-shed",
+        "mirror-slow",
+        "wire-slow",
+        "mirror-off",
+        "wire-off",
+    )
     paths = [p for p, _c in cells if split_path(p)[0] in shadowing]
     for path in sorted(set(paths), key=lambda p: (shadowing.index(split_path(p)[0]), p)):
         cell = cells.get((path, GOAL_CONCURRENCY))
@@ -857,9 +964,9 @@ def main() -> None:
         for path in wanted:
             if path not in MIRRORS:
                 continue
-            plane, rate, slow_cand = MIRRORS[path]
+            how = MIRRORS[path]
             progress(f"starting shadow-ab mirror: {LABELS[path]}")
-            cand_sim = slow if slow_cand else cand
+            cand_sim = slow if how.slow else cand
             m = stack.enter_context(
                 running_mirror(
                     inc.base_url,
@@ -867,14 +974,16 @@ def main() -> None:
                     tmp,
                     args.database_url,
                     path,
-                    rate,
-                    plane,
+                    how.rate,
+                    how.plane,
                     args.kafka,
                     split_path(path)[1],
+                    shed=how.shed,
+                    workers=how.workers,
                 )
             )
-            settle = [cand_sim] if rate > 0 else []
-            targets[path] = Target(path, m.base_url, m.pid, m.metrics_url, settle)
+            settle = [cand_sim] if how.rate > 0 else []
+            targets[path] = Target(path, m.base_url, m.pid, m.metrics_url, settle, m.more_metrics)
         if native := [p for p in ("native-off", "native") if p in wanted]:
             progress("building and starting the Go reference plane")
             binary, why = native_binary(tmp)
@@ -948,6 +1057,7 @@ def main() -> None:
                         **cell.result().summary(),
                         "proxy_cpu_s": cell.proxy_cpu_s,
                         "sampled": cell.sampled,
+                        "loop_lag_buckets": {str(k): v for k, v in cell.lag.items()},
                         "machine_busy": busy[(p, c)],
                     }
                     for (p, c), cell in cells.items()

@@ -62,6 +62,7 @@ from mirror.headers import (
     shadow_headers,
     upstream_headers,
 )
+from mirror.overload import LoopLag
 from mirror.privacy import Privacy, RedactionError
 from mirror.problem import PROBLEM_JSON, problem_body
 from mirror.recording import ERROR_BODY_KEEP, Dispatch, build_record, error_text, status_of
@@ -109,6 +110,7 @@ SKIPPED_GUARD = "skipped_guard"
 SKIPPED_MALFORMED = "skipped_malformed"
 SKIPPED_TOO_LARGE = "skipped_too_large"
 SKIPPED_LOAD_PARITY = "skipped_load_parity"
+SKIPPED_OVERLOAD = "skipped_overload"
 DECISIONS = (
     SAMPLED,
     SKIPPED_SAMPLE,
@@ -117,6 +119,7 @@ DECISIONS = (
     SKIPPED_MALFORMED,
     SKIPPED_TOO_LARGE,
     SKIPPED_LOAD_PARITY,
+    SKIPPED_OVERLOAD,
 )
 
 
@@ -232,6 +235,7 @@ class Mirror:
         self.incumbent_session = incumbent_session
         self.candidate_session = candidate_session
         self.guard = guard or InterferenceGuard(settings.guard)
+        self.loop_lag = LoopLag(settings.overload)
         self.sampler = sampler or Sampler(settings.shadow)
         self._clock = clock
         self._wall = wall
@@ -370,6 +374,7 @@ class Mirror:
         if self.incumbent_session is None:
             self.incumbent_session = self._session(self.settings.incumbent, raw=True)
         self.shadows.start()  # the shadow requests' own connection pools (mirror/shadow.py)
+        self.loop_lag.start()
         if self.settings.health_enabled:
             self._start_health()
         if self.settings.probes.per_minute > 0:
@@ -421,6 +426,7 @@ class Mirror:
         """Let shadow requests finish (up to ``drain_timeout_s``; the rest are recorded as
         cancelled), stop the health sampler, close sessions, flush the sink."""
         self.draining = True
+        self.loop_lag.stop()
         if self._probe_task is not None:
             self._probe_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -521,8 +527,10 @@ class Mirror:
             u = sampler.draw(hv)
             if not sampler.sampled(u):
                 decision = SKIPPED_SAMPLE
-            elif not self.guard.admit(sampler.guard_draw(u)):
+            elif not self.guard.admit(g := sampler.guard_draw(u)):
                 decision = SKIPPED_GUARD
+            elif not self.loop_lag.admit(g):
+                decision = SKIPPED_OVERLOAD
             elif self.shadows.inflight >= self.settings.shadow.max_concurrent:
                 decision = SKIPPED_CAP
             elif not self.settings.shadow.parity_allows(

@@ -7,7 +7,8 @@ client flood cannot starve the probes and clients never see the admin endpoints.
 SIGINT: stop accepting, let the requests in flight finish, let shadow requests finish
 (``drain_timeout_s``), flush and close the record sink, then close the admin port, exit 0.
 ``--health-only`` runs just the health sampler (for a separate Kubernetes Deployment that keeps
-scraping while the mirror is rolled).
+scraping while the mirror is rolled). ``--workers N`` runs N such mirror processes on the port
+under a supervisor (:mod:`mirror.workers`).
 """
 
 from __future__ import annotations
@@ -66,6 +67,19 @@ log = logging.getLogger("mirror")
     " (uvicorn + aiohttp, the earlier design, kept selectable).",
 )
 @click.option(
+    "--workers",
+    type=click.IntRange(1, 64),
+    help="Mirror processes on --port, one per core (default 1); worker i serves /metrics on"
+    " --admin-port + i (mirror/workers.py).",
+)
+@click.option(
+    "--reuse-port",
+    is_flag=True,
+    default=None,
+    help="Let several mirror processes listen on --port (SO_REUSEPORT), one per core; each"
+    ' needs its own --admin-port (mirror/README.md, "More than one core").',
+)
+@click.option(
     "--health-only",
     is_flag=True,
     help="Run only the health sampler (serving /metrics and /healthz on --host/--port).",
@@ -110,11 +124,32 @@ def mirror(
         )
     except MirrorConfigError as exc:
         raise click.UsageError(str(exc)) from None
+    if settings.workers > 1:
+        if health_only:
+            raise click.UsageError("--health-only runs one sampler: leave --workers at 1")
+        from mirror.workers import supervise
+
+        _log_to_stderr(settings, verbose)
+        try:
+            status = supervise(settings, run_worker, verbose)
+        except MirrorConfigError as exc:
+            raise click.ClickException(str(exc)) from None
+        log.info("stopped")
+        sys.exit(status)
+    _log_to_stderr(settings, verbose)
+    _run(settings, health_only=health_only)
+
+
+def _log_to_stderr(settings: MirrorSettings, verbose: bool) -> None:
     logging.basicConfig(
         level=logging.DEBUG if verbose else getattr(logging, settings.log_level.upper()),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+
+
+def _run(settings: MirrorSettings, *, health_only: bool = False) -> None:
+    """One mirror process: open the sink, serve until SIGTERM/SIGINT, close the sink."""
     sink = _open_sink(settings)
     try:
         serve(settings, sink, health_only=health_only)
@@ -122,6 +157,17 @@ def mirror(
         if not sink.close(settings.sink_close_timeout_s):
             log.warning("the sink could not deliver every record before closing")
     log.info("stopped")
+
+
+def run_worker(settings: MirrorSettings, verbose: bool) -> None:
+    """A worker process of ``--workers N`` (mirror/workers.py); exit status 1 on an error it
+    explains in its log."""
+    _log_to_stderr(settings, verbose)
+    try:
+        _run(settings)
+    except click.ClickException as exc:
+        log.error("mirror worker on admin port %d: %s", settings.admin_port, exc.format_message())
+        sys.exit(1)
 
 
 def _open_sink(settings: MirrorSettings) -> RecordSink:
@@ -151,8 +197,9 @@ def _uvicorn_common(settings: MirrorSettings) -> dict[str, Any]:
     }
 
 
-def bind(host: str, port: int, what: str) -> socket.socket:
-    """A listening TCP socket on ``host:port``; a usage error naming ``what`` when it cannot."""
+def bind(host: str, port: int, what: str, *, reuse_port: bool = False) -> socket.socket:
+    """A listening TCP socket on ``host:port`` (with ``SO_REUSEPORT`` when ``reuse_port``: other
+    processes may listen there too); a usage error naming ``what`` when it cannot."""
     try:
         family, kind, proto, _, addr = socket.getaddrinfo(
             host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
@@ -162,6 +209,8 @@ def bind(host: str, port: int, what: str) -> socket.socket:
         raise click.ClickException(f"cannot listen on {host}:{port} ({what}): {exc}") from None
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         sock.bind(addr)
         sock.listen(2048)
     except OSError as exc:
@@ -210,7 +259,9 @@ def serve(settings: MirrorSettings, sink: RecordSink, *, health_only: bool = Fal
         return
     admin_host = settings.admin_host or settings.host
     with (
-        _listening(settings.host, settings.port, "client port") as client_sock,
+        _listening(
+            settings.host, settings.port, "client port", reuse_port=settings.reuse_port
+        ) as client_sock,
         _listening(admin_host, settings.admin_port, "admin port") as admin_sock,
     ):
         mirror_app = create_app(settings, sink=sink)
@@ -240,8 +291,10 @@ def serve(settings: MirrorSettings, sink: RecordSink, *, health_only: bool = Fal
 
 
 @contextlib.contextmanager
-def _listening(host: str, port: int, what: str) -> Iterator[socket.socket]:
-    sock = bind(host, port, what)
+def _listening(
+    host: str, port: int, what: str, *, reuse_port: bool = False
+) -> Iterator[socket.socket]:
+    sock = bind(host, port, what, reuse_port=reuse_port)
     try:
         yield sock
     finally:

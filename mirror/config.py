@@ -38,6 +38,7 @@ from mirror.headers import CANDIDATE_FORWARD_DEFAULT, CREDENTIAL_HEADERS
 from mirror.health import HealthConfig
 from mirror.kafka_sink import KafkaSinkConfig
 from mirror.limits import ServerLimits
+from mirror.overload import OverloadConfig
 from mirror.privacy import PrivacyConfig
 from mirror.probes import ProbeConfig
 from mirror.rewrite import CandidateRewrite
@@ -221,6 +222,7 @@ class MirrorSettings(CommonSettings):
     candidate: CandidateConfig
     shadow: ShadowConfig = Field(default_factory=ShadowConfig)
     guard: GuardConfig = Field(default_factory=GuardConfig)
+    overload: OverloadConfig = Field(default_factory=OverloadConfig)
     health: HealthConfig = Field(default_factory=HealthConfig)
     health_enabled: bool = Field(default=True, description="run the health sampler")
     kafka: KafkaSinkConfig | None = Field(
@@ -240,6 +242,19 @@ class MirrorSettings(CommonSettings):
     privacy: PrivacyConfig = Field(
         default_factory=PrivacyConfig,
         description="what of the request and response text is recorded (mirror/README.md)",
+    )
+    workers: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="mirror processes on the port, one per core (SO_REUSEPORT); above 1,"
+        " `shadow-ab mirror` supervises them (mirror/workers.py)",
+    )
+    reuse_port: bool = Field(
+        default=False,
+        description="let several mirror processes listen on the same port (SO_REUSEPORT): the"
+        " kernel spreads new connections across them, one process per core; each keeps its own"
+        " admin port, guard, shadow cap, probes, health sampler and spool (mirror/README.md)",
     )
     admin_host: str | None = Field(
         default=None,

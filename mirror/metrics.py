@@ -12,11 +12,13 @@ name they use is declared here (or in another part's ``metrics`` module).
 | shadow_ab_mirror_added_seconds | histogram | | time the mirror adds before the first byte reaches the client (its own overhead) |
 | shadow_ab_mirror_held_seconds | histogram | | time a stream's finish event was held back until the usage event the mirror hides (to give the finish event its system_fingerprint back) |
 | shadow_ab_mirror_inflight_requests | gauge | role | requests in flight to each engine |
-| shadow_ab_mirror_shadow_decisions_total | counter | decision | sampled, skipped_sample, skipped_cap, skipped_guard, skipped_malformed, skipped_too_large, skipped_route, skipped_load_parity |
+| shadow_ab_mirror_shadow_decisions_total | counter | decision | sampled, skipped_sample, skipped_cap, skipped_guard, skipped_malformed, skipped_too_large, skipped_route, skipped_load_parity, skipped_overload |
 | shadow_ab_mirror_replays_total | counter | | sampled requests also replayed to the incumbent |
 | shadow_ab_mirror_guard_rate_ratio | gauge | | the guard's current multiplier of the shadow rate, 0..1 |
 | shadow_ab_mirror_guard_state | gauge | state | 1 for the guard's current state (steady, backoff, recovering, off_window), else 0 |
 | shadow_ab_mirror_guard_incumbent_p95_seconds | gauge | metric | the incumbent's rolling p95 the guard watches (ttft, e2e) |
+| shadow_ab_mirror_loop_lag_seconds | histogram | | how late the mirror's periodic timer fired: the time a ready callback (a client's chunk) waited for the event loop (mirror/overload.py) |
+| shadow_ab_mirror_overload_admit_ratio | gauge | | the fraction of sampled requests shadowed under the mirror's own load, 0..1 (1 while overload shedding is off) |
 | shadow_ab_mirror_records_total | counter | sink, kind | records handed to the sink |
 | shadow_ab_mirror_records_dropped_total | counter | reason | records the mirror dropped (spool_full, encode_error, ...) |
 | shadow_ab_mirror_sink_errors_total | counter | sink, error | errors the sink met (broker unreachable, send failed, ...) |
@@ -131,6 +133,15 @@ GUARD_P95 = Gauge(
     "shadow_ab_mirror_guard_incumbent_p95_seconds",
     "The incumbent's rolling p95 the guard watches, by metric (ttft, e2e).",
     ["metric"],
+)
+LOOP_LAG = Histogram(
+    "shadow_ab_mirror_loop_lag_seconds",
+    "How late the mirror's periodic timer fired: the time a ready callback waited for the loop.",
+    buckets=OVERHEAD_BUCKETS,
+)
+OVERLOAD_ADMIT = Gauge(
+    "shadow_ab_mirror_overload_admit_ratio",
+    "The fraction of sampled requests shadowed under the mirror's own load (1 when not shedding).",
 )
 RECORDS = Counter(
     "shadow_ab_mirror_records_total",

@@ -60,6 +60,21 @@ ROWS: list[tuple[str, list[tuple[str, str, list[tuple[str, str]], str]]]] = [
                 "The mirror's own overhead before the client's first byte.",
             ),
             (
+                "The mirror's event-loop lag",
+                "s",
+                [
+                    (
+                        f"histogram_quantile({q}, sum by (le) "
+                        f"(rate(shadow_ab_mirror_loop_lag_seconds_bucket[{RATE}])))",
+                        f"p{int(q * 100)}",
+                    )
+                    for q in (0.5, 0.99)
+                ]
+                + [("min(shadow_ab_mirror_overload_admit_ratio)", "shadowed share (overload)")],
+                "How long a ready callback (a client's next chunk) waits for the mirror's loop;"
+                " with overload.enabled, shadowing scales down above scaled_lag_ms.",
+            ),
+            (
                 "Upstream answers by role and status",
                 "reqps",
                 [
@@ -103,7 +118,8 @@ ROWS: list[tuple[str, list[tuple[str, str, list[tuple[str, str]], str]]]] = [
                         "{{decision}}",
                     )
                 ],
-                "skipped_sample is the sampling rate; skipped_cap/guard mean shadow was held back.",
+                "skipped_sample is the sampling rate;"
+                " skipped_cap/guard/overload mean shadow was held back.",
             ),
             (
                 "Guard rate multiplier",

@@ -515,6 +515,8 @@ def running_mirror(
     ``shadow={"rate": 0.5, "replay_rate": 0.1}``, ``deployment="exp1"``,
     ``candidate={"rewrite": {"model": "m"}}`` (merged with the URLs), ``health_enabled=False``.
     ``health_only=True`` runs ``shadow-ab mirror --health-only`` (the sampler and its /metrics).
+    With ``workers=N`` the mirror runs N worker processes; worker i's admin port is
+    ``mirror.admin_port + i``.
     ``SHADOW_AB_DEV_DATA_PLANE`` (``asgi``, ``protocol``) picks the client path's data plane
     when ``overrides`` do not (to run a whole test folder on one).
     Probes are off unless ``probes={"per_minute": ...}`` is given (the mirror's default is one a
@@ -553,7 +555,9 @@ def running_mirror(
             if health_only:
                 cmd.append("--health-only")
             else:
-                admin_port = free_port(host)
+                workers = int(settings.get("workers", 1))
+                # Worker i serves on admin_port + i: a free run of them (free_port_run).
+                admin_port = free_port_run(workers, host) if workers > 1 else free_port(host)
                 cmd += ["--admin-port", str(admin_port)]
             if kafka is not None:
                 cmd += ["--kafka", kafka]

@@ -16,6 +16,7 @@ from aiohttp import web
 from factories import ListSink as ListSink  # used by the mirror tests from here
 from sqlalchemy import text
 
+from mirror import metrics as m
 from shadow_ab.dev.processes import free_port
 from storage.db import make_engine
 
@@ -30,6 +31,17 @@ FAST: dict[str, Any] = {
 
 _ID = re.compile(rb'"id":\s*"[^"]*"')
 _CREATED = re.compile(rb'"created":\s*\d+')
+
+
+def decisions() -> dict[str, float]:
+    """The in-process mirror's shadow decisions so far (``shadow_ab_mirror_shadow_decisions_total``
+    by decision: the metric is process-wide, so a test takes the difference)."""
+    return {
+        s.labels["decision"]: s.value
+        for metric in m.SHADOW_DECISIONS.collect()
+        for s in metric.samples
+        if s.name.endswith("_total")
+    }
 
 
 def normalize(body: bytes) -> bytes:
@@ -201,3 +213,32 @@ async def served_in_process(mirror: Any, plane: str) -> AsyncIterator[httpx.Asyn
             wire.upstream.close()
     finally:
         await mirror.shutdown()
+
+
+def served(admin_url: str) -> float:
+    """Client requests a mirror process answered (its own /metrics)."""
+    text = httpx.get(admin_url + "/metrics", timeout=10.0).text
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("shadow_ab_mirror_requests_total{")
+    )
+
+
+def ask(port: int, n: int, tag: str) -> list[str]:
+    """``n`` chats, each on a new connection (the kernel picks a worker per connection)."""
+    pairs = []
+    for i in range(n):
+        with httpx.Client(timeout=30.0) as http:
+            resp = http.post(
+                f"http://127.0.0.1:{port}/v1/chat/completions",
+                json={
+                    "model": MODEL,
+                    "messages": [{"role": "user", "content": f"{tag} {i}"}],
+                    "max_tokens": 4,
+                    "temperature": 0,
+                },
+            )
+        assert resp.status_code == 200
+        pairs.append(resp.headers["x-shadow-pair-id"])
+    return pairs

@@ -13,9 +13,8 @@ from typing import Any
 
 import httpx
 import pytest
-from mirror_helpers import FAST, MODEL, ListSink
+from mirror_helpers import FAST, MODEL, ListSink, decisions
 
-from mirror import metrics as m
 from mirror.app import Mirror
 from mirror.config import MirrorSettings, load_settings
 from mirror.errors import MirrorConfigError
@@ -50,15 +49,6 @@ def settings(pair: tuple[RunningSim, RunningSim], **shadow: Any) -> MirrorSettin
         guard={"enabled": False},
         shadow={"rate": 1.0, **shadow},
     )
-
-
-def decisions() -> dict[str, float]:
-    return {
-        s.labels["decision"]: s.value
-        for metric in m.SHADOW_DECISIONS.collect()
-        for s in metric.samples
-        if s.name.endswith("_total")
-    }
 
 
 async def closed_loop(mirror: Mirror, workers: int, each: int) -> list[int]:
