@@ -1,10 +1,13 @@
 """PostgreSQL's CPU and bytes per stored exchange row, for variants of the ``exchanges`` schema.
 
     eval "$(shadow-ab services env)"
-    python bench/store_schema.py [--records 20000] [--rounds 3] [--variants base,pglz,...]
+    python bench/store_schema.py [--records 20000] [--rounds 3] [--variants jsonb,head,pglz,...]
+                                 [--top-logprobs 0,5]
 
 Needs PostgreSQL (``SHADOW_AB_DATABASE_URL``). The records are ``bench/ingest.py``'s
-(``make_values``: 1-4 KB of text each, ~4.8 KB of JSON, no logprobs), decoded by the
+(``make_values``: 1-4 KB of text each, ~4.8 KB of JSON; for each ``--top-logprobs`` K but 0
+the candidate's and the replay's also carry logprobs with K alternatives a token, as the
+mirror asks for them: ~31.7 KB of JSON a record on average with 5), decoded by the
 ingester's ``rows`` decoder into the row values the store writes. Each variant gets a fresh
 database migrated to head, then its own changes (below); then, round after round, every
 variant in turn: ``TRUNCATE exchanges`` and the same rows written by
