@@ -5,7 +5,7 @@
                            [--kafka-client kafka-python,confluent]
                            [--decoder pydantic,msgspec,rows] [--inflight 1,2]
                            [--gc tuned|default|both] [--fetch-partition-kb 8192] [--repeat R]
-                           [--no-parts] [--profile]
+                           [--top-logprobs K] [--no-parts] [--profile]
 
 Needs `shadow-ab services up` and its SHADOW_AB_* variables in the environment.
 
@@ -16,8 +16,11 @@ after a one-line system prompt) and ``output_text``; the words come from a 45-wo
 ``itl_s`` has one inter-token latency per SSE event after the first, assuming 4 characters a
 token and 2 tokens an event (about 40-360 floats, 6 decimals); ``request`` also carries model,
 max_tokens, temperature, top_p, seed, stream and stream_options; plus the scalar timings,
-token counts, in-flight counts and a guard dict; no logprobs. The table prints the mean
-JSON size (about 4.8 KB: about 2.6 KB of text, the rest mostly ITL floats and field names).
+token counts, in-flight counts and a guard dict; no logprobs unless ``--top-logprobs K``:
+then the candidate's and the replay's records carry one entry per 4 characters of output with
+K alternatives, as the mirror asks for them (``shadow.top_logprobs``, 5 by default; about
+31.6 KB of JSON a record on average with 5). The table prints the mean JSON size (about 4.8
+KB without logprobs: about 2.6 KB of text, the rest mostly ITL floats and field names).
 
 They are produced to a fresh 6-partition topic (as ``shadow.exchanges``); then, for each batch
 size and worker count, ``--workers`` processes each run the real ingester exactly as
@@ -106,8 +109,13 @@ WORDS = (
 # -- realistic records ------------------------------------------------------------------------
 
 
-def make_values(n: int, deployment: str, seed: int = 1) -> list[tuple[bytes, bytes]]:
-    """(key, value) pairs of exchange records as the mirror would send them."""
+def make_values(
+    n: int, deployment: str, seed: int = 1, top_logprobs: int = 0
+) -> list[tuple[bytes, bytes]]:
+    """(key, value) pairs of exchange records as the mirror would send them; with
+    ``top_logprobs`` the candidate's and the replay's carry logprobs as the mirror asks for them
+    (``shadow.top_logprobs``, 5 by default): one entry per output token, its
+    ``top_logprobs`` alternatives (its own token among them)."""
     rng = random.Random(seed)
     t0 = datetime(2026, 11, 30, 3, 0, tzinfo=UTC)
     out = []
@@ -163,8 +171,25 @@ def make_values(n: int, deployment: str, seed: int = 1) -> list[tuple[bytes, byt
             "inflight_candidate": rng.randint(0, 16),
             "guard": {"state": "open"},
         }
+        if top_logprobs and role != "incumbent":
+            obj["logprobs"] = _logprobs(output, top_logprobs, rng)
         out.append((str(pair).encode(), orjson.dumps(obj)))
-    parse_record(out[0][1])  # the generator keeps to the record contract
+    for _, value in out[:2]:
+        parse_record(value)  # the generator keeps to the record contract
+    return out
+
+
+def _logprobs(output: str, top: int, rng: random.Random) -> list[dict[str, Any]]:
+    """Per token (4 characters of ``output``, so they spell it) its logprob and ``top``
+    alternatives, as the mirror records them (``shadow_ab.records.TokenLogprob``)."""
+    out = []
+    for i in range(0, len(output), 4):
+        token = output[i : i + 4]
+        own = round(-rng.expovariate(4.0), 6)
+        alts = {token: own}
+        while len(alts) < top:
+            alts[rng.choice(WORDS)[:4]] = round(own - rng.expovariate(0.5), 6)
+        out.append({"token": token, "logprob": own, "top": alts})
     return out
 
 
@@ -763,6 +788,13 @@ def main() -> None:
         help="SHADOW_AB_INGEST_KAFKA_CLIENT values, e.g. kafka-python,confluent",
     )
     parser.add_argument("--repeat", type=int, default=1, help="run each configuration N times")
+    parser.add_argument(
+        "--top-logprobs",
+        type=int,
+        default=0,
+        help="the candidate's and the replay's records carry logprobs with this many"
+        " alternatives a token, as the mirror asks for them (its default: 5); 0: none",
+    )
     parser.add_argument("--parts", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument(
         "--runs",
@@ -803,7 +835,7 @@ def main() -> None:
     dbs = FreshDatabases(common.database_url)
     try:
         t = time.perf_counter()
-        values = make_values(n, deployment=f"bench-{tag}")
+        values = make_values(n, deployment=f"bench-{tag}", top_logprobs=args.top_logprobs)
         gen_s = time.perf_counter() - t
         mean_bytes = sum(len(v) for _, v in values) / n
         mean_text = sum(len(r.output_text or "") + len(_prompt(r)) for r in _parsed(values)) / n

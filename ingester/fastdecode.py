@@ -44,7 +44,7 @@ from shadow_ab.records import (
     Status,
     TokenLogprob,
 )
-from storage.write import ExchangeRow, float8_array_wire, jsonb_wire
+from storage.write import ExchangeRow, float8_array_wire, json_wire, jsonb_wire
 
 Name = Annotated[str, Meta(min_length=1, max_length=200)]
 NonNegFloat = Annotated[float, Meta(ge=0.0)]  # finiteness checked after decoding
@@ -135,6 +135,7 @@ _LONG_FRACTION = re.compile(rb"[.,][0-9]{7}").search
 _asdict = msgspec.structs.asdict
 _set_attr = object.__setattr__
 _jsonb = jsonb_wire
+_json = json_wire
 _floats = float8_array_wire
 
 
@@ -200,7 +201,7 @@ def decode_exchange_row(value: bytes) -> ExchangeRow | None:
     exactly ``exchange_values(record, WIRE)`` of the record pydantic would build), with no
     record object in between; None when not certain (take :func:`decode_fast` or pydantic's
     path then). Also None for text the store must scrub (an escaped NUL, ``\\u0000``: the
-    writer's scrubbing retry needs a record), and for JSON values the jsonb encoder refuses
+    writer's scrubbing retry needs a record), and for JSON values the JSON encoder refuses
     (integers beyond 64 bits): the record path stores or dead-letters those as before."""
     if b"\\u0000" in value:
         return None
@@ -233,10 +234,10 @@ def decode_exchange_row(value: bytes) -> ExchangeRow | None:
             s.prompt_tokens,
             s.completion_tokens,
             s.finish_reason,
-            _jsonb(s.request),
+            _json(s.request),
             _jsonb(s.rewrites),
             s.output_text,
-            None if logprobs is None else _jsonb([_asdict(t) for t in logprobs]),
+            None if logprobs is None else _json([_asdict(t) for t in logprobs]),
             s.inflight_incumbent,
             s.inflight_candidate,
             _jsonb(s.guard),

@@ -52,6 +52,10 @@ from shadow_ab.timestamps import as_utc, aware_utc
 
 # JSONB on PostgreSQL (indexable, compact), JSON text on SQLite; Python None is SQL NULL.
 JsonDoc = JSON(none_as_null=True).with_variant(postgresql.JSONB(none_as_null=True), "postgresql")
+# json on PostgreSQL (the text, checked to be JSON: no binary tree to build on insert; ->, ->>
+# and #>> work, @> and GIN indexes need a cast to jsonb), JSON text on SQLite: the large
+# documents read whole or by a few keys (exchanges.request, exchanges.logprobs; migration 0007).
+JsonText = JSON(none_as_null=True).with_variant(postgresql.JSON(none_as_null=True), "postgresql")
 # float8[] on PostgreSQL (8 bytes a value, no text parsing on insert), a JSON array on SQLite.
 FloatList = JSON(none_as_null=True).with_variant(
     postgresql.ARRAY(postgresql.DOUBLE_PRECISION()), "postgresql"
@@ -165,10 +169,10 @@ class Exchange(Base):
     prompt_tokens: Mapped[int | None] = mapped_column(Integer)
     completion_tokens: Mapped[int | None] = mapped_column(Integer)
     finish_reason: Mapped[str | None] = mapped_column(Text)
-    request: Mapped[dict[str, Any]] = mapped_column(JsonDoc, nullable=False)
+    request: Mapped[dict[str, Any]] = mapped_column(JsonText, nullable=False)
     rewrites: Mapped[list[str]] = mapped_column(JsonDoc, nullable=False)
     output_text: Mapped[str | None] = mapped_column(Text)
-    logprobs: Mapped[list[dict[str, Any]] | None] = mapped_column(JsonDoc)
+    logprobs: Mapped[list[dict[str, Any]] | None] = mapped_column(JsonText)
     inflight_incumbent: Mapped[int | None] = mapped_column(Integer)
     inflight_candidate: Mapped[int | None] = mapped_column(Integer)
     guard: Mapped[dict[str, Any]] = mapped_column(JsonDoc, nullable=False)

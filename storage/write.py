@@ -11,11 +11,13 @@ Used by the direct sink (:mod:`storage.sink`) and by the Kafka ingester. Each ca
 - raises :class:`~storage.errors.StoreUnavailable` when the database cannot be reached (retry
   the same batch with backoff) and :class:`~storage.errors.StoreError` otherwise.
 
-PostgreSQL: binary ``COPY`` straight into the table, ``jsonb`` and ``float8[]`` values
-encoded here in their binary formats (:data:`WIRE`); when a row is already there (a replayed
-batch), roll the transaction back and, in a new one, ``COPY`` into a temporary table, then
-``INSERT ... SELECT ... ON CONFLICT DO NOTHING``. Rows go in key order, so concurrent writers of
-overlapping batches take their locks in the same order (a deadlock would be retried anyway).
+PostgreSQL: binary ``COPY`` straight into the table, ``json``, ``jsonb`` and ``float8[]``
+values encoded here in their binary formats (:data:`WIRE`; a store not yet migrated to 0007,
+whose ``request`` and ``logprobs`` are still ``jsonb``, gets them as ``jsonb``); when a row is
+already there (a replayed batch), roll the transaction back and, in a new one, ``COPY`` into a
+temporary table, then ``INSERT ... SELECT ... ON CONFLICT DO NOTHING``. Rows go in key order, so
+concurrent writers of overlapping batches take their locks in the same order (a deadlock would
+be retried anyway).
 SQLite: ``executemany`` of ``INSERT ... ON CONFLICT DO NOTHING``.
 """
 
@@ -35,7 +37,7 @@ import orjson
 import psycopg
 from psycopg.types.string import BytesBinaryDumper
 from pydantic import BaseModel
-from sqlalchemy import Connection, Engine, Table, insert
+from sqlalchemy import Connection, Engine, Table, insert, text
 from sqlalchemy.dialects import postgresql, sqlite
 
 from shadow_ab.records import ExchangeRecord, HealthSample, Record
@@ -97,10 +99,10 @@ EXCHANGE_PG_TYPES = (
     "int4",
     "int4",
     "text",
-    "jsonb",
+    "json",
     "jsonb",
     "text",
-    "jsonb",
+    "json",
     "int4",
     "int4",
     "jsonb",
@@ -202,6 +204,14 @@ def jsonb_wire(value: Any) -> bytes | None:
     return b"\x01" + orjson.dumps(value, default=_model_fields)
 
 
+def json_wire(value: Any) -> bytes | None:
+    """A value in PostgreSQL's binary ``json`` format: the JSON text (sent as ``bytea`` like
+    :func:`jsonb_wire` values; ``json_recv`` checks that it is JSON)."""
+    if value is None:
+        return None
+    return orjson.dumps(value, default=_model_fields)
+
+
 # float8[] in PostgreSQL's binary array format: ndim, has-nulls flag, element type oid (701 is
 # float8), then per dimension its length and lower bound, then per element its byte length (8)
 # and the big-endian double. An empty array is ndim 0 with nothing after the element type.
@@ -232,22 +242,24 @@ def float8_array_wire(values: Sequence[float]) -> bytes | bytearray:
 @dataclass(frozen=True)
 class Encoding:
     """How the writers convert the columns that are not plain scalars: the JSON columns
-    (``jsonb`` on PostgreSQL) and the float lists (``float8[]`` on PostgreSQL)."""
+    (``jsonb`` on PostgreSQL; ``json_text``: the ``json`` ones) and the float lists
+    (``float8[]`` on PostgreSQL)."""
 
     json: Callable[[Any], Any]
     floats: Callable[[list[float]], Any]
+    json_text: Callable[[Any], Any] = plain_json
 
 
 PLAIN = Encoding(json=plain_json, floats=plain_json)
 """Plain Python objects (SQLAlchemy, and the SQLite writer, which serializes them as JSON)."""
-WIRE = Encoding(json=jsonb_wire, floats=float8_array_wire)
+WIRE = Encoding(json=jsonb_wire, floats=float8_array_wire, json_text=json_wire)
 """PostgreSQL binary COPY: values already in the columns' binary formats."""
 
 
 def exchange_values(rec: ExchangeRecord, enc: Encoding = PLAIN) -> tuple[Any, ...]:
     """The row of one exchange record, in :data:`EXCHANGE_COLUMNS` order; ``enc`` converts
     the JSON and float-list columns (:data:`PLAIN` or :data:`WIRE` for COPY)."""
-    json = enc.json
+    json, json_text = enc.json, enc.json_text
     return (
         rec.pair_id,
         rec.role.value,
@@ -268,10 +280,10 @@ def exchange_values(rec: ExchangeRecord, enc: Encoding = PLAIN) -> tuple[Any, ..
         rec.prompt_tokens,
         rec.completion_tokens,
         rec.finish_reason,
-        json(rec.request),
+        json_text(rec.request),
         json(rec.rewrites),
         rec.output_text,
-        json(rec.logprobs),
+        json_text(rec.logprobs),
         rec.inflight_incumbent,
         rec.inflight_candidate,
         json(rec.guard),
@@ -430,12 +442,12 @@ class _TableSpec:
 
     @property
     def copy_types(self) -> list[str]:
-        """Types announced to COPY: jsonb and float8[] values are already in their binary
-        formats (:data:`WIRE`), sent as bytea."""
+        """Types announced to COPY: json, jsonb and float8[] values are already in their
+        binary formats (:data:`WIRE`), sent as bytea."""
         return ["bytea" if t in _PREENCODED else t for t in self.pg_types]
 
 
-_PREENCODED = ("jsonb", "float8[]")
+_PREENCODED = ("json", "jsonb", "float8[]")
 
 
 _INT_BOUNDS = {"int2": 2**15, "int4": 2**31, "int8": 2**63}
@@ -480,7 +492,7 @@ def _scrubbed_rows(spec: _TableSpec, build: RowBuilder, enc: Encoding) -> list[A
     rows = [scrub_text(row) for row in build(PLAIN)]
     if enc is PLAIN:
         return rows
-    convert = {"jsonb": enc.json, "float8[]": enc.floats}
+    convert = {"jsonb": enc.json, "json": enc.json_text, "float8[]": enc.floats}
     wire = [(i, convert[t]) for i, t in enumerate(spec.pg_types) if t in convert]
     out = []
     for row in rows:
@@ -565,6 +577,7 @@ _SQLITE_CONVERT: dict[str, Callable[[Any], Any]] = {
     "uuid": lambda v: v.hex,  # SQLAlchemy's Uuid on SQLite: 32 hex digits
     "timestamptz": _sqlite_datetime,
     "jsonb": _sqlite_json,
+    "json": _sqlite_json,
     "float8[]": _sqlite_json,
 }
 
@@ -612,6 +625,81 @@ def _copy_rows(cur: psycopg.Cursor[Any], target: str, spec: _TableSpec, rows: li
 
 
 def _write_postgres(
+    engine: Engine, spec: _TableSpec, rows: list[tuple[Any, ...]], deployments: set[str]
+) -> int:
+    """:func:`_copy_or_insert` the rows with their JSON values in the table's own types
+    (:func:`_json_conversions`); when the table refuses them, look its types up again (the
+    store was migrated since) and write once more."""
+    try:
+        return _copy_or_insert(engine, spec, _as_stored(engine, spec, rows), deployments)
+    except _JSON_REFUSED as exc:
+        if "json" not in str(exc):
+            raise
+        _forget_stored_types(engine)
+        return _copy_or_insert(engine, spec, _as_stored(engine, spec, rows), deployments)
+
+
+# What json_recv says to a jsonb wire value (22P02: its version byte is no JSON) and jsonb_recv
+# to a json one ("unsupported jsonb version number", an internal error).
+_JSON_REFUSED = (psycopg.errors.InvalidTextRepresentation, psycopg.errors.InternalError_)
+_JSON_TYPES = ("json", "jsonb")
+
+_stored_types: weakref.WeakKeyDictionary[Engine, dict[str, tuple[tuple[int, str], ...]]] = (
+    weakref.WeakKeyDictionary()
+)
+_stored_types_lock = threading.Lock()
+
+
+def _json_conversions(engine: Engine, spec: _TableSpec) -> tuple[tuple[int, str], ...]:
+    """(index, the store's type) of the JSON columns whose type in the store is not the one
+    ``spec`` says: ``jsonb`` for ``json`` before migration 0007 (or after its downgrade).
+    Looked up once per engine and table."""
+    with _stored_types_lock:
+        found = _stored_types.get(engine, {}).get(spec.table.name)
+    if found is not None:
+        return found
+    with engine.connect() as conn:
+        result = conn.execute(
+            text(
+                "SELECT attname, format_type(atttypid, NULL) FROM pg_attribute"
+                " WHERE attrelid = CAST(:t AS regclass) AND attnum > 0 AND NOT attisdropped"
+            ),
+            {"t": spec.table.name},
+        )
+        types = {str(name): str(pg_type) for name, pg_type in result}
+    found = tuple(
+        (i, types[c])
+        for i, (c, t) in enumerate(zip(spec.columns, spec.pg_types, strict=True))
+        if t in _JSON_TYPES and types.get(c) in _JSON_TYPES and types[c] != t
+    )
+    with _stored_types_lock:
+        _stored_types.setdefault(engine, {})[spec.table.name] = found
+    return found
+
+
+def _forget_stored_types(engine: Engine) -> None:
+    with _stored_types_lock:
+        _stored_types.pop(engine, None)
+
+
+def _as_stored(engine: Engine, spec: _TableSpec, rows: list[Any]) -> list[Any]:
+    """``rows`` (:data:`WIRE` values) with their JSON values in the table's own types: a
+    ``json`` value is the JSON text, a ``jsonb`` one the same after a version byte."""
+    conversions = _json_conversions(engine, spec)
+    if not conversions:
+        return rows
+    out = []
+    for row in rows:
+        cells = list(row)
+        for i, stored in conversions:
+            value = cells[i]
+            if value is not None:
+                cells[i] = b"\x01" + bytes(value) if stored == "jsonb" else bytes(value)[1:]
+        out.append(tuple(cells))
+    return out
+
+
+def _copy_or_insert(
     engine: Engine, spec: _TableSpec, rows: list[tuple[Any, ...]], deployments: set[str]
 ) -> int:
     """COPY the rows straight into the table; if any is already there (a replay), roll the

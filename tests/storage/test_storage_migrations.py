@@ -26,7 +26,7 @@ EXCHANGE_ROLLUP_TABLES = {  # 0004
 }
 SEMANTIC_TABLES = {"semantic_scores"}  # 0005
 PROBE_COLUMNS = ("synthetic", "probe_id")  # 0006, on exchanges
-HEAD = "0006"
+HEAD = "0007"
 
 
 def _tables(url: str) -> set[str]:
@@ -207,3 +207,60 @@ def test_concurrent_upgrades_postgres(empty_pg_url: str) -> None:
     outputs = [p.communicate(timeout=120)[0].decode() for p in procs]
     assert [p.returncode for p in procs] == [0, 0, 0], outputs
     assert current(empty_pg_url) == HEAD
+
+
+def _json_columns(engine: Engine) -> dict[str, set[tuple[str, str]]]:
+    """request and logprobs of exchanges and of each partition: {column: {(type, compression)}}
+    (compression l: lz4)."""
+    with engine.connect() as conn:
+        rows = conn.execute(
+            text(
+                "SELECT a.attname, format_type(a.atttypid, NULL), a.attcompression::text"
+                " FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid"
+                " WHERE (c.relname = 'exchanges' OR c.relname LIKE 'exchanges\\_p2%')"
+                " AND c.relkind IN ('r', 'p') AND a.attname IN ('request', 'logprobs')"
+            )
+        ).all()
+    out: dict[str, set[tuple[str, str]]] = {}
+    for name, pg_type, compression in rows:
+        out.setdefault(name, set()).add((pg_type, compression))
+    return out
+
+
+def _stored_documents(engine: Engine) -> list[tuple[object, object]]:
+    with engine.connect() as conn:
+        return [tuple(r) for r in conn.execute(text("SELECT request, logprobs FROM exchanges"))]
+
+
+def test_json_columns_postgres(empty_pg_url: str) -> None:
+    """0007: request and logprobs become json, lz4-compressed on every partition (those there
+    and those made later); the rows read back the same either way, and one writer keeps writing
+    across the migration and its downgrade (it adapts its values to the table's types)."""
+    upgrade(empty_pg_url, "0006")
+    engine = make_engine(empty_pg_url)
+    try:
+        ensure_partitions(engine, T0, days_ahead=1)
+        big = full_exchange(sent_at=T0, seed=1, text_bytes=12_000)  # its request compressed
+        assert write_exchanges(engine, [big]) == 1  # into jsonb
+        assert _json_columns(engine) == {c: {("jsonb", "l")} for c in ("request", "logprobs")}
+        before = _stored_documents(engine)
+        assert before and before[0][0] and before[0][1]
+
+        upgrade(empty_pg_url)
+        ensure_partitions(engine, T0 + timedelta(days=5), days_ahead=0)  # made after 0007
+        assert _json_columns(engine) == {c: {("json", "l")} for c in ("request", "logprobs")}
+        assert _stored_documents(engine) == before
+        with engine.connect() as conn:  # rewritten by the type change, with lz4
+            method = conn.execute(text("SELECT pg_column_compression(request) FROM exchanges"))
+            assert method.scalar_one() == "lz4"
+        # the writer still holds the jsonb types it looked up: refused, it looks again
+        assert write_exchanges(engine, [full_exchange(sent_at=T0, seed=2)]) == 1
+        assert write_exchanges(engine, [full_exchange(sent_at=T0 + timedelta(days=5))]) == 1
+
+        downgrade(empty_pg_url, "0006")
+        assert _json_columns(engine) == {c: {("jsonb", "l")} for c in ("request", "logprobs")}
+        assert write_exchanges(engine, [full_exchange(sent_at=T0, seed=3)]) == 1
+        after = _stored_documents(engine)
+        assert len(after) == 4 and before[0] in after
+    finally:
+        engine.dispose()
