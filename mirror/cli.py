@@ -76,8 +76,8 @@ log = logging.getLogger("mirror")
     "--reuse-port",
     is_flag=True,
     default=None,
-    help="Let several mirror processes listen on --port (SO_REUSEPORT), one per core; each"
-    ' needs its own --admin-port (mirror/README.md, "More than one core").',
+    help="Let this process share --port with other mirror processes (SO_REUSEPORT); each needs"
+    ' its own --admin-port. --workers does it for you (mirror/README.md, "More than one core").',
 )
 @click.option(
     "--health-only",

@@ -18,8 +18,9 @@ them), and keeps them running:
 - **SIGTERM or SIGINT** is passed to every worker; each drains as a single mirror does (answers
   in flight, shadow requests, the sink); the supervisor exits 0 when every worker did, else 1.
 
-Errors: :class:`~mirror.config.MirrorConfigError` from :func:`worker_settings` (a port plus
-``workers`` past 65535); the workers' own errors are in their logs.
+Errors: :class:`~mirror.config.MirrorConfigError` from :func:`worker_settings` (an admin port
+plus ``workers`` past 65535, or one of them the client port) and :func:`reserved_port` (the
+port is taken); the workers' own errors are in their logs.
 """
 
 from __future__ import annotations
@@ -58,6 +59,12 @@ def worker_settings(settings: MirrorSettings, index: int, port: int) -> MirrorSe
         raise MirrorConfigError(
             f"admin_port {settings.admin_port} + workers {settings.workers} passes 65535: each"
             " worker serves /metrics on admin_port + its index; choose a lower admin_port"
+        )
+    if admin and admin == port:
+        raise MirrorConfigError(
+            f"worker {index}'s admin port (admin_port {settings.admin_port} + {index}) is the"
+            f" client port {port}: choose an admin_port whose next {settings.workers} ports"
+            " are free"
         )
     update: dict[str, Any] = {"port": port, "reuse_port": True, "admin_port": admin, "workers": 1}
     if index > 0:

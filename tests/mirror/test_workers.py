@@ -49,6 +49,8 @@ def test_each_worker_gets_its_admin_port_and_spool_and_only_worker_0_probes_and_
     assert worker_settings(base(workers=2, admin_port=0), 1, 8123).admin_port == 0
     with pytest.raises(MirrorConfigError, match="choose a lower admin_port"):
         worker_settings(base(workers=4, admin_port=65534), 3, 8123)
+    with pytest.raises(MirrorConfigError, match="is the client port 8124"):
+        worker_settings(base(workers=2, admin_port=8123), 1, 8124)
 
 
 def test_a_worker_that_keeps_failing_at_start_stops_the_mirror_with_status_1() -> None:
