@@ -247,6 +247,46 @@ def _children(pid: int) -> list[int]:
     return out
 
 
+def pin_tree(pid: int, cpus: set[int]) -> None:
+    """Every thread of a process and of its live descendants onto ``cpus``."""
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        with contextlib.suppress(OSError):
+            for task in os.listdir(f"/proc/{p}/task"):
+                with contextlib.suppress(OSError):
+                    os.sched_setaffinity(int(task), cpus)
+        todo += _children(p)
+
+
+def pids_running(needle: bytes) -> list[int]:
+    """Processes whose command line holds ``needle``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError), open(f"/proc/{entry}/cmdline", "rb") as f:
+                if needle in f.read():
+                    found.append(int(entry))
+    return found
+
+
+@contextlib.contextmanager
+def pinned_apart(proxy_cpu: int, other_cpu: int) -> Iterator[Callable[[int], None]]:
+    """This process (so the simulators it starts) and the Kafka broker on ``other_cpu``; the
+    function it yields puts a proxy's process tree on ``proxy_cpu``. Affinities are restored
+    after."""
+    everything = os.sched_getaffinity(0)
+    brokers = pids_running(b"kafka.Kafka")
+    pin_tree(os.getpid(), {other_cpu})
+    for pid in brokers:
+        pin_tree(pid, {other_cpu})
+    try:
+        yield lambda pid: pin_tree(pid, {proxy_cpu})
+    finally:
+        for pid in [os.getpid(), *brokers]:
+            pin_tree(pid, everything)
+
+
 def tree_cpu_seconds(pid: int) -> float:
     """User + system CPU seconds of a process and its live descendants, from /proc."""
     total, todo, tick = 0.0, [pid], os.sysconf("SC_CLK_TCK")
@@ -902,6 +942,12 @@ def main() -> None:
     ap.add_argument("--json", type=Path, default=None, help="also write the cells' summaries")
     ap.add_argument("--quick", action="store_true", help="a short smoke run")
     ap.add_argument(
+        "--pin",
+        action="store_true",
+        help="give the proxy a core of its own: every proxy on CPU 1; this client, the"
+        " simulators and the Kafka broker on CPU 0",
+    )
+    ap.add_argument(
         "--no-install-nginx",
         action="store_true",
         help="do not apt-get install nginx-light when nginx is missing (its paths are left out)",
@@ -948,6 +994,12 @@ def main() -> None:
     mix = TrafficMix.uniform(max_tokens=args.max_tokens)
     with contextlib.ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="shadow-ab-bench-")))
+        pin_proxy = stack.enter_context(pinned_apart(1, 0)) if args.pin else None
+        if args.pin:
+            notes.append(
+                "pinned (--pin): every proxy on CPU 1; the client, the simulators and the Kafka"
+                " broker on CPU 0"
+            )
         progress("starting simulators")
         inc = stack.enter_context(
             running_sim("vllm", "clean", overrides=INCUMBENT, ledger=False, startup_timeout=120.0)
@@ -1007,6 +1059,10 @@ def main() -> None:
                 )
         order = sorted(targets, key=lambda p: (PATHS.index(split_path(p)[0]), wanted.index(p)))
         targets = {p: targets[p] for p in order}
+        if pin_proxy is not None:
+            for target in targets.values():
+                if target.pid:
+                    pin_proxy(target.pid)
         try:
             import uvloop
 
