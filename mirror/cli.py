@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from mirror.config import MirrorConfigError, MirrorSettings, load_settings
+from mirror.listen import ListenError, bound_socket
 
 if TYPE_CHECKING:
     from mirror.sinks import RecordSink
@@ -198,28 +199,12 @@ def _uvicorn_common(settings: MirrorSettings) -> dict[str, Any]:
 
 
 def bind(host: str, port: int, what: str, *, reuse_port: bool = False) -> socket.socket:
-    """A listening TCP socket on ``host:port`` (with ``SO_REUSEPORT`` when ``reuse_port``: other
-    processes may listen there too); a usage error naming ``what`` when it cannot."""
+    """A listening TCP socket on ``host:port`` (:func:`mirror.listen.bound_socket`); a usage
+    error naming ``what`` when it cannot."""
     try:
-        family, kind, proto, _, addr = socket.getaddrinfo(
-            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-        )[0]
-        sock = socket.socket(family, kind, proto)
-    except OSError as exc:
-        raise click.ClickException(f"cannot listen on {host}:{port} ({what}): {exc}") from None
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        if reuse_port:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        sock.bind(addr)
-        sock.listen(2048)
-    except OSError as exc:
-        sock.close()
-        raise click.ClickException(
-            f"the mirror cannot listen on {host}:{port} ({what}): {exc.strerror}; free the port"
-            " or choose another"
-        ) from None
-    return sock
+        return bound_socket(host, port, what, reuse_port=reuse_port)
+    except ListenError as exc:
+        raise click.ClickException(str(exc)) from None
 
 
 def serve(settings: MirrorSettings, sink: RecordSink, *, health_only: bool = False) -> None:

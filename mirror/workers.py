@@ -30,7 +30,6 @@ import logging
 import multiprocessing
 import multiprocessing.connection
 import signal
-import socket
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -38,6 +37,7 @@ from types import FrameType
 from typing import Any
 
 from mirror.config import MirrorConfigError, MirrorSettings
+from mirror.listen import ListenError, bound_socket
 
 log = logging.getLogger("mirror.workers")
 
@@ -80,19 +80,11 @@ def worker_settings(settings: MirrorSettings, index: int, port: int) -> MirrorSe
 def reserved_port(host: str, port: int) -> Iterator[int]:
     """Hold ``host:port`` (a free one when 0) with ``SO_REUSEPORT`` and without listening, so
     the workers can bind it and nothing else takes it between their restarts."""
-    family, kind, proto, _, addr = socket.getaddrinfo(
-        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-    )[0]
-    with socket.socket(family, kind, proto) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        try:
-            sock.bind(addr)
-        except OSError as exc:
-            raise MirrorConfigError(
-                f"the mirror cannot listen on {host}:{port} (client port): {exc.strerror}; free"
-                " the port or choose another"
-            ) from None
+    try:
+        sock = bound_socket(host, port, "client port", reuse_port=True, listen=False)
+    except ListenError as exc:
+        raise MirrorConfigError(str(exc)) from None
+    with sock:
         yield int(sock.getsockname()[1])
 
 
