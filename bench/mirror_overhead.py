@@ -148,16 +148,6 @@ PATHS = (
     "native",
 )
 DEFAULT_PATHS = ("direct", "nginx", "nginx-mirror", "mirror", "wire")
-MIRROR_PATHS = (
-    "mirror-off",
-    "mirror",
-    "mirror-slow",
-    "wire-off",
-    "wire",
-    "wire-slow",
-    "wire-shed",
-    "wire-x2",
-)
 NGINX_PATHS = ("nginx", "nginx-mirror")
 NATIVE_DIR = Path(__file__).resolve().parent / "native_plane"
 
@@ -188,6 +178,7 @@ MIRRORS = {
     "wire-shed": MirrorPath("protocol", 1.0, shed=True),
     "wire-x2": MirrorPath("protocol", 1.0, workers=2),
 }
+MIRROR_PATHS = tuple(MIRRORS)
 LABELS = {
     "direct": "direct",
     "mirror-off": "mirror asgi, shadowing off",
@@ -238,6 +229,15 @@ class BenchError(ProcessError):
 # -- processes and their CPU -----------------------------------------------------------------
 
 
+def _tree(pid: int) -> Iterator[int]:
+    """A process and its live descendants."""
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        yield p
+        todo += _children(p)
+
+
 def _children(pid: int) -> list[int]:
     out: list[int] = []
     with contextlib.suppress(OSError):
@@ -249,14 +249,11 @@ def _children(pid: int) -> list[int]:
 
 def pin_tree(pid: int, cpus: set[int]) -> None:
     """Every thread of a process and of its live descendants onto ``cpus``."""
-    todo = [pid]
-    while todo:
-        p = todo.pop()
+    for p in _tree(pid):
         with contextlib.suppress(OSError):
             for task in os.listdir(f"/proc/{p}/task"):
                 with contextlib.suppress(OSError):
                     os.sched_setaffinity(int(task), cpus)
-        todo += _children(p)
 
 
 def pids_running(needle: bytes) -> list[int]:
@@ -289,16 +286,14 @@ def pinned_apart(proxy_cpu: int, other_cpu: int) -> Iterator[Callable[[int], Non
 
 def tree_cpu_seconds(pid: int) -> float:
     """User + system CPU seconds of a process and its live descendants, from /proc."""
-    total, todo, tick = 0.0, [pid], os.sysconf("SC_CLK_TCK")
-    while todo:
-        p = todo.pop()
+    total, tick = 0.0, os.sysconf("SC_CLK_TCK")
+    for p in _tree(pid):
         try:
             with open(f"/proc/{p}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
         except OSError:
             continue
         total += (int(fields[11]) + int(fields[12])) / tick
-        todo += _children(p)
     return total
 
 
