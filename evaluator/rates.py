@@ -24,6 +24,7 @@ Errors: ``ValueError`` for negative counts or non-positive exposures (a caller's
 from __future__ import annotations
 
 import math
+import warnings
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -261,8 +262,14 @@ def _dispersed_interval(
     bound at the tail of Student's t on ``df`` (:func:`quasi_tail`)."""
     e1, e2 = x1 / phi, x2 / phi
     tail = quasi_tail((1.0 - level) / 2.0, df)
-    pl = float(stats.beta.ppf(tail, e1, e2 + 1)) if e1 > 0 else 0.0
-    pu = float(stats.beta.isf(tail, e1 + 1, e2)) if e2 > 0 else 1.0
+    with warnings.catch_warnings():
+        # t on few df at an early look's level puts the tail far out (1e-100): scipy's beta
+        # quantile may then warn that its root finding gave up and return a bound still beyond
+        # any threshold (~1e-33), or NaN: that bound is the extreme one (0 or 1)
+        warnings.simplefilter("ignore", RuntimeWarning)
+        pl = float(stats.beta.ppf(tail, e1, e2 + 1)) if e1 > 0 else 0.0
+        pu = float(stats.beta.isf(tail, e1 + 1, e2)) if e2 > 0 else 1.0
+    pl, pu = (0.0 if math.isnan(pl) else pl), (1.0 if math.isnan(pu) else pu)
     scale = t2 / t1
     return Interval(_odds(pl) * scale, _odds(pu) * scale, level)
 

@@ -6,6 +6,7 @@ tends to the exact Poisson one as the days grow when the counts are Poisson."""
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -116,3 +117,16 @@ def test_bursty_identical_engines_over_a_few_days_are_covered_at_the_level() -> 
         normal_covered += normal.low <= 1.0 <= normal.high
     assert covered / n >= 0.93, (covered, normal_covered)
     assert covered > normal_covered, (covered, normal_covered)
+
+
+def test_early_looks_on_few_days_give_bounds_not_nan_nor_warnings() -> None:
+    """An early look's level (1 - 2e-9) at t's tail on few df is far beyond what scipy's beta
+    quantile resolves: the bounds are then the extreme ones, never NaN, and nothing warns."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for df in range(1, 30):
+            for level in (1 - 2e-9, 1 - 2e-6, 0.9998):
+                for x1, x2 in ((3, 20), (20, 3), (400, 200)):
+                    iv = _dispersed_interval(x1, 1.0, x2, 1.0, 1.0, level, df)
+                    assert not (math.isnan(iv.low) or math.isnan(iv.high)), (df, level, x1, x2)
+                    assert iv.low <= x1 / x2 <= iv.high
