@@ -11,7 +11,8 @@ say so. :func:`power_note` gives, per count criterion (op ``<=``, key ending ``.
   seen so far. From the measurement's own interval (exact, with the overdispersion factor the
   analysis applied and Student's t on its degrees of freedom): its standard error on the log
   scale, ``log(high / low) / (2 z(level))``, shrunk to the horizon as
-  ``sqrt(days / horizon_days)`` (information grows with days of events), and ``threshold * exp((z_final + z_power) * se)``, ``z_final`` being the last
+  ``sqrt(days / horizon_days)`` (information grows with days of events), and
+  ``threshold * exp((z_final + z_power) * se)``, ``z_final`` being the last
   look's boundary. Past the horizon, the data as it is at the last look's boundary;
 - **underpowered** when that ratio is above :data:`UNDERPOWERED` times the threshold (the
   criterion cannot see a candidate that much worse), with the events it would take:
