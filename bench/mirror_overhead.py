@@ -30,6 +30,9 @@ Paths, side by side in one run, each with its own keep-alive client session:
 - ``wire-shed``: ``wire`` with the mirror's overload shedding on (``overload.enabled``, its
   default lags: mirror/overload.py): shadowing scales down while the mirror's loop lags, and
   the ``shadowed`` column says how much was still shadowed;
+- ``front``, ``front-slow``, ``front-off``, ``front-shed``: the same on the native data plane
+  (``data_plane: native``, mirror/front.py): the generate routes' bytes in the compiled front
+  (``make front`` builds it; the CPU and pinning cover it, a child of the mirror);
 - ``nginx``: a private Debian nginx (own prefix and config in a temp dir, free ports, one
   worker, ``proxy_buffering off``, upstream keep-alive) with ``proxy_pass`` only;
 - ``nginx-mirror``: the same plus nginx's ``mirror`` directive to the 10x slower candidate;
@@ -144,6 +147,10 @@ PATHS = (
     "wire-slow",
     "wire-shed",
     "wire-x2",
+    "front-off",
+    "front",
+    "front-slow",
+    "front-shed",
     "native-off",
     "native",
 )
@@ -157,7 +164,7 @@ class MirrorPath:
     """How a mirror path's ``shadow-ab mirror`` runs."""
 
     plane: str
-    """``data_plane``: ``asgi`` or ``protocol``."""
+    """``data_plane``: ``asgi``, ``protocol`` or ``native``."""
     rate: float
     """The shadow rate."""
     slow: bool = False
@@ -177,6 +184,10 @@ MIRRORS = {
     "wire-slow": MirrorPath("protocol", 1.0, slow=True),
     "wire-shed": MirrorPath("protocol", 1.0, shed=True),
     "wire-x2": MirrorPath("protocol", 1.0, workers=2),
+    "front-off": MirrorPath("native", 0.0),
+    "front": MirrorPath("native", 1.0),
+    "front-slow": MirrorPath("native", 1.0, slow=True),
+    "front-shed": MirrorPath("native", 1.0, shed=True),
 }
 MIRROR_PATHS = tuple(MIRRORS)
 LABELS = {
@@ -189,6 +200,10 @@ LABELS = {
     "wire-slow": "mirror protocol (default), 10x slow candidate",
     "wire-shed": "mirror protocol, candidate, overload shedding on",
     "wire-x2": "mirror protocol, candidate, 2 processes on one port",
+    "front-off": "mirror native front, shadowing off",
+    "front": "mirror native front, candidate",
+    "front-slow": "mirror native front, 10x slow candidate",
+    "front-shed": "mirror native front, candidate, overload shedding on",
     "nginx": "nginx proxy_pass",
     "nginx-mirror": "nginx `mirror`, 10x slow candidate",
     "native-off": "Go reference plane (bench/native_plane), shadowing off",

@@ -508,12 +508,24 @@ class Mirror:
 
     # -- the hot path -------------------------------------------------------------------------
 
-    def _prepare(self, scope: Scope, body: bytes, endpoint: Endpoint, route: str) -> Prepared:
-        """Everything of a generate request before the incumbent is asked, shared by both data
+    def _prepare(
+        self,
+        scope: Scope,
+        body: bytes,
+        endpoint: Endpoint,
+        route: str,
+        *,
+        pair: uuid.UUID | None = None,
+        sent_at: datetime | None = None,
+    ) -> Prepared:
+        """Everything of a generate request before the incumbent is asked, shared by the data
         planes: the pair id, the shadow decision (counted), the shadow requests fired, the
-        incumbent's body, headers and record stub (:class:`Prepared`)."""
+        incumbent's body, headers and record stub (:class:`Prepared`). The native front
+        (:mod:`mirror.front`) has already chosen the pair id and asked the incumbent: it
+        passes ``pair`` and ``sent_at``."""
         t_ready = self._clock()
-        pair = uuid.uuid4()
+        if pair is None:
+            pair = uuid.uuid4()
         pid = str(pair).encode()
         parsed = _json_object(body)
         chat = endpoint is Endpoint.CHAT
@@ -613,7 +625,7 @@ class Mirror:
             engine=self.inc_engine,
             endpoint=endpoint,
             stream=stream,
-            sent_at=self._wall(),
+            sent_at=sent_at if sent_at is not None else self._wall(),
             request=stored_request(inc_request) if inc_request is not None else {},
             rewrites=inc_rewrites,
             inflight_incumbent=inflight_inc,

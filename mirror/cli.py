@@ -63,8 +63,9 @@ log = logging.getLogger("mirror")
 )
 @click.option(
     "--data-plane",
-    type=click.Choice(["asgi", "protocol"]),
-    help="The client's path: protocol (raw transports, mirror/wire.py; the default) or asgi"
+    type=click.Choice(["asgi", "protocol", "native"]),
+    help="The client's path: protocol (raw transports, mirror/wire.py; the default), native"
+    " (the generate routes' bytes in the compiled front, `make front`: mirror/front.py) or asgi"
     " (uvicorn + aiohttp, the earlier design, kept selectable).",
 )
 @click.option(
@@ -261,6 +262,13 @@ def serve(settings: MirrorSettings, sink: RecordSink, *, health_only: bool = Fal
             from mirror.wire import WireServer
 
             main = WireServer(mirror_app)
+        elif settings.data_plane == "native":
+            from mirror.front import FrontError, NativeServer
+
+            try:
+                main = NativeServer(mirror_app)
+            except FrontError as exc:
+                raise click.ClickException(str(exc)) from None
         admin = _admin_server(admin_config)
         log.info(
             "clients on %s:%d, admin (/metrics, /healthz) on %s:%d",
@@ -273,6 +281,9 @@ def serve(settings: MirrorSettings, sink: RecordSink, *, health_only: bool = Fal
             runner.run(_serve_both(main, client_sock, admin, admin_sock))
         for sig in (signal.SIGTERM, signal.SIGINT):  # the loop's handlers are gone with it
             signal.signal(sig, _ignore_late_signal)
+        failed = getattr(main, "failed", None)
+        if failed:
+            raise click.ClickException(failed)
 
 
 @contextlib.contextmanager

@@ -936,30 +936,40 @@ class WireServer:
         self.should_exit = asyncio.Event()
 
     async def serve(self, sockets: list[Any]) -> None:
-        self.loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            self.loop.add_signal_handler(sig, self.should_exit.set)
+        self._catch_signals()
         await self.mirror.startup()
         try:
-            server = await self.loop.create_server(
-                lambda: ClientConnection(self), sock=sockets[0], backlog=2048
-            )
+            server = await self._listen(sockets[0])
             log.info("serving clients on the protocol data plane")
             await self.should_exit.wait()
             log.info("stopping: draining the answers in flight")
-            server.close()
-            for conn in list(self.connections):
-                conn.shutdown()
-            deadline = self.loop.time() + max(1.0, self.settings.drain_timeout_s)
-            while self.connections and self.loop.time() < deadline:
-                await asyncio.sleep(0.05)
-            for conn in list(self.connections):
-                conn.transport.abort()
-                conn._lose()
-            await asyncio.sleep(0)
+            await self._drain(server)
         finally:
             self.upstream.close()
             await self.mirror.shutdown()
+
+    def _catch_signals(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            self.loop.add_signal_handler(sig, self.should_exit.set)
+
+    async def _listen(self, sock: Any) -> asyncio.Server:
+        return await self.loop.create_server(
+            lambda: ClientConnection(self), sock=sock, backlog=2048
+        )
+
+    async def _drain(self, server: asyncio.Server) -> None:
+        """Stop accepting; let the answers in flight finish (``drain_timeout_s``), then cut."""
+        server.close()
+        for conn in list(self.connections):
+            conn.shutdown()
+        deadline = self.loop.time() + max(1.0, self.settings.drain_timeout_s)
+        while self.connections and self.loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        for conn in list(self.connections):
+            conn.transport.abort()
+            conn._lose()
+        await asyncio.sleep(0)
 
 
 __all__ = ["ClientConnection", "WireServer", "error_answer"]
