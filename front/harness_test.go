@@ -31,6 +31,19 @@ type teeListener struct {
 	path   string
 	ln     net.Listener
 	frames chan map[string]any
+	mu     sync.Mutex
+	conns  []net.Conn
+}
+
+// down closes the listener and the connections it accepted: the tee is gone.
+func (tl *teeListener) down() {
+	tl.ln.Close()
+	tl.mu.Lock()
+	defer tl.mu.Unlock()
+	for _, c := range tl.conns {
+		c.Close()
+	}
+	tl.conns = nil
 }
 
 // newTeeListener listens on a Unix socket in a temporary directory and decodes every frame.
@@ -53,6 +66,9 @@ func (tl *teeListener) listen(t *testing.T) {
 			if err != nil {
 				return
 			}
+			tl.mu.Lock()
+			tl.conns = append(tl.conns, c)
+			tl.mu.Unlock()
 			go func() {
 				defer c.Close()
 				r := bufio.NewReader(c)

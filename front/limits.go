@@ -14,10 +14,13 @@ import (
 )
 
 // The limits of mirror/limits.py on the client's connections. net/http enforces the header
-// size, the header, idle and body deadlines itself but answers them its own way (431 with a
-// text body, a silent close on a header timeout), so the listener and its connections are
-// wrapped: more than max_connections open get 503 and are closed, a header timeout after a
-// partial head gets 408, and net/http's own 431 and 400 answers are replaced by the mirror's.
+// timeout and the idle timeout itself but answers them its own way (a silent close), and its
+// header size limit is loose (4 KiB more, and more on a kept-alive connection), so the listener
+// and its connections are wrapped: more than max_connections open get 503 and are closed, a
+// head over max_header_bytes (counted here, up to its empty line) gets 431, a header timeout
+// after part of a head gets 408, net/http's own 431 and 400 answers are replaced by the
+// mirror's, and a connection refused this way lingers before it closes so that the answer is
+// not lost to a reset. The body deadline and size are the handler's (serve.go).
 
 type limitAnswers struct {
 	cap, headerTooLarge, headerTimeout []byte
@@ -50,6 +53,7 @@ var (
 type limitListener struct {
 	net.Listener
 	max       int64
+	maxHead   int // max_header_bytes
 	open      atomic.Int64
 	answers   *limitAnswers
 	rejected  atomic.Int64 // over the connection cap
@@ -75,15 +79,12 @@ func (l *limitListener) Accept() (net.Conn, error) {
 // linger writes a whole answer, closes the writing side and waits (briefly) for the client to
 // close, so the answer is not lost to a reset.
 func linger(c net.Conn, answer []byte) {
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+	_ = c.SetWriteDeadline(time.Now().Add(2 * time.Second))
 	if _, err := c.Write(answer); err != nil {
+		c.Close()
 		return
 	}
-	if cw, ok := c.(interface{ CloseWrite() error }); ok {
-		_ = cw.CloseWrite()
-	}
-	_, _ = io.Copy(io.Discard, io.LimitReader(c, 1<<20))
+	lingerClose(c)
 }
 
 // limitConn is one client connection: it knows whether a handler is running (active) and how
@@ -93,8 +94,10 @@ type limitConn struct {
 	l         *limitListener
 	mu        sync.Mutex
 	active    bool
-	headBytes int
-	answered  bool
+	headBytes int  // bytes of the head under way
+	headDone  bool // its empty line came
+	lineStart int  // 1: after a LF, 2: after LF CR (an empty line ends the head)
+	answered  bool // the connection got a refusal of ours
 	closed    sync.Once
 }
 
@@ -108,14 +111,14 @@ func connOf(ctx context.Context) *limitConn {
 // begin: a request's head was read and its handler runs.
 func (c *limitConn) begin() {
 	c.mu.Lock()
-	c.active, c.headBytes = true, 0
+	c.active = true
 	c.mu.Unlock()
 }
 
 // end: the handler returned; what is read next is the next request's head.
 func (c *limitConn) end() {
 	c.mu.Lock()
-	c.active, c.headBytes = false, 0
+	c.active, c.headBytes, c.headDone, c.lineStart = false, 0, false, 0
 	c.mu.Unlock()
 }
 
@@ -123,30 +126,67 @@ func (c *limitConn) Read(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if !c.active {
-		c.headBytes += n
-		if err != nil && c.headBytes > 0 && !c.answered && errors.Is(err, os.ErrDeadlineExceeded) {
-			// part of a head, then nothing for header_timeout_s (net/http would close silently;
-			// a connection that sent nothing is closed silently, as nginx does)
-			c.answered = true
-			c.l.refusedHd.Add(1)
-			_ = c.Conn.SetWriteDeadline(time.Now().Add(time.Second))
-			_, _ = c.Conn.Write(c.l.answers.headerTimeout)
+	if c.active || c.answered {
+		return n, err
+	}
+	if !c.headDone {
+		for i, b := range p[:n] {
+			switch {
+			case b == '\n' && c.lineStart > 0: // an empty line: the head is whole
+				c.headDone = true
+			case b == '\n':
+				c.lineStart = 1
+			case b == '\r' && c.lineStart == 1:
+				c.lineStart = 2
+			default:
+				c.lineStart = 0
+			}
+			if c.headDone {
+				c.headBytes += i + 1
+				break
+			}
 		}
+		if !c.headDone {
+			c.headBytes += n
+		}
+		if c.headBytes > c.l.maxHead {
+			// the request line and headers are over max_header_bytes: 431, whatever net/http
+			// has read of them (its own limit is looser on a kept-alive connection)
+			c.refuse(c.l.answers.headerTooLarge)
+			return 0, io.EOF
+		}
+	}
+	if err != nil && c.headBytes > 0 && errors.Is(err, os.ErrDeadlineExceeded) && !c.headDone {
+		// part of a head, then nothing for header_timeout_s (net/http would close silently;
+		// a connection that sent nothing is closed silently, as nginx does)
+		c.refuse(c.l.answers.headerTimeout)
 	}
 	return n, err
 }
 
+// refuse writes a whole answer on the connection; its Close lingers so that the answer is not
+// lost to a reset (the client may still be sending).
+func (c *limitConn) refuse(answer []byte) {
+	c.answered = true
+	c.l.refusedHd.Add(1)
+	_ = c.Conn.SetWriteDeadline(time.Now().Add(time.Second))
+	_, _ = c.Conn.Write(answer)
+}
+
 func (c *limitConn) Write(p []byte) (int, error) {
 	c.mu.Lock()
-	active := c.active
+	active, answered := c.active, c.answered
 	c.mu.Unlock()
+	if answered { // net/http's answer to the head it could not finish: ours went first
+		return len(p), nil
+	}
 	if !active {
 		var answer []byte
 		switch {
 		case bytes.HasPrefix(p, goTooLarge):
 			answer = c.l.answers.headerTooLarge
 			c.l.refusedHd.Add(1)
+			c.answered = true
 		case bytes.HasPrefix(p, goBadRequest):
 			answer = badRequest
 		}
@@ -162,11 +202,23 @@ func (c *limitConn) Write(p []byte) (int, error) {
 
 func (c *limitConn) Close() error {
 	c.closed.Do(func() { c.l.open.Add(-1) })
+	c.mu.Lock()
+	answered := c.answered
+	c.mu.Unlock()
+	if answered {
+		go lingerClose(c.Conn)
+		return nil
+	}
 	return c.Conn.Close()
 }
 
-// goMaxHeaderBytes is http.Server.MaxHeaderBytes for a limit on the head's bytes: net/http
-// reads up to MaxHeaderBytes + 4096 bytes of a head.
-func goMaxHeaderBytes(limit int) int {
-	return max(limit-4096, 1)
+// lingerClose closes the writing side, reads (and drops) what the client still sends for a
+// moment, then closes.
+func lingerClose(c net.Conn) {
+	defer c.Close()
+	if cw, ok := c.(interface{ CloseWrite() error }); ok {
+		_ = cw.CloseWrite()
+	}
+	_ = c.SetReadDeadline(time.Now().Add(2 * time.Second))
+	_, _ = io.Copy(io.Discard, io.LimitReader(c, 4<<20))
 }

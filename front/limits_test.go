@@ -49,6 +49,20 @@ func TestHeadLimits(t *testing.T) {
 		t.Fatalf("8192 bytes of head: %q", got)
 	}
 	<-h.seen
+	// the same on a kept-alive connection (net/http's own limit is looser there)
+	c = dial(t, h)
+	_, _ = c.Write([]byte("GET /health HTTP/1.1\r\nHost: x\r\n\r\n"))
+	r := bufio.NewReader(c)
+	resp, err := http.ReadResponse(r, nil)
+	if err != nil || resp.StatusCode != 218 {
+		t.Fatal(resp, err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	<-h.seen
+	_, _ = c.Write([]byte("GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + strings.Repeat("a", 8200) + "\r\n\r\n"))
+	if got, _ := io.ReadAll(r); string(got) != string(h.front.answers.headerTooLarge) {
+		t.Fatalf("431 on a kept-alive connection: %q", got)
+	}
 	// part of a head, then nothing: 408 with the mirror's wording
 	c = dial(t, h)
 	_, _ = c.Write([]byte("POST /v1/completions HTTP/1.1\r\nHost: x\r\n"))
@@ -73,11 +87,15 @@ func TestBodyTimeoutIs408(t *testing.T) {
 	h := start(t, "http://127.0.0.1:1", func(c *config) { c.BodyTimeoutS = 0.2 }, false)
 	c := dial(t, h)
 	_, _ = c.Write([]byte("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n{\"a\""))
-	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	r := bufio.NewReader(c)
+	resp, err := http.ReadResponse(r, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	p := problemOf(t, resp)
+	if rest, err := io.ReadAll(r); err != nil || len(rest) != 0 {
+		t.Fatalf("not closed after the 408: %q %v", rest, err)
+	}
 	if resp.StatusCode != 408 || !resp.Close ||
 		p["detail"] != "the request's body did not arrive within 0.2s of its headers (limits.body_timeout_s): send the whole body at once" ||
 		p["error"].(map[string]any)["type"] != "timeout_error" {

@@ -90,12 +90,15 @@ func parseConfig(data []byte) (*config, error) {
 		"header_timeout_s": c.HeaderTimeoutS, "body_timeout_s": c.BodyTimeoutS,
 		"idle_timeout_s": c.IdleTimeoutS, "send_timeout_s": c.SendTimeoutS,
 		"max_connections": float64(c.MaxConnections), "connect_timeout_s": c.ConnectTimeoutS,
-		"incumbent_max_connections": float64(c.IncumbentMaxConnections), "tee_queue": float64(c.TeeQueue),
+		"tee_queue": float64(c.TeeQueue),
 	}
 	for _, k := range configKeys {
 		if v, ok := positive[k]; ok && !(v > 0) {
 			return nil, fmt.Errorf("-config: %s must be > 0, got %s", k, raw[k])
 		}
+	}
+	if c.IncumbentMaxConnections < 0 {
+		return nil, fmt.Errorf("-config: incumbent_max_connections must be >= 0 (0: no limit), got %d", c.IncumbentMaxConnections)
 	}
 	if c.ReadTimeoutS != nil && !(*c.ReadTimeoutS > 0) {
 		return nil, fmt.Errorf("-config: read_timeout_s must be > 0 or null, got %g", *c.ReadTimeoutS)

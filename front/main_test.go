@@ -121,14 +121,15 @@ func TestBadConfigExits2NamingTheKey(t *testing.T) {
 	good := testConfig("http://127.0.0.1:1", "http://127.0.0.1:2", "/nonexistent/tee.sock")
 	text, _ := json.Marshal(good)
 	cases := map[string]func(m map[string]any){
-		"max_body_bytes":  func(m map[string]any) { delete(m, "max_body_bytes") },
-		"tee_quue":        func(m map[string]any) { m["tee_quue"] = 1 },
-		"idle_timeout_s":  func(m map[string]any) { m["idle_timeout_s"] = "75" },
-		"read_timeout_s":  func(m map[string]any) { m["read_timeout_s"] = -1 },
-		"incumbent":       func(m map[string]any) { m["incumbent"] = "127.0.0.1:8000" },
-		"routes":          func(m map[string]any) { m["routes"] = map[string]string{"/v1//x": "chat"} },
-		"listen_fd 3":     func(m map[string]any) {},
-		"max_connections": func(m map[string]any) { m["max_connections"] = 0 },
+		"max_body_bytes":            func(m map[string]any) { delete(m, "max_body_bytes") },
+		"tee_quue":                  func(m map[string]any) { m["tee_quue"] = 1 },
+		"idle_timeout_s":            func(m map[string]any) { m["idle_timeout_s"] = "75" },
+		"read_timeout_s":            func(m map[string]any) { m["read_timeout_s"] = -1 },
+		"incumbent":                 func(m map[string]any) { m["incumbent"] = "127.0.0.1:8000" },
+		"routes":                    func(m map[string]any) { m["routes"] = map[string]string{"/v1//x": "chat"} },
+		"listen_fd 3":               func(m map[string]any) {},
+		"max_connections":           func(m map[string]any) { m["max_connections"] = 0 },
+		"incumbent_max_connections": func(m map[string]any) { m["incumbent_max_connections"] = -1 },
 	}
 	for key, edit := range cases {
 		var m map[string]any

@@ -50,12 +50,12 @@ func newFront(c *config) (*front, error) {
 // server is the http.Server on ln, with the limits (limitListener, limitConn).
 func (f *front) server(ln net.Listener) (*http.Server, *limitListener) {
 	c := f.cfg
-	lim := &limitListener{Listener: ln, max: int64(c.MaxConnections), answers: &f.answers}
+	lim := &limitListener{Listener: ln, max: int64(c.MaxConnections), maxHead: c.MaxHeaderBytes, answers: &f.answers}
 	srv := &http.Server{
 		Handler:           f,
 		ReadHeaderTimeout: seconds(c.HeaderTimeoutS),
 		IdleTimeout:       seconds(c.IdleTimeoutS),
-		MaxHeaderBytes:    goMaxHeaderBytes(c.MaxHeaderBytes),
+		MaxHeaderBytes:    c.MaxHeaderBytes, // limitConn's count is the exact one
 		ConnContext: func(ctx context.Context, conn net.Conn) context.Context {
 			if lc, ok := conn.(*limitConn); ok {
 				return context.WithValue(ctx, connKey{}, lc)
@@ -149,24 +149,27 @@ func (f *front) readBody(w http.ResponseWriter, r *http.Request, rc *http.Respon
 		_ = rc.SetReadDeadline(time.Now().Add(seconds(f.cfg.BodyTimeoutS)))
 		var err error
 		body, err = io.ReadAll(io.LimitReader(r.Body, limit+1))
-		_ = rc.SetReadDeadline(time.Time{})
 		switch {
 		case int64(len(body)) > limit:
 			tooLarge = true
 		case errors.Is(err, os.ErrDeadlineExceeded):
+			// the deadline stays past: net/http reads no more of this body
 			writeError(w, http.StatusRequestTimeout, f.answers.bodyTimeout, "", "")
 			return nil, false
 		case err != nil: // the client left, or sent a body that does not parse
-			w.Header().Set("Connection", "close")
+			_ = rc.SetReadDeadline(time.Now())
 			if r.Context().Err() == nil {
 				writeError(w, http.StatusBadRequest, "the request's body could not be read: "+err.Error(), "", "")
 			}
 			return nil, false
+		default:
+			_ = rc.SetReadDeadline(time.Time{})
 		}
 	}
 	if !tooLarge {
 		return body, true
 	}
+	_ = rc.SetReadDeadline(time.Now()) // net/http reads no more of this body
 	msg := fmt.Sprintf("request body is larger than the mirror's limit of %d bytes (max_body_bytes)", limit)
 	if route == "" {
 		writeError(w, http.StatusRequestEntityTooLarge, msg, "RequestTooLarge", "")

@@ -374,8 +374,8 @@ func jsonNum(n int) string { b, _ := json.Marshal(n); return string(b) }
 
 func TestATeeThatIsDownNeverBlocksTheClient(t *testing.T) {
 	inc := newSSEIncumbent(t)
-	h := start(t, inc.URL, nil, false)
-	h.tee.ln.Close() // nobody listens: the front retries in the background
+	h := start(t, inc.URL, nil, true)
+	h.tee.down() // nobody listens: the front retries in the background
 	body := `{"messages":[],"stream":true}`
 	for i := 0; i < 3; i++ {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

@@ -50,11 +50,15 @@ func newIncumbent(c *config) *incumbent {
 	if c.ReadTimeoutS != nil {
 		header = seconds(*c.ReadTimeoutS)
 	}
+	idle := c.IncumbentMaxConnections // 0: no limit (the mirror's default), keep up to 1024 idle
+	if idle == 0 {
+		idle = 1024
+	}
 	inc.transport = &http.Transport{
 		DialContext:           (&net.Dialer{Timeout: seconds(c.ConnectTimeoutS), KeepAlive: 30 * time.Second}).DialContext,
 		MaxConnsPerHost:       c.IncumbentMaxConnections,
-		MaxIdleConns:          c.IncumbentMaxConnections,
-		MaxIdleConnsPerHost:   c.IncumbentMaxConnections,
+		MaxIdleConns:          idle,
+		MaxIdleConnsPerHost:   idle,
 		IdleConnTimeout:       4 * time.Second, // the mirror's incumbent.keepalive_timeout_s default
 		ResponseHeaderTimeout: header,          // read_timeout_s before the head
 		DisableCompression:    true,            // the client's Accept-Encoding, or none

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"context"
 	"io"
 	"net"
 	"net/http"
@@ -23,12 +24,12 @@ func TestIncumbentURLHostAndCredentials(t *testing.T) {
 	if got := inc.url("/v1/completions", "a=1&b=%2F").String(); got != "http://h:8000/base/v1/completions?a=1&b=%2F" {
 		t.Fatal(got)
 	}
-	req := inc.request(t.Context(), inc.url("/v1/completions", ""), []header{{"content-type", "application/json"}}, []byte("{}"))
+	req := inc.request(context.Background(), inc.url("/v1/completions", ""), []header{{"content-type", "application/json"}}, []byte("{}"))
 	if req.Header.Get("authorization") != "" || req.Header["authorization"][0] != "Basic dXNlcjpwdw==" || req.Host != "h:8000" ||
 		req.ContentLength != 2 || req.Header["User-Agent"][0] != "" {
 		t.Fatalf("%v", req.Header)
 	}
-	req = inc.request(t.Context(), inc.url("/v1/completions", ""), []header{{"authorization", "Bearer c"}, {"user-agent", "sdk"}}, nil)
+	req = inc.request(context.Background(), inc.url("/v1/completions", ""), []header{{"authorization", "Bearer c"}, {"user-agent", "sdk"}}, nil)
 	if len(req.Header["authorization"]) != 1 || req.Header["authorization"][0] != "Bearer c" || req.Header["User-Agent"][0] != "sdk" {
 		t.Fatalf("%v", req.Header)
 	}
