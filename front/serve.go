@@ -12,6 +12,7 @@ import (
 	"net/http/httputil"
 	"os"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -378,7 +379,9 @@ func (ex *exchange) relay(w http.ResponseWriter, r *http.Request, rc *http.Respo
 		readTimer = time.AfterFunc(seconds(*rt), func() { readLate.Store(true); cancel() })
 		defer readTimer.Stop()
 	}
-	buf := make([]byte, 64<<10)
+	bp := readBuffers.Get().(*[]byte)
+	defer readBuffers.Put(bp)
+	buf := *bp
 	first := true
 	for sendErr == nil {
 		n, err := resp.Body.Read(buf)
@@ -436,6 +439,9 @@ func (ex *exchange) relay(w http.ResponseWriter, r *http.Request, rc *http.Respo
 	}
 	return true
 }
+
+// readBuffers are the buffers the incumbent's answers are read into (each chunk is copied out).
+var readBuffers = sync.Pool{New: func() any { b := make([]byte, 64<<10); return &b }}
 
 func (ex *exchange) releaseHider(write func([]byte)) {
 	if ex.hider == nil {
