@@ -149,7 +149,12 @@ func main() {
 		fmt.Fprintf(os.Stderr, "shadow-ab-front: -config: listen_fd %d is not a listening socket: %v\n", cfg.ListenFD, err)
 		os.Exit(2)
 	}
-	os.Exit(run(cfg, ln, nil))
+	stop := make(chan struct{})
+	if !watchParent() {
+		log.Printf("the process that started the front is gone: stopping")
+		close(stop)
+	}
+	os.Exit(run(cfg, ln, stop))
 }
 
 // run serves ln until SIGTERM/SIGINT (or stop is closed), then drains: stops accepting, lets

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -160,4 +161,56 @@ func (b *syncBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.String()
+}
+
+// A mirror worker killed with SIGKILL leaves no front behind serving the shared socket.
+func TestTheFrontStopsWhenItsParentDies(t *testing.T) {
+	tl := newTeeListener(t, t.TempDir())
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	addr := ln.Addr().String()
+	text, _ := json.Marshal(testConfig("http://127.0.0.1:1", "http://127.0.0.1:1", tl.path))
+	// the parent: a shell that starts the front (fd 3 inherited), says its pid, and waits
+	parent := exec.Command("sh", "-c", `"$0" -config "$1" & echo $!; wait`, os.Args[0], string(text))
+	parent.Env = append(os.Environ(), "SHADOW_AB_FRONT_TEST_MAIN=1")
+	f, _ := ln.(*net.TCPListener).File()
+	parent.ExtraFiles = []*os.File{f}
+	out, _ := parent.StdoutPipe()
+	if err := parent.Start(); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	ln.Close()
+	var pid int
+	if _, err := fmt.Fscan(out, &pid); err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Kill(pid, syscall.SIGKILL)
+	// running: its tee connected (the socket itself listens from the start)
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		tl.mu.Lock()
+		up := len(tl.conns) > 0
+		tl.mu.Unlock()
+		if up {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the front never started")
+		}
+	}
+	_ = parent.Process.Kill()
+	_ = parent.Wait()
+	alive := func() bool { // a zombie (nobody reaps it here) has stopped too
+		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		return err == nil && !strings.Contains(string(stat), ") Z ")
+	}
+	for deadline := time.Now().Add(10 * time.Second); alive(); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			stat, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+			t.Fatalf("the front outlived its parent: %s", stat)
+		}
+	}
+	if c, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
+		c.Close()
+		t.Fatal("still accepting after its parent died")
+	}
 }
