@@ -33,6 +33,7 @@ Paths, side by side in one run, each with its own keep-alive client session:
 - ``front``, ``front-slow``, ``front-off``, ``front-shed``: the same on the native data plane
   (``data_plane: native``, mirror/front.py): the generate routes' bytes in the compiled front
   (``make front`` builds it; the CPU and pinning cover it, a child of the mirror);
+  ``front-nice``: ``front`` with the shadow side at niceness 10 (``front.shadow_nice``);
 - ``nginx``: a private Debian nginx (own prefix and config in a temp dir, free ports, one
   worker, ``proxy_buffering off``, upstream keep-alive) with ``proxy_pass`` only;
 - ``nginx-mirror``: the same plus nginx's ``mirror`` directive to the 10x slower candidate;
@@ -151,6 +152,7 @@ PATHS = (
     "front",
     "front-slow",
     "front-shed",
+    "front-nice",
     "native-off",
     "native",
 )
@@ -173,6 +175,8 @@ class MirrorPath:
     """``overload.enabled`` (its default lags)."""
     workers: int = 1
     """Mirror processes on the port (``workers``)."""
+    nice: int = 0
+    """``front.shadow_nice`` (the native front's shadow side at this niceness)."""
 
 
 MIRRORS = {
@@ -188,6 +192,7 @@ MIRRORS = {
     "front": MirrorPath("native", 1.0),
     "front-slow": MirrorPath("native", 1.0, slow=True),
     "front-shed": MirrorPath("native", 1.0, shed=True),
+    "front-nice": MirrorPath("native", 1.0, nice=10),
 }
 MIRROR_PATHS = tuple(MIRRORS)
 LABELS = {
@@ -204,6 +209,7 @@ LABELS = {
     "front": "mirror native front, candidate",
     "front-slow": "mirror native front, 10x slow candidate",
     "front-shed": "mirror native front, candidate, overload shedding on",
+    "front-nice": "mirror native front, candidate, shadow side at niceness 10",
     "nginx": "nginx proxy_pass",
     "nginx-mirror": "nginx `mirror`, 10x slow candidate",
     "native-off": "Go reference plane (bench/native_plane), shadowing off",
@@ -370,6 +376,7 @@ def running_mirror(
     kafka_client: str | None = None,
     shed: bool = False,
     workers: int = 1,
+    nice: int = 0,
 ) -> Iterator[Proxy]:
     """``shadow-ab mirror`` as a subprocess on ``data_plane``: shadow ``rate`` of requests
     (default every one), guard off, overload shedding as ``shed`` says; records to the Kafka
@@ -407,6 +414,7 @@ def running_mirror(
                 overload={"enabled": shed},
                 data_plane=data_plane,
                 workers=workers,
+                front={"shadow_nice": nice},
             )
         )
         models = mirror.base_url + "/v1/models"
@@ -841,15 +849,7 @@ def table(cells: dict[tuple[str, int], Cell], levels: list[int], paths: list[str
 def goal_lines(cells: dict[tuple[str, int], Cell]) -> list[str]:
     lines = []
     base = cells.get(("direct", GOAL_CONCURRENCY))
-    shadowing = (
-        "mirror",
-        "wire",
-        "wire-shed",
-        "mirror-slow",
-        "wire-slow",
-        "mirror-off",
-        "wire-off",
-    )
+    shadowing = MIRROR_PATHS
     paths = [p for p, _c in cells if split_path(p)[0] in shadowing]
     for path in sorted(set(paths), key=lambda p: (shadowing.index(split_path(p)[0]), p)):
         cell = cells.get((path, GOAL_CONCURRENCY))
@@ -865,7 +865,7 @@ def goal_lines(cells: dict[tuple[str, int], Cell]) -> list[str]:
             f" p99 {d99:+.2f} ms -> {'MET' if met else 'NOT MET'}"
         )
     nginx = cells.get(("nginx", GOAL_CONCURRENCY))
-    for path in sorted({p for p in paths if split_path(p)[0] in ("mirror", "wire")}):
+    for path in sorted(set(paths), key=lambda p: (shadowing.index(split_path(p)[0]), p)):
         cell = cells.get((path, GOAL_CONCURRENCY))
         if cell is None or not cell.result().ok_rows:
             continue
@@ -1042,6 +1042,7 @@ def main() -> None:
                     split_path(path)[1],
                     shed=how.shed,
                     workers=how.workers,
+                    nice=how.nice,
                 )
             )
             settle = [cand_sim] if how.rate > 0 else []

@@ -152,6 +152,13 @@ class FrontConfig(BaseModel):
         description="frames the front holds for this process; when it does not keep up, more are"
         " dropped (counted in shadow_ab_mirror_front_frames_lost_total), never waited for",
     )
+    shadow_nice: int = Field(
+        default=0,
+        ge=0,
+        le=19,
+        description="niceness this process (the shadow side) takes once the front runs: the"
+        " kernel then gives a core to the client's bytes first (0: the same priority)",
+    )
 
 
 class IncumbentConfig(EngineConfig):

@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
+import functools
 import logging
 import os
 import shutil
@@ -144,7 +146,8 @@ def front_config(
         "max_connections": lim.max_connections,
         "read_timeout_s": inc.read_timeout_s,
         "connect_timeout_s": inc.connect_timeout_s,
-        "incumbent_max_connections": inc.max_connections,
+        # 0 is "no limit": no more than the client connections the front takes
+        "incumbent_max_connections": inc.max_connections or lim.max_connections,
         "tee_queue": settings.front.tee_queue,
     }
 
@@ -310,10 +313,9 @@ class _TeeConnection(asyncio.Protocol):
     def __init__(self, tee: Tee) -> None:
         self.tee = tee
         self.buf = bytearray()
-        self.transport: asyncio.Transport | None = None
+        self.transport: asyncio.BaseTransport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
         self.transport = transport
 
     def data_received(self, data: bytes) -> None:
@@ -338,18 +340,36 @@ class _TeeConnection(asyncio.Protocol):
             del buf[:start]
 
 
+def _in_child(base_nice: int) -> None:
+    """In the front's child before exec: SIGTERM it when this process dies (Linux
+    ``PR_SET_PDEATHSIG``), so a mirror killed outright leaves no front serving its port with
+    nobody reading the tee (it drains and exits instead); and the niceness this process had
+    before ``front.shadow_nice`` (lowering it back needs CAP_SYS_NICE: without it a restarted
+    front keeps the shadow side's)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    with contextlib.suppress(OSError):
+        os.setpriority(os.PRIO_PROCESS, 0, base_nice)
+
+
+_PR_SET_PDEATHSIG = 1
+
+
 class FrontProcess:
     """The ``shadow-ab-front`` child: started with the client socket, started again when it
     dies (backoff 0.5 s to 30 s); :attr:`failed` after :data:`QUICK_FAILURES` exits within
-    :data:`QUICK_FAILURE_S` of their start."""
+    :data:`QUICK_FAILURE_S` of their start. With ``nice``, this process takes that niceness
+    once the front has started (``front.shadow_nice``)."""
 
-    def __init__(self, binary: Path, config: dict[str, Any], fd: int) -> None:
+    def __init__(self, binary: Path, config: dict[str, Any], fd: int, nice: int = 0) -> None:
         self.binary = binary
         self.config = orjson.dumps(config).decode()
         self.fd = fd
         self.proc: asyncio.subprocess.Process | None = None
         self.stopping = False
         self.failed: str | None = None
+        self.nice = nice
+        self.base_nice = os.getpriority(os.PRIO_PROCESS, 0)
 
     async def _spawn(self) -> asyncio.subprocess.Process:
         return await asyncio.create_subprocess_exec(
@@ -358,6 +378,7 @@ class FrontProcess:
             self.config,
             pass_fds=(self.fd,),
             stdin=asyncio.subprocess.DEVNULL,
+            preexec_fn=functools.partial(_in_child, self.base_nice),
         )
 
     async def run(self, tee: Tee, stop: asyncio.Event) -> None:
@@ -372,6 +393,11 @@ class FrontProcess:
             except OSError as exc:
                 code: int | str = f"could not start: {exc}"
             else:
+                if self.nice:
+                    # after the front's first start, which keeps niceness 0 (a restart resets
+                    # its own, where the process may: _in_child)
+                    os.nice(self.nice)
+                    self.nice = 0
                 code = await self.proc.wait()
             if self.stopping:
                 return
@@ -439,7 +465,9 @@ class NativeServer(WireServer):
             config = front_config(
                 self.settings, client_sock.fileno(), f"http://{host}:{port}", tee_path
             )
-            front = FrontProcess(self.binary, config, client_sock.fileno())
+            front = FrontProcess(
+                self.binary, config, client_sock.fileno(), self.settings.front.shadow_nice
+            )
             runner = asyncio.create_task(front.run(tee, self.should_exit), name="native-front")
             sweeper = asyncio.create_task(self._sweep(tee), name="native-front-sweep")
             log.info("serving clients through the native front (%s)", self.binary)
