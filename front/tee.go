@@ -8,6 +8,7 @@ import (
 	"log"
 	"net"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -78,6 +79,7 @@ func (c chunk) MarshalJSON() ([]byte, error) {
 
 type tee struct {
 	path     string
+	mu       sync.RWMutex // send (read) against close (write): no send on a closed queue
 	ch       chan frame
 	up       atomic.Bool
 	closing  atomic.Bool
@@ -100,6 +102,8 @@ func (t *tee) drop(n int64) {
 
 // send queues a frame without ever blocking; false when it was dropped.
 func (t *tee) send(f frame) bool {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
 	if !t.up.Load() || t.closing.Load() {
 		t.drop(1)
 		return false
@@ -113,10 +117,13 @@ func (t *tee) send(f frame) bool {
 	}
 }
 
-// close stops taking frames and waits (up to wait) for the queued ones to be written.
+// close stops taking frames and waits (up to wait) for the queued ones to be written. A
+// handler still running (after a second signal) may still send: its frame is dropped.
 func (t *tee) close(wait time.Duration) {
+	t.mu.Lock()
 	t.closing.Store(true)
 	close(t.ch)
+	t.mu.Unlock()
 	select {
 	case <-t.finished:
 	case <-time.After(wait):
