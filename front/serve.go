@@ -211,7 +211,9 @@ type exchange struct {
 func (f *front) newExchange(r *http.Request, route string, body []byte) *exchange {
 	now := time.Now()
 	headers := make([]header, 0, len(r.Header)+1)
-	headers = append(headers, header{"host", r.Host})
+	if r.Host != "" {
+		headers = append(headers, header{"host", r.Host})
+	}
 	headers = append(headers, headerList(r.Header)...)
 	ex := &exchange{f: f, pair: newUUID4(), ready: now, status: "ok"}
 	ex.req = &reqFrame{
@@ -288,7 +290,7 @@ func (f *front) generate(w http.ResponseWriter, r *http.Request, rc *http.Respon
 	}
 	tctx := httptrace.WithClientTrace(ctx, trace)
 	u := f.inc.url(route, r.URL.RawQuery)
-	headers := upstreamHeaders(ex.req.Headers[1:], ex.pair) // without the client's host
+	headers := upstreamHeaders(ex.req.Headers, ex.pair) // (without the client's host)
 	var resp *http.Response
 	var err error
 	for attempt := 0; ; attempt++ {
