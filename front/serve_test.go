@@ -416,3 +416,31 @@ func TestATeeThatIsDownNeverBlocksTheClient(t *testing.T) {
 		t.Fatalf("dropped frames counted: %v, want at least 6", total)
 	}
 }
+
+// An HTTP/1.0 client gets the stream without chunked framing, ended by the close; its req
+// frame has no host when it sent none.
+func TestHTTP10ClientStream(t *testing.T) {
+	inc := newSSEIncumbent(t)
+	h := start(t, inc.URL, nil, true)
+	c, err := net.Dial("tcp", strings.TrimPrefix(h.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	body := `{"messages":[],"stream":true}`
+	_, _ = c.Write([]byte("POST /v1/chat/completions HTTP/1.0\r\nContent-Length: " + itoa(len(body)) + "\r\n\r\n" + body))
+	got, _ := io.ReadAll(c)
+	head, rest, _ := bytes.Cut(got, []byte("\r\n\r\n"))
+	plain, _ := os.ReadFile("testdata/vllm032_chat_n2_plain.sse")
+	if !bytes.HasPrefix(head, []byte("HTTP/1.0 200 OK\r\n")) || bytes.Contains(bytes.ToLower(head), []byte("chunked")) ||
+		!bytes.Equal(rest, plain) {
+		t.Fatalf("%q", got)
+	}
+	if req := h.tee.next(t); len(req["headers"].([]any)) != 1 { // content-length only
+		t.Fatalf("req frame %v", req)
+	}
+	if end := h.tee.next(t); end["status"] != "ok" {
+		t.Fatalf("end frame %v", end)
+	}
+}
