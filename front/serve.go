@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"errors"
@@ -129,11 +130,12 @@ func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if route == "" {
-		r.Body = io.NopCloser(strings.NewReader(string(body)))
+		r.Body = io.NopCloser(bytes.NewReader(body))
 		r.ContentLength = int64(len(body))
 		if len(body) == 0 {
 			r.Body = http.NoBody
 		}
+		w.Header()["Date"] = nil // only the mirror's own, if it sends one
 		f.internal.ServeHTTP(w, r)
 		return
 	}
@@ -309,6 +311,7 @@ func (f *front) generate(w http.ResponseWriter, r *http.Request, rc *http.Respon
 		switch {
 		case r.Context().Err() != nil:
 			ex.status, ex.err, ex.gone = "cancelled", "the client disconnected", true
+			abort = true // no answer at all (net/http would write an empty 200)
 		case isTimeout(err):
 			msg := err.Error()
 			if strings.Contains(msg, "awaiting response headers") && f.cfg.ReadTimeoutS != nil {

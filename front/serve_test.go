@@ -444,3 +444,35 @@ func TestHTTP10ClientStream(t *testing.T) {
 		t.Fatalf("end frame %v", end)
 	}
 }
+
+// A client that leaves before the incumbent's head: the incumbent's request is cancelled and
+// the end frame says so, with no status from the incumbent and nothing sent to the client.
+func TestClientGoneBeforeTheHead(t *testing.T) {
+	asked, cancelled := make(chan struct{}), make(chan struct{})
+	inc := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.ReadAll(r.Body) // (net/http notices a closed connection once the body is read)
+		close(asked)
+		<-r.Context().Done()
+		close(cancelled)
+	}))
+	defer inc.Close()
+	h := start(t, inc.URL, nil, true)
+	c, err := net.Dial("tcp", strings.TrimPrefix(h.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := `{"prompt":"x"}`
+	_, _ = c.Write([]byte("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " + itoa(len(body)) + "\r\n\r\n" + body))
+	<-asked
+	c.Close()
+	select {
+	case <-cancelled:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the incumbent's request was not cancelled")
+	}
+	h.tee.next(t)
+	if end := h.tee.next(t); end["status"] != "cancelled" || end["gone"] != true || end["client_code"] != 0.0 ||
+		end["http_status"] != nil || end["error"] != "the client disconnected" {
+		t.Fatalf("end frame %v", end)
+	}
+}
