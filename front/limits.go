@@ -56,8 +56,15 @@ type limitListener struct {
 	maxHead   int // max_header_bytes
 	open      atomic.Int64
 	answers   *limitAnswers
-	rejected  atomic.Int64 // over the connection cap
-	refusedHd atomic.Int64 // 431, 408 on the head
+	rejected  atomic.Int64        // over the connection cap
+	refusedHd atomic.Int64        // 431, 408 on the head
+	report    func(reason string) // an edge frame to the mirror (nil: none)
+}
+
+func (l *limitListener) edge(reason string) {
+	if l.report != nil {
+		l.report(reason)
+	}
 }
 
 func (l *limitListener) Accept() (net.Conn, error) {
@@ -68,6 +75,7 @@ func (l *limitListener) Accept() (net.Conn, error) {
 		}
 		if l.open.Load() >= l.max {
 			l.rejected.Add(1)
+			l.edge(edgeConnectionCap)
 			go linger(c, l.answers.cap)
 			continue
 		}
@@ -98,6 +106,7 @@ type limitConn struct {
 	headDone  bool // its empty line came
 	lineStart int  // 1: after a LF, 2: after LF CR (an empty line ends the head)
 	answered  bool // the connection got a refusal of ours
+	served    bool // a request's head came on it (a silent close after is not counted)
 	closed    sync.Once
 }
 
@@ -111,7 +120,7 @@ func connOf(ctx context.Context) *limitConn {
 // begin: a request's head was read and its handler runs.
 func (c *limitConn) begin() {
 	c.mu.Lock()
-	c.active = true
+	c.active, c.served = true, true
 	c.mu.Unlock()
 }
 
@@ -152,23 +161,28 @@ func (c *limitConn) Read(p []byte) (int, error) {
 		if c.headBytes > c.l.maxHead {
 			// the request line and headers are over max_header_bytes: 431, whatever net/http
 			// has read of them (its own limit is looser on a kept-alive connection)
-			c.refuse(c.l.answers.headerTooLarge)
+			c.refuse(c.l.answers.headerTooLarge, edgeHeaderTooLarge)
 			return 0, io.EOF
 		}
 	}
 	if err != nil && c.headBytes > 0 && errors.Is(err, os.ErrDeadlineExceeded) && !c.headDone {
 		// part of a head, then nothing for header_timeout_s (net/http would close silently;
 		// a connection that sent nothing is closed silently, as nginx does)
-		c.refuse(c.l.answers.headerTimeout)
+		c.refuse(c.l.answers.headerTimeout, edgeHeaderTimeout)
+	} else if err != nil && c.headBytes == 0 && !c.served && errors.Is(err, os.ErrDeadlineExceeded) {
+		// a connection that never sent a byte of a request: closed silently, counted
+		c.served = true // once
+		c.l.edge(edgeIdleClosed)
 	}
 	return n, err
 }
 
 // refuse writes a whole answer on the connection; its Close lingers so that the answer is not
 // lost to a reset (the client may still be sending).
-func (c *limitConn) refuse(answer []byte) {
+func (c *limitConn) refuse(answer []byte, reason string) {
 	c.answered = true
 	c.l.refusedHd.Add(1)
+	c.l.edge(reason)
 	_ = c.Conn.SetWriteDeadline(time.Now().Add(time.Second))
 	_, _ = c.Conn.Write(answer)
 }
@@ -186,6 +200,7 @@ func (c *limitConn) Write(p []byte) (int, error) {
 		case bytes.HasPrefix(p, goTooLarge):
 			answer = c.l.answers.headerTooLarge
 			c.l.refusedHd.Add(1)
+			c.l.edge(edgeHeaderTooLarge)
 			c.answered = true
 		case bytes.HasPrefix(p, goBadRequest):
 			answer = badRequest

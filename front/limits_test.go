@@ -168,3 +168,51 @@ func TestASlowClientIsDisconnectedAfterSendTimeout(t *testing.T) {
 		t.Fatal("the incumbent's request was not cancelled")
 	}
 }
+
+// Each refusal reaches the mirror as an edge frame with mirror/limits.py's reason, so the
+// mirror's shadow_ab_mirror_edge_rejections_total counts them as on the protocol plane.
+func TestRefusalsAreToldToTheMirror(t *testing.T) {
+	h := start(t, "http://127.0.0.1:1", func(c *config) {
+		c.HeaderTimeoutS = 0.2
+		c.BodyTimeoutS = 0.2
+		c.MaxConnections = 3
+	}, true)
+	reasons := func(n int) []string {
+		t.Helper()
+		var got []string
+		for len(got) < n {
+			f := h.tee.next(t)
+			if f["k"] == "edge" {
+				got = append(got, f["reason"].(string))
+			}
+		}
+		return got
+	}
+	c := dial(t, h)
+	_, _ = c.Write([]byte("GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Big: " + strings.Repeat("a", 9000) + "\r\n\r\n"))
+	readAll(t, c)
+	c = dial(t, h)
+	_, _ = c.Write([]byte("POST /v1/completions HTTP/1.1\r\nHost: x\r\n"))
+	readAll(t, c)
+	readAll(t, dial(t, h)) // silent: closed without an answer
+	c = dial(t, h)
+	_, _ = c.Write([]byte("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n{\"a\""))
+	readAll(t, c)
+	want := []string{edgeHeaderTooLarge, edgeHeaderTimeout, edgeIdleClosed, edgeBodyTimeout}
+	if got := reasons(4); strings.Join(got, ",") != strings.Join(want, ",") {
+		t.Fatalf("edge frames %v, want %v", got, want)
+	}
+	// over the cap: three held open, the fourth refused with 503
+	for range 3 {
+		dial(t, h) // open until the test ends
+	}
+	time.Sleep(50 * time.Millisecond)
+	if got := readAll(t, dial(t, h)); !strings.HasPrefix(got, "HTTP/1.1 503") {
+		t.Fatalf("over the cap: %q", got)
+	}
+	// the three held ones time out silently too (header_timeout_idle) before or after it
+	got := reasons(4)
+	if strings.Count(strings.Join(got, ","), edgeConnectionCap) != 1 {
+		t.Fatalf("edge frames %v, want one %s", got, edgeConnectionCap)
+	}
+}

@@ -52,12 +52,15 @@ func newFront(c *config) (*front, error) {
 // server is the http.Server on ln, with the limits (limitListener, limitConn).
 func (f *front) server(ln net.Listener) (*http.Server, *limitListener) {
 	c := f.cfg
-	lim := &limitListener{Listener: ln, max: int64(c.MaxConnections), maxHead: c.MaxHeaderBytes, answers: &f.answers}
+	lim := &limitListener{Listener: ln, max: int64(c.MaxConnections), maxHead: c.MaxHeaderBytes, answers: &f.answers,
+		report: func(reason string) { f.tee.send(&edgeFrame{K: "edge", Reason: reason}) }}
 	srv := &http.Server{
 		Handler:           f,
 		ReadHeaderTimeout: seconds(c.HeaderTimeoutS),
 		IdleTimeout:       seconds(c.IdleTimeoutS),
 		MaxHeaderBytes:    c.MaxHeaderBytes, // limitConn's count is the exact one
+		// "OPTIONS *" goes to the mirror's plane (404 there) like any other non-generate request
+		DisableGeneralOptionsHandler: true,
 		ConnContext: func(ctx context.Context, conn net.Conn) context.Context {
 			if lc, ok := conn.(*limitConn); ok {
 				return context.WithValue(ctx, connKey{}, lc)
@@ -157,6 +160,7 @@ func (f *front) readBody(w http.ResponseWriter, r *http.Request, rc *http.Respon
 			tooLarge = true
 		case errors.Is(err, os.ErrDeadlineExceeded):
 			// the deadline stays past: net/http reads no more of this body
+			f.tee.send(&edgeFrame{K: "edge", Reason: edgeBodyTimeout})
 			writeError(w, http.StatusRequestTimeout, f.answers.bodyTimeout, "", "")
 			return nil, false
 		case err != nil: // the client left, or sent a body that does not parse

@@ -55,6 +55,27 @@ type endFrame struct {
 	Dropped    int64    `json:"dropped"`
 }
 
+// edgeFrame: a client connection or request the limits refused (the mirror counts it in
+// shadow_ab_mirror_edge_rejections_total); reason is one of mirror/limits.py's.
+type edgeFrame struct {
+	K       string `json:"k"`
+	Reason  string `json:"reason"`
+	Dropped int64  `json:"dropped"`
+}
+
+// The reasons of edge frames, as mirror/limits.py names them.
+const (
+	edgeConnectionCap  = "connection_cap"
+	edgeHeaderTooLarge = "header_too_large"
+	edgeHeaderTimeout  = "header_timeout"
+	edgeIdleClosed     = "header_timeout_idle"
+	edgeBodyTimeout    = "body_timeout"
+)
+
+func (f *edgeFrame) frameID() uint64    { return 0 }
+func (f *edgeFrame) isReq() bool        { return false }
+func (f *edgeFrame) setDropped(n int64) { f.Dropped = n }
+
 func (f *reqFrame) frameID() uint64    { return f.ID }
 func (f *reqFrame) isReq() bool        { return true }
 func (f *reqFrame) setDropped(n int64) { f.Dropped = n }
