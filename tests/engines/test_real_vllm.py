@@ -204,10 +204,20 @@ def test_a_client_that_drops_a_stream_stops_real_vllms_generation(
     max_tokens = 1000  # a minute or more of the tiny model on CPU: leaving early is visible
 
     def counts() -> tuple[float, float]:
-        return (
-            vllm_metric(base, "vllm:request_success_total"),
-            vllm_metric(base, "vllm:generation_tokens_total"),
-        )
+        """The counters once they hold still for a second: vLLM can count a request finished
+        a moment after its running gauge went to 0 (an earlier test's request)."""
+        now = None
+        while True:
+            then, now = (
+                now,
+                (
+                    vllm_metric(base, "vllm:request_success_total"),
+                    vllm_metric(base, "vllm:generation_tokens_total"),
+                ),
+            )
+            if now == then:
+                return now
+            time.sleep(1.0)
 
     finished, generated = counts()
     body = completion(stream=True, max_tokens=max_tokens, prompt="The river")
