@@ -8,7 +8,9 @@ front``) owns the client's connections and the incumbent's for the two generate 
 tells this process what happened over a Unix socket, the *tee* (frame format:
 ``front/README.md``). This process keeps everything else:
 
-- :class:`Tee` turns the front's frames into the mirror's own steps: a ``req`` frame is
+- :class:`Tee` turns the front's frames into the mirror's own steps (an ``edge`` frame, a
+  connection or request the front's limits refused, is counted as the protocol plane counts
+  it): a ``req`` frame is
   :meth:`mirror.app.Mirror._prepare` (the shadow decision, the candidate and replay requests,
   the incumbent's record stub, with the front's pair id and time); an ``end`` frame is
   :meth:`~mirror.app.Mirror._settle` (the stream parsed into the record, the guard fed, the
@@ -30,7 +32,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import functools
 import logging
 import os
@@ -49,6 +50,13 @@ import orjson
 
 from mirror import metrics as m
 from mirror.app import ROUTES, SKIPPED_TOO_LARGE, Prepared
+from mirror.limits import (
+    BODY_TIMEOUT,
+    CONNECTION_CAP,
+    HEADER_TIMEOUT,
+    HEADER_TOO_LARGE,
+    IDLE_CLOSED,
+)
 from mirror.listen import bound_socket
 from mirror.wire import WireServer
 from shadow_ab.records import Role, Status
@@ -101,7 +109,15 @@ class EndFrame(msgspec.Struct, tag_field="k", tag="end"):
     dropped: int = 0
 
 
-_DECODE = msgspec.json.Decoder(ReqFrame | EndFrame)
+class EdgeFrame(msgspec.Struct, tag_field="k", tag="edge"):
+    reason: str
+    dropped: int = 0
+
+
+_DECODE = msgspec.json.Decoder(ReqFrame | EndFrame | EdgeFrame)
+_EDGE_REASONS = frozenset(
+    {CONNECTION_CAP, HEADER_TOO_LARGE, HEADER_TIMEOUT, BODY_TIMEOUT, IDLE_CLOSED}
+)
 _STATUSES = {s.value: s for s in Status}
 
 
@@ -186,10 +202,14 @@ class Tee:
         try:
             if isinstance(f, ReqFrame):
                 self._req(f)
-            else:
+            elif isinstance(f, EndFrame):
                 self._end(f)
+            elif f.reason in _EDGE_REASONS:
+                m.EDGE_REJECTIONS.labels(reason=f.reason).inc()
+            else:
+                self._lost("malformed")
         except Exception:
-            log.exception("the tee frame of exchange %d could not be handled", f.id)
+            log.exception("a tee frame could not be handled: %r", f)
             self._lost("unhandled")
 
     def _lost(self, reason: str) -> None:
@@ -341,18 +361,12 @@ class _TeeConnection(asyncio.Protocol):
 
 
 def _in_child(base_nice: int) -> None:
-    """In the front's child before exec: SIGTERM it when this process dies (Linux
-    ``PR_SET_PDEATHSIG``), so a mirror killed outright leaves no front serving its port with
-    nobody reading the tee (it drains and exits instead); and the niceness this process had
-    before ``front.shadow_nice`` (lowering it back needs CAP_SYS_NICE: without it a restarted
-    front keeps the shadow side's)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    """In the front's child before exec: the niceness this process had before
+    ``front.shadow_nice`` (lowering it back needs CAP_SYS_NICE: without it a restarted front
+    keeps the shadow side's). The front itself asks for SIGTERM when this process dies
+    (``front/parent_linux.go``)."""
     with contextlib.suppress(OSError):
         os.setpriority(os.PRIO_PROCESS, 0, base_nice)
-
-
-_PR_SET_PDEATHSIG = 1
 
 
 class FrontProcess:

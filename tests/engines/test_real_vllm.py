@@ -26,9 +26,11 @@ def post(client: httpx.Client, url: str, body: dict[str, Any]) -> tuple[int, dic
     return resp.status_code, dict(resp.headers), raw
 
 
-@pytest.fixture(scope="module")
-def mirror(vllm_bf16: RunningVllm) -> Iterator[RunningMirror]:
-    """The mirror with real vLLM as the incumbent and a quick simulator as the candidate."""
+@pytest.fixture(scope="module", params=["protocol", "native"])
+def mirror(vllm_bf16: RunningVllm, request: pytest.FixtureRequest) -> Iterator[RunningMirror]:
+    """The mirror with real vLLM as the incumbent and a quick simulator as the candidate, on
+    the protocol plane and on the native front (its Go usage hider against real vLLM's
+    streams)."""
     quick = {"latency": {"decode_ms": 2.0, "prefill_base_ms": 2.0, "prefill_per_token_ms": 0.0}}
     with (
         running_sim("vllm", "clean", overrides=quick, ledger=False) as candidate,
@@ -36,6 +38,7 @@ def mirror(vllm_bf16: RunningVllm) -> Iterator[RunningMirror]:
             vllm_bf16.base_url,
             candidate.base_url,
             deployment="real-vllm-test",
+            data_plane=request.param,
             incumbent={"flavor": "vllm"},
             candidate={"flavor": "vllm"},
         ) as running,
@@ -201,10 +204,20 @@ def test_a_client_that_drops_a_stream_stops_real_vllms_generation(
     max_tokens = 1000  # a minute or more of the tiny model on CPU: leaving early is visible
 
     def counts() -> tuple[float, float]:
-        return (
-            vllm_metric(base, "vllm:request_success_total"),
-            vllm_metric(base, "vllm:generation_tokens_total"),
-        )
+        """The counters once they hold still for a second: vLLM can count a request finished
+        a moment after its running gauge went to 0 (an earlier test's request)."""
+        now = None
+        while True:
+            then, now = (
+                now,
+                (
+                    vllm_metric(base, "vllm:request_success_total"),
+                    vllm_metric(base, "vllm:generation_tokens_total"),
+                ),
+            )
+            if now == then:
+                return now
+            time.sleep(1.0)
 
     finished, generated = counts()
     body = completion(stream=True, max_tokens=max_tokens, prompt="The river")

@@ -1,0 +1,3 @@
+module shadowab/front
+
+go 1.22
