@@ -9,9 +9,10 @@ say so. :func:`power_note` gives, per count criterion (op ``<=``, key ending ``.
 - the **detectable ratio**: the smallest true ratio that the criterion would FAIL (NO-GO) at
   the plan's last look with probability :data:`POWER` (90 %), if events keep coming at the pace
   seen so far. From the measurement's own interval (exact, with the overdispersion factor the
-  analysis applied): its standard error on the log scale, ``log(high / low) / (2 z(level))``,
-  shrunk to the horizon as ``sqrt(days / horizon_days)`` (information grows with days of
-  events), and ``threshold * exp((z_final + z_power) * se)``, ``z_final`` being the last
+  analysis applied and Student's t on its degrees of freedom): its standard error on the log
+  scale, ``log(high / low) / (2 z(level))``, shrunk to the horizon as
+  ``sqrt(days / horizon_days)`` (information grows with days of events), and
+  ``threshold * exp((z_final + z_power) * se)``, ``z_final`` being the last
   look's boundary. Past the horizon, the data as it is at the last look's boundary;
 - **underpowered** when that ratio is above :data:`UNDERPOWERED` times the threshold (the
   criterion cannot see a candidate that much worse), with the events it would take:

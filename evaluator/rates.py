@@ -11,6 +11,10 @@
   the exposure "exchanges sent", compared the same way (the conditional test is then the exact
   test of two rare proportions).
 - :func:`bucket_start` / :func:`count_by_bucket`: UTC days and ISO weeks (Monday 00:00 UTC).
+- :func:`compare_dispersed_rates`: the same on counts that are not Poisson (bursts, crash
+  loops): the overdispersion factor phi estimated from per-day counts divides both counts, and,
+  phi being an estimate on few days, the interval is Student's t on its degrees of freedom
+  rather than the normal (quasi-Poisson's inference; :func:`quasi_tail`).
 - :func:`wilson_interval`, :func:`newcombe_interval`: a share's score interval and the
   difference of two shares (Newcombe's hybrid score method 10), for the divergence rates.
 
@@ -20,6 +24,7 @@ Errors: ``ValueError`` for negative counts or non-positive exposures (a caller's
 from __future__ import annotations
 
 import math
+import warnings
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -53,16 +58,32 @@ class RateComparison:
     dispersion: float = 1.0
     """Overdispersion factor the counts were divided by (1: Poisson counts; see
     :func:`compare_dispersed_rates`)."""
+    dispersion_df: int = 0
+    """Degrees of freedom ``dispersion`` was estimated on (per side with events, its days less
+    one); the interval is then Student's t on them (:func:`quasi_tail`). 0: not estimated
+    (Poisson counts, the exact interval as it is)."""
 
     def interval_at(self, level: float) -> Interval:
         """The ratio's interval at another ``level`` by the same exact method (the
         conditional binomial's beta quantiles, on the counts divided by ``dispersion``): what
         the verdict judges a PASS on at the look's PASS level (``Measurement.restate``). At
         zero or few events this is the exact bound, not a normal restatement of another
-        level's."""
-        if self.dispersion == 1.0 or self.x1 + self.x2 == 0:
+        level's. With an estimated dispersion, on its degrees of freedom (``dispersion_df``)."""
+        if self.dispersion_df == 0 or self.x1 + self.x2 == 0:
             return compare_poisson_rates(self.x1, self.t1, self.x2, self.t2, level).interval
-        return _dispersed_interval(self.x1, self.t1, self.x2, self.t2, self.dispersion, level)
+        return _dispersed_interval(
+            self.x1, self.t1, self.x2, self.t2, self.dispersion, level, self.dispersion_df
+        )
+
+    def dispersion_note(self, counts: str = "per-day counts") -> str:
+        """How the interval took the overdispersion, for a reason's text (empty for Poisson
+        counts): phi and the degrees of freedom of its Student's t."""
+        if self.dispersion_df == 0:
+            return ""
+        return (
+            f", counts divided by the overdispersion {self.dispersion:.3g} of the {counts},"
+            f" Student's t on its {self.dispersion_df} degrees of freedom"
+        )
 
     @property
     def rate1(self) -> float:
@@ -90,13 +111,8 @@ class RateComparison:
             "unbounded": self.ratio is not None and math.isinf(self.ratio),
             "p_value": self.p_value,
             "dispersion": self.dispersion,
-            "method": "exact conditional binomial (Clopper-Pearson)"
-            + (
-                ""
-                if self.dispersion == 1.0
-                else f" on counts divided by the overdispersion factor {self.dispersion:.3g}"
-                " estimated from per-day counts"
-            ),
+            "method": "exact conditional binomial (Clopper-Pearson)" + self.dispersion_note(),
+            "dispersion_df": self.dispersion_df,
         }
 
 
@@ -161,15 +177,16 @@ def compare_failure_shares(
     return compare_poisson_rates(failed1, float(total1), failed2, float(total2), level)
 
 
-def dispersion_factor(
+def dispersion(
     counts: Sequence[Sequence[float]], exposures: Sequence[Sequence[float]]
-) -> float:
-    """Overdispersion of event counts per bucket (day) against Poisson, pooled over the sides:
-    Pearson's chi-square of each side's counts about its own constant rate, over its degrees of
-    freedom (quasi-Poisson's estimate), at least 1. ``counts[s][d]`` events of side ``s`` in
-    bucket ``d`` with exposure ``exposures[s][d]`` (buckets with no exposure are skipped).
-    Bursty failures and crash loops put many events on a few days: the factor is then the
-    number of events a burst is worth as one independent event."""
+) -> tuple[float, int]:
+    """(phi, df): the overdispersion of event counts per bucket (day) against Poisson, pooled
+    over the sides: Pearson's chi-square of each side's counts about its own constant rate, over
+    its degrees of freedom ``df`` (quasi-Poisson's estimate), at least 1. ``counts[s][d]`` events
+    of side ``s`` in bucket ``d`` with exposure ``exposures[s][d]`` (buckets with no exposure
+    are skipped; a side without events or with one bucket adds no degree of freedom). Bursty
+    failures and crash loops put many events on a few days: the factor is then the number of
+    events a burst is worth as one independent event. (1.0, 0) when nothing can be estimated."""
     chi2, df = 0.0, 0
     for xs, ts in zip(counts, exposures, strict=True):
         pairs = [(float(x), float(t)) for x, t in zip(xs, ts, strict=True) if t > 0]
@@ -179,7 +196,25 @@ def dispersion_factor(
         rate = total_x / total_t
         chi2 += sum((x - rate * t) ** 2 / (rate * t) for x, t in pairs)
         df += len(pairs) - 1
-    return max(1.0, chi2 / df) if df > 0 else 1.0
+    return (max(1.0, chi2 / df), df) if df > 0 else (1.0, 0)
+
+
+def dispersion_factor(
+    counts: Sequence[Sequence[float]], exposures: Sequence[Sequence[float]]
+) -> float:
+    """phi of :func:`dispersion` alone."""
+    return dispersion(counts, exposures)[0]
+
+
+def quasi_tail(tail: float, df: int) -> float:
+    """The normal tail whose quantile is Student's t quantile of one-sided ``tail`` on ``df``
+    degrees of freedom: an interval computed at it is as much wider than at ``tail`` as t's is
+    than the normal's (``df`` 0: ``tail`` itself). Quasi-Poisson's inference: with the
+    overdispersion estimated from ``df`` degrees of freedom, the standardised ratio is t, not
+    normal, and a phi estimated from few days is often too small (its chi-square spread)."""
+    if df <= 0 or tail <= 0.0:
+        return tail
+    return float(stats.norm.sf(stats.t.isf(tail, df)))
 
 
 def compare_dispersed_rates(
@@ -191,15 +226,17 @@ def compare_dispersed_rates(
 ) -> RateComparison:
     """:func:`compare_poisson_rates` for counts that are not Poisson (bursts, crash loops):
     per-bucket counts ``x*_by`` and exposures ``t*_by`` (side 1 = candidate); the overdispersion
-    factor phi (:func:`dispersion_factor`) divides both totals (a design effect: phi clustered
-    events carry the information of one), and the conditional test runs on those effective
-    counts (Clopper-Pearson bounds from the beta quantiles, which take non-whole counts). With
-    phi = 1 it is exactly :func:`compare_poisson_rates`."""
-    phi = dispersion_factor([x1_by, x2_by], [t1_by, t2_by])
+    factor phi (:func:`dispersion`) divides both totals (a design effect: phi clustered events
+    carry the information of one), and the conditional test runs on those effective counts
+    (Clopper-Pearson bounds from the beta quantiles, which take non-whole counts) at the tail
+    of Student's t on phi's degrees of freedom (:func:`quasi_tail`): phi is an estimate, and
+    from few days an uncertain one. With one bucket (nothing to estimate phi on) it is exactly
+    :func:`compare_poisson_rates`; with Poisson counts over many buckets it tends to it."""
+    phi, df = dispersion([x1_by, x2_by], [t1_by, t2_by])
     x1, x2 = round(sum(x1_by)), round(sum(x2_by))
     t1, t2 = float(sum(t1_by)), float(sum(t2_by))
     plain = compare_poisson_rates(x1, t1, x2, t2, level)
-    if phi == 1.0 or x1 + x2 == 0:
+    if df == 0 or x1 + x2 == 0:
         return plain
     e1, e2 = x1 / phi, x2 / phi
     p0 = t1 / (t1 + t2)
@@ -211,20 +248,28 @@ def compare_dispersed_rates(
         x2,
         t2,
         plain.ratio,
-        _dispersed_interval(x1, t1, x2, t2, phi, level),
+        _dispersed_interval(x1, t1, x2, t2, phi, level, df),
         min(1.0, p_value),
         phi,
+        df,
     )
 
 
 def _dispersed_interval(
-    x1: int, t1: float, x2: int, t2: float, phi: float, level: float
+    x1: int, t1: float, x2: int, t2: float, phi: float, level: float, df: int
 ) -> Interval:
-    """The rate ratio's conditional-binomial interval on the effective counts ``x / phi``."""
+    """The rate ratio's conditional-binomial interval on the effective counts ``x / phi``, each
+    bound at the tail of Student's t on ``df`` (:func:`quasi_tail`)."""
     e1, e2 = x1 / phi, x2 / phi
-    alpha = 1.0 - level
-    pl = float(stats.beta.ppf(alpha / 2, e1, e2 + 1)) if e1 > 0 else 0.0
-    pu = float(stats.beta.ppf(1 - alpha / 2, e1 + 1, e2)) if e2 > 0 else 1.0
+    tail = quasi_tail((1.0 - level) / 2.0, df)
+    with warnings.catch_warnings():
+        # t on few df at an early look's level puts the tail far out (1e-100): scipy's beta
+        # quantile may then warn that its root finding gave up and return a bound still beyond
+        # any threshold (~1e-33), or NaN: that bound is the extreme one (0 or 1)
+        warnings.simplefilter("ignore", RuntimeWarning)
+        pl = float(stats.beta.ppf(tail, e1, e2 + 1)) if e1 > 0 else 0.0
+        pu = float(stats.beta.isf(tail, e1 + 1, e2)) if e2 > 0 else 1.0
+    pl, pu = (0.0 if math.isnan(pl) else pl), (1.0 if math.isnan(pu) else pu)
     scale = t2 / t1
     return Interval(_odds(pl) * scale, _odds(pu) * scale, level)
 

@@ -293,12 +293,7 @@ class IncidentSection:
             n_c, n_i = self.count("candidate", kind), self.count("incumbent", kind)
             e_c = c.x1 if c is not None else n_c
             e_i = c.x2 if c is not None else n_i
-            dispersion = (
-                ""
-                if c is None or c.dispersion == 1.0
-                else f" on counts divided by the overdispersion {c.dispersion:.3g} of the"
-                " per-day counts"
-            )
+            dispersion = "" if c is None else c.dispersion_note()
             out.append(
                 Measurement(
                     key=f"incidents.{kind}.rate_ratio",
@@ -345,12 +340,7 @@ class IncidentSection:
                     f" incumbent {inc.get('failed', 0)}/{inc.get('sent', 0)} (http errors,"
                     " timeouts, connection errors; a cancelled exchange is sent, not failed);"
                     " exact conditional binomial interval on rare events"
-                    + (
-                        ""
-                        if e is None or e.dispersion == 1.0
-                        else f", counts divided by the overdispersion {e.dispersion:.3g} of the"
-                        " per-day failure counts (bursts)"
-                    )
+                    + ("" if e is None else e.dispersion_note("per-day failure counts (bursts)"))
                     + ("" if e is None else f", p = {e.p_value:.3g}")
                 ),
                 restate=None if e is None else e.interval_at,

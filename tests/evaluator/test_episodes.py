@@ -66,10 +66,16 @@ def test_a_real_tripling_of_failures_is_still_seen() -> None:
 
 
 def test_poisson_counts_keep_the_exact_test() -> None:
+    """phi 1: the exact test on the counts themselves, at Student's t tail on phi's degrees of
+    freedom (4 here: wider than the exact interval, which it holds); from one day (nothing to
+    estimate phi on) exactly the exact test."""
     assert dispersion_factor([[3, 3, 3]], [[1, 1, 1]]) == 1.0
     a = compare_dispersed_rates([1, 2, 1], [1, 1, 1], [2, 1, 2], [1, 1, 1], level=0.9)
     b = compare_poisson_rates(4, 3.0, 5, 3.0, level=0.9)
-    assert a.interval == b.interval and a.dispersion == 1.0
+    assert a.dispersion == 1.0 and a.dispersion_df == 4 and a.p_value == b.p_value
+    assert a.interval.low < b.interval.low and a.interval.high > b.interval.high
+    one = compare_dispersed_rates([4], [3.0], [5], [3.0], level=0.9)
+    assert one.interval == b.interval and one.dispersion_df == 0
     assert compare_dispersed_rates([0, 40, 0], [1, 1, 1], [1, 1, 2], [1, 1, 1]).dispersion > 5
 
 
