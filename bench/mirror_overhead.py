@@ -33,7 +33,8 @@ Paths, side by side in one run, each with its own keep-alive client session:
 - ``front``, ``front-slow``, ``front-off``, ``front-shed``: the same on the native data plane
   (``data_plane: native``, mirror/front.py): the generate routes' bytes in the compiled front
   (``make front`` builds it; the CPU and pinning cover it, a child of the mirror);
-  ``front-nice``: ``front`` with the shadow side at niceness 10 (``front.shadow_nice``);
+  ``front-nice0``: ``front`` with the shadow side at niceness 0 instead of the default 10
+  (``front.shadow_nice``);
 - ``nginx``: a private Debian nginx (own prefix and config in a temp dir, free ports, one
   worker, ``proxy_buffering off``, upstream keep-alive) with ``proxy_pass`` only;
 - ``nginx-mirror``: the same plus nginx's ``mirror`` directive to the 10x slower candidate;
@@ -152,7 +153,7 @@ PATHS = (
     "front",
     "front-slow",
     "front-shed",
-    "front-nice",
+    "front-nice0",
     "native-off",
     "native",
 )
@@ -175,8 +176,9 @@ class MirrorPath:
     """``overload.enabled`` (its default lags)."""
     workers: int = 1
     """Mirror processes on the port (``workers``)."""
-    nice: int = 0
-    """``front.shadow_nice`` (the native front's shadow side at this niceness)."""
+    nice: int | None = None
+    """``front.shadow_nice`` (the native front's shadow side at this niceness; None: the
+    default, 10)."""
 
 
 MIRRORS = {
@@ -192,7 +194,7 @@ MIRRORS = {
     "front": MirrorPath("native", 1.0),
     "front-slow": MirrorPath("native", 1.0, slow=True),
     "front-shed": MirrorPath("native", 1.0, shed=True),
-    "front-nice": MirrorPath("native", 1.0, nice=10),
+    "front-nice0": MirrorPath("native", 1.0, nice=0),
 }
 MIRROR_PATHS = tuple(MIRRORS)
 LABELS = {
@@ -209,7 +211,7 @@ LABELS = {
     "front": "mirror native front, candidate",
     "front-slow": "mirror native front, 10x slow candidate",
     "front-shed": "mirror native front, candidate, overload shedding on",
-    "front-nice": "mirror native front, candidate, shadow side at niceness 10",
+    "front-nice0": "mirror native front, candidate, shadow side at niceness 0",
     "nginx": "nginx proxy_pass",
     "nginx-mirror": "nginx `mirror`, 10x slow candidate",
     "native-off": "Go reference plane (bench/native_plane), shadowing off",
@@ -376,7 +378,7 @@ def running_mirror(
     kafka_client: str | None = None,
     shed: bool = False,
     workers: int = 1,
-    nice: int = 0,
+    nice: int | None = None,
 ) -> Iterator[Proxy]:
     """``shadow-ab mirror`` as a subprocess on ``data_plane``: shadow ``rate`` of requests
     (default every one), guard off, overload shedding as ``shed`` says; records to the Kafka
@@ -414,7 +416,7 @@ def running_mirror(
                 overload={"enabled": shed},
                 data_plane=data_plane,
                 workers=workers,
-                front={"shadow_nice": nice},
+                front={} if nice is None else {"shadow_nice": nice},
             )
         )
         models = mirror.base_url + "/v1/models"

@@ -153,11 +153,12 @@ class FrontConfig(BaseModel):
         " dropped (counted in shadow_ab_mirror_front_frames_lost_total), never waited for",
     )
     shadow_nice: int = Field(
-        default=0,
+        default=10,
         ge=0,
         le=19,
         description="niceness this process (the shadow side) takes once the front runs: the"
-        " kernel then gives a core to the client's bytes first (0: the same priority)",
+        " kernel then gives a core to the client's bytes first (0: the same priority; a"
+        " starved shadow side drops tee frames, counted, never the client's bytes)",
     )
 
 

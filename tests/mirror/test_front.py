@@ -114,11 +114,19 @@ def test_clients_are_served_while_the_shadow_side_is_stopped(
 def test_a_killed_front_is_started_again(native: tuple[RunningMirror, str]) -> None:
     mirror, _ = native
     first = front_pid(mirror)
+    # front.shadow_nice (10): the shadow side yields a core to the client's bytes
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    assert os.getpriority(os.PRIO_PROCESS, first) == base
+    deadline = time.monotonic() + 10
+    while os.getpriority(os.PRIO_PROCESS, mirror.pid) != min(19, base + 10):
+        assert time.monotonic() < deadline, "the mirror's process never took niceness 10"
+        time.sleep(0.05)
     os.kill(first, signal.SIGKILL)
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline and front_pid(mirror) == first:
         time.sleep(0.05)
     assert front_pid(mirror) != first
+    assert os.getpriority(os.PRIO_PROCESS, front_pid(mirror)) == base  # reset in the child
     pair, body = stream_chat(mirror.port, "after a restart")
     assert pair and body.rstrip().endswith("data: [DONE]")
     assert mirror.metric("shadow_ab_mirror_front_restarts_total") == 1
