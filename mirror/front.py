@@ -183,6 +183,7 @@ class Tee:
     def __init__(self, mirror: Mirror) -> None:
         self.mirror = mirror
         self.pending: dict[int, _Pending] = {}
+        self.connections = 0  # the front's open tee connections
         self._loop = asyncio.get_running_loop()
         self._malformed_logged = 0
 
@@ -337,6 +338,10 @@ class _TeeConnection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport
+        self.tee.connections += 1
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.tee.connections -= 1
 
     def data_received(self, data: bytes) -> None:
         buf = self.buf
@@ -490,7 +495,9 @@ class NativeServer(WireServer):
             await front.stop(max(1.0, self.settings.drain_timeout_s) + 5.0)
             await runner
             sweeper.cancel()
-            await asyncio.sleep(0.05)  # the front's last frames, already in the socket
+            deadline = self.loop.time() + 5.0  # the front's last frames, already in the socket
+            while tee.connections and self.loop.time() < deadline:
+                await asyncio.sleep(0.01)
             tee_server.close()
             tee.abandon("the native front stopped before the answer ended")
             self.failed = front.failed

@@ -262,6 +262,8 @@ def test_tee_framing_survives_any_split_and_refuses_a_giant_frame() -> None:
         def _lost(self, reason: str) -> None:
             self.lost += 1
 
+        connections = 0
+
     payloads = [b'{"k":"req"}', b"", b"x" * 300]
     stream = b"".join(len(p).to_bytes(4, "big") + p for p in payloads)
     for size in (1, 3, 7, len(stream)):
