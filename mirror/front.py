@@ -250,6 +250,10 @@ class Tee:
         if entry is None:
             self._lost("unmatched")
             return
+        self._close(entry, f)
+
+    def _close(self, entry: _Pending, f: EndFrame) -> None:
+        """The end of an exchange (``f``: the front's, or one :meth:`abandon` makes)."""
         p = entry.p
         if p is None:
             return
@@ -260,71 +264,35 @@ class Tee:
             m.ADDED.observe(f.added_s)
         if f.held_s is not None:
             m.HELD.observe(f.held_s)
-        status = _STATUSES.get(f.status, Status.CONNECTION_ERROR)
-        self._settle(
-            entry,
-            p,
+        self.mirror._settle(
+            p.d,
+            route=entry.route,
             client_code=f.client_code,
-            status=status,
+            status=_STATUSES.get(f.status, Status.CONNECTION_ERROR),
             http_status=f.http_status,
             error=f.error,
             stash=f.chunks if f.sse else None,
             parts=f.parts or [],
-            last_t=f.last_t,
-        )
-
-    def _settle(
-        self,
-        entry: _Pending,
-        p: Prepared,
-        *,
-        client_code: int,
-        status: Status,
-        http_status: int | None,
-        error: str | None,
-        stash: list[tuple[float, bytes]] | None,
-        parts: list[bytes],
-        last_t: float | None,
-    ) -> None:
-        self.mirror._settle(
-            p.d,
-            route=entry.route,
-            client_code=client_code,
-            status=status,
-            http_status=http_status,
-            error=error,
-            stash=stash,
-            parts=parts,
             chat=p.chat,
             t0=0.0,  # the front's times are seconds since it asked the incumbent
-            last_t=last_t,
+            last_t=f.last_t,
             shadow_active=p.shadow_active,
         )
 
     def abandon(self, why: str, older_than: float | None = None) -> int:
         """Settle the exchanges whose ``end`` will not come (the front exited, or the frame
-        was lost) as connection errors; those begun ``older_than`` seconds ago or more only."""
+        was lost) as connection errors, their shadow requests cancelled; those begun
+        ``older_than`` seconds ago or more only."""
         now = self._loop.time()
         gone = [
             k for k, e in self.pending.items() if older_than is None or now - e.since >= older_than
         ]
         for k in gone:
-            entry = self.pending.pop(k)
             self._lost("abandoned")
-            if entry.p is not None:
-                for t in entry.p.shadows:
-                    t.cancel()
-                self._settle(
-                    entry,
-                    entry.p,
-                    client_code=0,
-                    status=Status.CONNECTION_ERROR,
-                    http_status=None,
-                    error=why,
-                    stash=None,
-                    parts=[],
-                    last_t=None,
-                )
+            lost = EndFrame(
+                id=k, status=Status.CONNECTION_ERROR.value, client_code=0, error=why, gone=True
+            )
+            self._close(self.pending.pop(k), lost)
         return len(gone)
 
 
