@@ -199,13 +199,6 @@ def dispersion(
     return (max(1.0, chi2 / df), df) if df > 0 else (1.0, 0)
 
 
-def dispersion_factor(
-    counts: Sequence[Sequence[float]], exposures: Sequence[Sequence[float]]
-) -> float:
-    """phi of :func:`dispersion` alone."""
-    return dispersion(counts, exposures)[0]
-
-
 def quasi_tail(tail: float, df: int) -> float:
     """The normal tail whose quantile is Student's t quantile of one-sided ``tail`` on ``df``
     degrees of freedom: an interval computed at it is as much wider than at ``tail`` as t's is

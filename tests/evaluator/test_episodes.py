@@ -13,7 +13,7 @@ from sqlalchemy import Engine
 from evaluator.incidents.analysis import episodes, failure_comparison
 from evaluator.incidents.load import load_detection_input
 from evaluator.incidents.model import DetectionInput, Finding
-from evaluator.rates import compare_dispersed_rates, compare_poisson_rates, dispersion_factor
+from evaluator.rates import compare_dispersed_rates, compare_poisson_rates, dispersion
 from storage.write import write_exchanges
 
 T0 = datetime(2026, 3, 2, tzinfo=UTC)
@@ -69,7 +69,7 @@ def test_poisson_counts_keep_the_exact_test() -> None:
     """phi 1: the exact test on the counts themselves, at Student's t tail on phi's degrees of
     freedom (4 here: wider than the exact interval, which it holds); from one day (nothing to
     estimate phi on) exactly the exact test."""
-    assert dispersion_factor([[3, 3, 3]], [[1, 1, 1]]) == 1.0
+    assert dispersion([[3, 3, 3]], [[1, 1, 1]]) == (1.0, 2)
     a = compare_dispersed_rates([1, 2, 1], [1, 1, 1], [2, 1, 2], [1, 1, 1], level=0.9)
     b = compare_poisson_rates(4, 3.0, 5, 3.0, level=0.9)
     assert a.dispersion == 1.0 and a.dispersion_df == 4 and a.p_value == b.p_value
