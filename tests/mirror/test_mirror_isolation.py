@@ -9,6 +9,7 @@ precise overhead is bench/mirror_overhead.py's job). The candidate's troubles ar
 from __future__ import annotations
 
 import statistics
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -20,20 +21,20 @@ from mirror_helpers import FAST, MODEL, entered_together, normalize, post, rows
 from shadow_ab.dev.processes import RunningMirror, RunningSim, running_mirror, running_sim
 from simulator.scenario import _deep_merge
 
+HANG_EVERY_S = 3.0
+
 SLOW = {"latency": {"decode_ms": 6.0, "prefill_base_ms": 6.0}}
 """The candidate's streams last long enough to be cut by a crash."""
 
+HANG = {"faults": [{"kind": "hang", "every_s": HANG_EVERY_S, "duration_s": HANG_EVERY_S - 0.1}]}
+"""Hung but for 0.1 s in every 3 (a hang that never ends would keep the simulator from
+stopping). The test starts its requests just after a gap, so the first one meets a fresh hang:
+left to chance, a loaded machine once let all twelve shadow requests through in the last
+second of a hang, where the 1 s shadow timeout is not reached."""
+
 CASES: dict[str, tuple[dict[str, Any], set[str]]] = {
-    "hangs": (
-        # hung ~97% of the time (a hang that never ends would keep the simulator from stopping);
-        # at 90% a loaded machine once let all six shadow requests through in the gaps
-        {"faults": [{"kind": "hang", "every_s": 3.0, "duration_s": 2.9}]},
-        {"timeout", "ok"},
-    ),
-    "hangs-asgi": (  # the same, on the ASGI data plane (the default is the protocol one)
-        {"faults": [{"kind": "hang", "every_s": 3.0, "duration_s": 2.9}]},
-        {"timeout", "ok"},
-    ),
+    "hangs": (HANG, {"timeout", "ok"}),
+    "hangs-asgi": (HANG, {"timeout", "ok"}),  # on the ASGI data plane (default: protocol)
     "crashes": (
         _deep_merge(
             SLOW,
@@ -120,6 +121,18 @@ def setups(
             }
 
 
+def _just_after_a_gap(http: httpx.Client, candidate_url: str) -> None:
+    """Return when the hanging candidate's next hang has just begun.
+
+    The candidate answers only in the 0.1 s gaps between hangs, so a probe's answer marks a
+    gap; the next hang then starts within 0.1 s and lasts 2.9, and the test's first shadow
+    request, sent 0.2 s later, waits past the mirror's 1 s shadow timeout."""
+    probe = {"model": MODEL, "prompt": "probe", "max_tokens": 1}
+    status = post(http, candidate_url + "/v1/completions", probe)[0]
+    assert status == 200, status
+    time.sleep(0.2)
+
+
 @pytest.mark.parametrize("case", list(CASES))
 def test_candidate_trouble_does_not_reach_the_client(
     case: str, engines: tuple[RunningSim, RunningSim], setups: dict[str, Setup]
@@ -128,6 +141,8 @@ def test_candidate_trouble_does_not_reach_the_client(
     expected_status = CASES[case][1]
     mirror, db = setups[case].mirror, setups[case].database_url
     with httpx.Client(timeout=30.0) as http:
+        if case.startswith("hangs"):
+            _just_after_a_gap(http, setups[case].candidate.base_url)
         direct_s: list[float] = []
         mirror_s: list[float] = []
         for i, (path, body) in enumerate(bodies()):
