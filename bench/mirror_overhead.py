@@ -63,11 +63,12 @@ segment after a warm-up on its own session (discarded), and after the candidates
 Added latency = path minus direct at the same percentile, with a bootstrap 95% interval for the
 added TTFT. ``proxy CPU ms/req``: user + system CPU of the proxy's process tree (from
 /proc/<pid>/stat) over the measured segment, divided by the requests answered (the mirror's
-includes reading the candidate's stream and writing records). ``shadowed`` is the share of
-requests the mirror sent to the candidate (from its /metrics). ``loop lag p99`` is the mirror's
-own queueing (``shadow_ab_mirror_loop_lag_seconds``, mirror/overload.py): the bucket bound under
-which 99 % of its 50 ms timer's ticks fired late during the measured segments, summed over its
-workers.
+includes reading the candidate's stream and writing records); on the native plane the
+client's path alone, the front's process, is shown beside it as ``(front ...)``. ``shadowed``
+is the share of requests the mirror sent to the candidate (from its /metrics). ``loop lag
+p99`` is the mirror's own queueing (``shadow_ab_mirror_loop_lag_seconds``,
+mirror/overload.py): the bucket bound under which 99 % of its 50 ms timer's ticks fired late
+during the measured segments, summed over its workers.
 
 The machine has 2 cores: the client (this process), three simulators, the mirror and nginx
 share them, along with whatever else runs (the output prints the load average before and
@@ -307,11 +308,20 @@ def pinned_apart(proxy_cpu: int, other_cpu: int) -> Iterator[Callable[[int], Non
             pin_tree(pid, everything)
 
 
-def tree_cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of a process and its live descendants, from /proc."""
+FRONT_COMM = "shadow-ab-front"
+"""The native front's process name (/proc's comm): the client's path on the native plane."""
+
+
+def tree_cpu_seconds(pid: int, only: str | None = None) -> float:
+    """User + system CPU seconds of a process and its live descendants, from /proc; with
+    ``only``, of those whose name (comm) is ``only``."""
     total, tick = 0.0, os.sysconf("SC_CLK_TCK")
     for p in _tree(pid):
         try:
+            if only is not None:
+                with open(f"/proc/{p}/comm") as f:
+                    if f.read().strip() != only:
+                        continue
             with open(f"/proc/{p}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
         except OSError:
@@ -704,6 +714,8 @@ class Cell:
     rows: list[RequestRow] = field(default_factory=list)
     wall_s: float = 0.0
     proxy_cpu_s: float = 0.0
+    front_cpu_s: float = 0.0
+    """Of ``proxy_cpu_s``, the native front's (the client's path on the native plane)."""
     machine_busy: float = 0.0
     machine_total: float = 0.0
     sampled: float | None = None
@@ -724,8 +736,11 @@ class Target:
     more_metrics: list[str] = field(default_factory=list)
     """The other workers' metrics (their CPU is in ``pid``'s process tree)."""
 
-    def cpu_seconds(self) -> float:
-        return tree_cpu_seconds(self.pid) if self.pid else 0.0
+    def cpu_seconds(self) -> tuple[float, float]:
+        """The proxy's process tree's CPU seconds so far, and the native front's in it."""
+        if not self.pid:
+            return 0.0, 0.0
+        return tree_cpu_seconds(self.pid), tree_cpu_seconds(self.pid, only=FRONT_COMM)
 
     def scrape(self) -> Scrape | None:
         """Summed over the workers; None when one does not answer (or no metrics)."""
@@ -759,7 +774,8 @@ async def measure(
         scrape1 = target.scrape()
     cell.rows += result.rows
     cell.wall_s += result.wall_s
-    cell.proxy_cpu_s += cpu1 - cpu0
+    cell.proxy_cpu_s += cpu1[0] - cpu0[0]
+    cell.front_cpu_s += cpu1[1] - cpu0[1]
     cell.machine_busy += busy1 - busy0
     cell.machine_total += total1 - total0
     if scrape0 is not None and scrape1 is not None:
@@ -838,6 +854,8 @@ def table(cells: dict[tuple[str, int], Cell], levels: list[int], paths: list[str
                 row += ["", "", "", "", "1.000" if path == "direct" else ""]
             ok = len(r.ok_rows)
             cpu = f"{cell.proxy_cpu_s / ok * 1000:.3f}" if path != "direct" and ok else ""
+            if cell.front_cpu_s and ok:
+                cpu += f" (front {cell.front_cpu_s / ok * 1000:.3f})"
             shadowed = "" if path in ("direct", "nginx", "native-off") else "100% (all)"
             if cell.sampled is not None:
                 shadowed = f"{cell.sampled / max(1, len(cell.rows)):.0%}"
@@ -875,9 +893,15 @@ def goal_lines(cells: dict[tuple[str, int], Cell]) -> list[str]:
         line = (
             f"Proxy CPU per request at concurrency {GOAL_CONCURRENCY}, {LABELS[path]}: {cpu:.2f} ms"
         )
+        ncpu = None
         if nginx is not None and nginx.result().ok_rows:
             ncpu = nginx.proxy_cpu_s / len(nginx.result().ok_rows) * 1000
             line += f" vs nginx proxy_pass {ncpu:.2f} ms ({cpu / ncpu:.1f}x)"
+        if cell.front_cpu_s:
+            front = cell.front_cpu_s / len(cell.result().ok_rows) * 1000
+            line += f"; of it the client's path (the front) {front:.2f} ms"
+            if ncpu is not None:
+                line += f" ({front / ncpu:.1f}x nginx)"
         lines.append(line)
     if not lines:
         lines.append(
@@ -1125,6 +1149,7 @@ def main() -> None:
                     f"{p}@{c}": {
                         **cell.result().summary(),
                         "proxy_cpu_s": cell.proxy_cpu_s,
+                        "front_cpu_s": cell.front_cpu_s,
                         "sampled": cell.sampled,
                         "loop_lag_buckets": {str(k): v for k, v in cell.lag.items()},
                         "machine_busy": busy[(p, c)],

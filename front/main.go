@@ -16,6 +16,7 @@ import (
 	"net/url"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"sort"
 	"strings"
 	"syscall"
@@ -149,12 +150,36 @@ func main() {
 		fmt.Fprintf(os.Stderr, "shadow-ab-front: -config: listen_fd %d is not a listening socket: %v\n", cfg.ListenFD, err)
 		os.Exit(2)
 	}
+	stopProfile := func() {}
+	if path := os.Getenv("SHADOW_AB_FRONT_CPUPROFILE"); path != "" {
+		stopProfile = cpuProfile(path)
+	}
 	stop := make(chan struct{})
 	if !watchParent() {
 		log.Printf("the process that started the front is gone: stopping")
 		close(stop)
 	}
-	os.Exit(run(cfg, ln, stop))
+	code := run(cfg, ln, stop)
+	stopProfile()
+	os.Exit(code)
+}
+
+// cpuProfile writes a pprof CPU profile of the whole run to path (SHADOW_AB_FRONT_CPUPROFILE,
+// a diagnostic: `go tool pprof shadow-ab-front path`); the function returned ends it.
+func cpuProfile(path string) func() {
+	out, err := os.Create(path)
+	if err == nil {
+		err = pprof.StartCPUProfile(out)
+	}
+	if err != nil {
+		log.Printf("SHADOW_AB_FRONT_CPUPROFILE: %v: no profile", err)
+		return func() {}
+	}
+	log.Printf("writing a CPU profile to %s", path)
+	return func() {
+		pprof.StopCPUProfile()
+		out.Close()
+	}
 }
 
 // run serves ln until SIGTERM/SIGINT (or stop is closed), then drains: stops accepting, lets
