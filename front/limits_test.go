@@ -158,7 +158,7 @@ func TestASlowClientIsDisconnectedAfterSendTimeout(t *testing.T) {
 	// never read: the front gives up on this client and cancels the incumbent's request
 	h.tee.next(t)
 	end := h.tee.next(t)
-	if end["status"] != "cancelled" || end["gone"] != true ||
+	if end["status"] != "cancelled" || end["gone"] != true || end["send_timeout"] != true ||
 		end["error"] != "the client took none of its answer for 0.3s (limits.send_timeout_s)" {
 		t.Fatalf("end frame %v", end)
 	}

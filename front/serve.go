@@ -212,6 +212,7 @@ type exchange struct {
 	addedS     *float64
 	hider      *usageHider
 	gone       bool
+	sendLate   bool // the client took none of its answer for send_timeout_s
 }
 
 func (f *front) newExchange(r *http.Request, route string, body []byte) *exchange {
@@ -239,7 +240,7 @@ func (ex *exchange) teeEnd() {
 	end := &endFrame{
 		K: "end", ID: ex.req.ID, Status: ex.status, HTTPStatus: ex.httpStatus,
 		ClientCode: ex.clientCode, SSE: ex.sse, Chunks: ex.chunks, Parts: ex.parts,
-		LastT: ex.lastT, AddedS: ex.addedS, Gone: ex.gone,
+		LastT: ex.lastT, AddedS: ex.addedS, Gone: ex.gone, SendTimeout: ex.sendLate,
 	}
 	if ex.err != "" {
 		e := ex.err
@@ -444,6 +445,7 @@ func (ex *exchange) relay(w http.ResponseWriter, r *http.Request, rc *http.Respo
 	ex.status, ex.gone = "cancelled", true
 	ex.err = "the client disconnected"
 	if errors.Is(sendErr, os.ErrDeadlineExceeded) {
+		ex.sendLate = true
 		ex.err = fmt.Sprintf("the client took none of its answer for %ss (limits.send_timeout_s)", pyG(f.cfg.SendTimeoutS))
 	}
 	return true

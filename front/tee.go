@@ -39,20 +39,21 @@ type reqFrame struct {
 }
 
 type endFrame struct {
-	K          string   `json:"k"`
-	ID         uint64   `json:"id"`
-	Status     string   `json:"status"`
-	HTTPStatus *int     `json:"http_status"`
-	ClientCode int      `json:"client_code"`
-	Error      *string  `json:"error"`
-	SSE        bool     `json:"sse"`
-	Chunks     []chunk  `json:"chunks"`
-	Parts      [][]byte `json:"parts"`
-	LastT      *float64 `json:"last_t"`
-	AddedS     *float64 `json:"added_s"`
-	HeldS      *float64 `json:"held_s"`
-	Gone       bool     `json:"gone"`
-	Dropped    int64    `json:"dropped"`
+	K           string   `json:"k"`
+	ID          uint64   `json:"id"`
+	Status      string   `json:"status"`
+	HTTPStatus  *int     `json:"http_status"`
+	ClientCode  int      `json:"client_code"`
+	Error       *string  `json:"error"`
+	SSE         bool     `json:"sse"`
+	Chunks      []chunk  `json:"chunks"`
+	Parts       [][]byte `json:"parts"`
+	LastT       *float64 `json:"last_t"`
+	AddedS      *float64 `json:"added_s"`
+	HeldS       *float64 `json:"held_s"`
+	Gone        bool     `json:"gone"`
+	SendTimeout bool     `json:"send_timeout"`
+	Dropped     int64    `json:"dropped"`
 }
 
 // edgeFrame: a client connection or request the limits refused (the mirror counts it in

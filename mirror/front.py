@@ -106,6 +106,7 @@ class EndFrame(msgspec.Struct, tag_field="k", tag="end"):
     added_s: float | None = None
     held_s: float | None = None
     gone: bool = False
+    send_timeout: bool = False
     dropped: int = 0
 
 
@@ -255,6 +256,8 @@ class Tee:
     def _close(self, entry: _Pending, f: EndFrame) -> None:
         """The end of an exchange (``f``: the front's, or one :meth:`abandon` makes)."""
         p = entry.p
+        if f.send_timeout:
+            m.SEND_TIMEOUTS.inc()
         if p is None:
             return
         if f.gone:

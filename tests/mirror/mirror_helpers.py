@@ -179,7 +179,11 @@ class StandInEngine:
 
 
 PLANES = ("protocol", "asgi")
-"""The mirror's data planes (``data_plane``): the default first."""
+"""The mirror's data planes (``data_plane``) served in this process: the default first."""
+
+PROCESS_PLANES = (*PLANES, "native")
+"""The data planes of a mirror subprocess: the native one's front is a process of its own
+(mirror/front.py), so it is tested only there."""
 
 
 @contextlib.asynccontextmanager

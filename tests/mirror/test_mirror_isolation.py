@@ -26,6 +26,12 @@ HANG_EVERY_S = 3.0
 SLOW = {"latency": {"decode_ms": 6.0, "prefill_base_ms": 6.0}}
 """The candidate's streams last long enough to be cut by a crash."""
 
+CRASH = _deep_merge(
+    SLOW,
+    {"faults": [{"kind": "crash", "every_s": 0.6, "start_s": 0.3, "restart_delay_s": 0.15}]},
+)
+"""Crashes every 0.6 s, back 0.15 s later: streams are cut mid-way."""
+
 HANG = {"faults": [{"kind": "hang", "every_s": HANG_EVERY_S, "duration_s": HANG_EVERY_S - 0.1}]}
 """Hung but for 0.1 s in every 3 (a hang that never ends would keep the simulator from
 stopping). The test starts its requests just after a gap, so the first one meets a fresh hang:
@@ -35,17 +41,9 @@ second of a hang, where the 1 s shadow timeout is not reached."""
 CASES: dict[str, tuple[dict[str, Any], set[str]]] = {
     "hangs": (HANG, {"timeout", "ok"}),
     "hangs-asgi": (HANG, {"timeout", "ok"}),  # on the ASGI data plane (default: protocol)
-    "crashes": (
-        _deep_merge(
-            SLOW,
-            {
-                "faults": [
-                    {"kind": "crash", "every_s": 0.6, "start_s": 0.3, "restart_delay_s": 0.15}
-                ]
-            },
-        ),
-        {"ok", "connection_error"},
-    ),
+    "hangs-native": (HANG, {"timeout", "ok"}),  # on the native one (mirror/front.py)
+    "crashes": (CRASH, {"ok", "connection_error"}),
+    "crashes-native": (CRASH, {"ok", "connection_error"}),
     "answers-500": (
         {"faults": [{"kind": "error_burst", "at_s": [0.0], "duration_s": 1e6, "status": 500}]},
         {"http_error"},
@@ -57,7 +55,7 @@ CASES: dict[str, tuple[dict[str, Any], set[str]]] = {
 }
 
 
-PLANES = {"hangs-asgi": "asgi"}
+PLANES = {"hangs-asgi": "asgi", "hangs-native": "native", "crashes-native": "native"}
 """The data plane of a case (default: the mirror's, or SHADOW_AB_DEV_DATA_PLANE's)."""
 
 
@@ -169,7 +167,7 @@ def test_candidate_trouble_does_not_reach_the_client(
     assert {r["status"] for r in by_role["incumbent"]} == {"ok"}
     statuses = {r["status"] for r in by_role["candidate"]}
     assert len(by_role["candidate"]) == len(bodies())
-    if case == "crashes":
+    if case.startswith("crashes"):
         assert "connection_error" in statuses and statuses <= expected_status
     elif case.startswith("hangs"):
         assert "timeout" in statuses and statuses <= expected_status

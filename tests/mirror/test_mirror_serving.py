@@ -14,12 +14,21 @@ import httpx
 import openai
 import pytest
 from aiohttp import web
-from mirror_helpers import MODEL, StandInEngine, normalize, pair_key, post, rows, wait_rows
+from mirror_helpers import (
+    MODEL,
+    PROCESS_PLANES,
+    StandInEngine,
+    normalize,
+    pair_key,
+    post,
+    rows,
+    wait_rows,
+)
 
 from shadow_ab.dev.processes import RunningMirror, RunningSim, free_port, http_get, running_mirror
 
 
-@pytest.fixture(scope="module", params=["asgi", "protocol"])
+@pytest.fixture(scope="module", params=PROCESS_PLANES)
 def served(
     engines: tuple[RunningSim, RunningSim],
     tmp_path_factory: pytest.TempPathFactory,

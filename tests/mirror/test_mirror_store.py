@@ -10,14 +10,14 @@ from typing import Any
 
 import httpx
 import pytest
-from mirror_helpers import MODEL, post, rows
+from mirror_helpers import MODEL, PROCESS_PLANES, post, rows
 from sqlalchemy import text
 
 from shadow_ab.dev.processes import RunningSim, http_get, running_mirror
 from storage.db import make_engine
 
 
-@pytest.mark.parametrize("plane", ["asgi", "protocol"])
+@pytest.mark.parametrize("plane", PROCESS_PLANES)
 def test_postgresql_records_and_sigterm_drain(
     engines: tuple[RunningSim, RunningSim], pg_url: str, plane: str
 ) -> None:
