@@ -11,13 +11,8 @@ import (
 // (SSEParser, UsageHider and the helpers they use), byte for byte in what the client gets.
 
 var (
-	done = []byte("[DONE]")
-	// Python's \s on bytes: [ \t\n\r\f\v]
-	emptyChoices    = regexp.MustCompile(`"choices"[ \t\n\r\f\v]*:[ \t\n\r\f\v]*\[[ \t\n\r\f\v]*\]`)
-	emptyChoicesRaw = regexp.MustCompile(`"choices"(?:[ \t\n\r\f\v]|data:)*:(?:[ \t\n\r\f\v]|data:)*\[(?:[ \t\n\r\f\v]|data:)*\]`)
-	finishRe        = regexp.MustCompile(`"finish_reason"[ \t\n\r\f\v]*:[ \t\n\r\f\v]*"`)
-	finishRaw       = regexp.MustCompile(`"finish_reason"(?:[ \t\n\r\f\v]|data:)*:(?:[ \t\n\r\f\v]|data:)*"`)
-	fingerprintRe   = regexp.MustCompile(`(,[ \t\n\r\f\v]*)?("system_fingerprint"[ \t\n\r\f\v]*:[ \t\n\r\f\v]*"(?:[^"\\]|\\.)*")`)
+	done          = []byte("[DONE]")
+	fingerprintRe = regexp.MustCompile(`(,[ \t\n\r\f\v]*)?("system_fingerprint"[ \t\n\r\f\v]*:[ \t\n\r\f\v]*"(?:[^"\\]|\\.)*")`)
 )
 
 const fingerprint = "system_fingerprint"
@@ -175,6 +170,46 @@ func (p *sseParser) dispatch(raw []byte) sseEvent {
 	return e
 }
 
+// keyThen is mirror/sse.py's regexps for an empty "choices" list (key `"choices"`, then
+// ":[]") and a string "finish_reason" (then `:"`): b holds key followed by the bytes of then,
+// with Python's \s ([ \t\n\r\f\v]) between them, and in a raw chunk (raw) also the "data:"
+// that starts an event's continued line. A scan, not a regexp: it runs on every chunk.
+func keyThen(b []byte, key, then string, raw bool) bool {
+	for off := 0; ; {
+		i := bytes.Index(b[off:], []byte(key))
+		if i < 0 {
+			return false
+		}
+		j := off + i + len(key)
+		k := 0
+		for ; k < len(then); k++ {
+			j = skipSpace(b, j, raw)
+			if j >= len(b) || b[j] != then[k] {
+				break
+			}
+			j++
+		}
+		if k == len(then) {
+			return true
+		}
+		off += i + 1
+	}
+}
+
+func skipSpace(b []byte, j int, raw bool) int {
+	for j < len(b) {
+		switch c := b[j]; {
+		case c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v':
+			j++
+		case raw && bytes.HasPrefix(b[j:], []byte("data:")):
+			j += 5
+		default:
+			return j
+		}
+	}
+	return j
+}
+
 // pyStrip is Python's bytes.strip(): ASCII whitespace off both ends.
 func pyStrip(b []byte) []byte {
 	return bytes.Trim(b, " \t\n\r\v\f")
@@ -199,7 +234,7 @@ func decodeData(data []byte, has bool) map[string]any {
 
 // isUsageOnly is is_usage_only: empty choices and a usage object.
 func isUsageOnly(data []byte, has bool) bool {
-	if !has || !bytes.Contains(data, []byte(`"usage"`)) || !emptyChoices.Match(data) {
+	if !has || !bytes.Contains(data, []byte(`"usage"`)) || !keyThen(data, `"choices"`, ":[]", false) {
 		return false
 	}
 	obj := decodeData(data, has)
@@ -214,7 +249,7 @@ func isUsageOnly(data []byte, has bool) bool {
 // finishesWithoutFingerprint is finishes_without_fingerprint: the event ends a choice and has
 // no system_fingerprint key.
 func finishesWithoutFingerprint(data []byte, has bool) bool {
-	if !has || !finishRe.Match(data) {
+	if !has || !keyThen(data, `"finish_reason"`, `:"`, false) {
 		return false
 	}
 	obj := decodeData(data, has)
@@ -242,8 +277,8 @@ func passesWhole(p *sseParser, chunk []byte) bool {
 	return p.idle() &&
 		bytes.HasSuffix(chunk, []byte("\n\n")) &&
 		bytes.IndexByte(chunk, '\r') < 0 &&
-		(!bytes.Contains(chunk, []byte(`"usage"`)) || !emptyChoicesRaw.Match(chunk)) &&
-		!finishRaw.Match(chunk)
+		(!bytes.Contains(chunk, []byte(`"usage"`)) || !keyThen(chunk, `"choices"`, ":[]", true)) &&
+		!keyThen(chunk, `"finish_reason"`, `:"`, true)
 }
 
 // addField is add_field: field inserted before the closing brace of the event's JSON object.

@@ -5,6 +5,7 @@ import (
 	"math/rand"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -163,6 +164,35 @@ func TestSSEParserFramings(t *testing.T) {
 			if !bytes.Equal(got[i].data, want[i].data) || got[i].hasData != want[i].hasData ||
 				!bytes.Equal(got[i].raw, want[i].raw) || got[i].event != want[i].event {
 				t.Fatalf("%q: event %d %+v vs %+v", stream, i, got[i], want[i])
+			}
+		}
+	}
+}
+
+// keyThen matches where mirror/sse.py's regexps match (their Go spelling is the reference).
+func TestKeyThenIsTheRegexps(t *testing.T) {
+	const ws = `[ \t\n\r\f\v]`
+	const wsRaw = `(?:[ \t\n\r\f\v]|data:)`
+	cases := []struct {
+		key, then string
+		raw       bool
+		re        *regexp.Regexp
+	}{
+		{`"choices"`, ":[]", false, regexp.MustCompile(`"choices"` + ws + `*:` + ws + `*\[` + ws + `*\]`)},
+		{`"choices"`, ":[]", true, regexp.MustCompile(`"choices"` + wsRaw + `*:` + wsRaw + `*\[` + wsRaw + `*\]`)},
+		{`"finish_reason"`, `:"`, false, regexp.MustCompile(`"finish_reason"` + ws + `*:` + ws + `*"`)},
+		{`"finish_reason"`, `:"`, true, regexp.MustCompile(`"finish_reason"` + wsRaw + `*:` + wsRaw + `*"`)},
+	}
+	pieces := []string{`"choices"`, `"finish_reason"`, ":", "[", "]", `"`, " ", "\n", "\v", "data:", "dat", "x", "null", "{", ","}
+	rng := rand.New(rand.NewSource(2))
+	for i := 0; i < 20000; i++ {
+		var b []byte
+		for j := rng.Intn(10); j >= 0; j-- {
+			b = append(b, pieces[rng.Intn(len(pieces))]...)
+		}
+		for _, c := range cases {
+			if got, want := keyThen(b, c.key, c.then, c.raw), c.re.Match(b); got != want {
+				t.Fatalf("keyThen(%q, %s, %q, raw %v) = %v, the regexp says %v", b, c.key, c.then, c.raw, got, want)
 			}
 		}
 	}

@@ -2,12 +2,9 @@ package main
 
 import (
 	"bufio"
-	"encoding/base64"
 	"encoding/binary"
-	"encoding/json"
 	"log"
 	"net"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -23,6 +20,7 @@ type frame interface {
 	frameID() uint64
 	isReq() bool
 	setDropped(n int64)
+	appendJSON(b []byte) []byte // tee_json.go
 }
 
 type reqFrame struct {
@@ -88,15 +86,6 @@ func (f *endFrame) setDropped(n int64) { f.Dropped = n }
 type chunk struct {
 	T    float64
 	Data []byte
-}
-
-func (c chunk) MarshalJSON() ([]byte, error) {
-	out := make([]byte, 0, 32+base64.StdEncoding.EncodedLen(len(c.Data)))
-	out = append(out, '[')
-	out = strconv.AppendFloat(out, c.T, 'g', -1, 64)
-	out = append(out, ',', '"')
-	out = base64.StdEncoding.AppendEncode(out, c.Data)
-	return append(out, '"', ']'), nil
 }
 
 type tee struct {
@@ -200,6 +189,7 @@ func (t *tee) write(conn net.Conn) bool {
 		t.drop(buffered)
 		return false
 	}
+	var data []byte // reused: a frame's JSON
 	var head [4]byte
 	for f := range t.ch {
 		if !f.isReq() && t.lost[f.frameID()] {
@@ -209,14 +199,9 @@ func (t *tee) write(conn net.Conn) bool {
 		}
 		n := t.dropped.Swap(0)
 		f.setDropped(n)
-		data, err := json.Marshal(f)
-		if err != nil { // cannot happen with these types
-			log.Printf("tee: frame %d: %v", f.frameID(), err)
-			t.dropped.Add(n)
-			continue
-		}
+		data = f.appendJSON(data[:0])
 		binary.BigEndian.PutUint32(head[:], uint32(len(data)))
-		_, err = w.Write(head[:])
+		_, err := w.Write(head[:])
 		if err == nil {
 			_, err = w.Write(data)
 		}
