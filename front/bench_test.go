@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -90,4 +91,40 @@ func BenchmarkAddedTTFT(b *testing.B) {
 	}
 	close(h.stop)
 	<-h.done
+}
+
+// BenchmarkPerChunk: the front's per-chunk and per-answer work, each beside what it replaced:
+// the finish_reason check of every chunk (a scan against mirror/sse.py's regexp) and an end
+// frame of 20 chunks (by hand against encoding/json). Not run by `go test`:
+//
+//	go test -run '^$' -bench PerChunk -benchmem
+func BenchmarkPerChunk(b *testing.B) {
+	event := []byte(`data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":" tok"},"logprobs":null,"finish_reason":null}]}` + "\n\n")
+	finish := keyThenCases[3]
+	b.Run("finish-check/regexp", func(b *testing.B) {
+		for i := 0; i < b.N; i++ {
+			_ = finish.re.Match(event)
+		}
+	})
+	b.Run("finish-check/scan", func(b *testing.B) {
+		for i := 0; i < b.N; i++ {
+			_ = keyThen(event, finish.key, finish.then, finish.raw)
+		}
+	})
+	lt, code := 0.5, 200
+	end := &endFrame{K: "end", ID: 17, Status: "ok", HTTPStatus: &code, ClientCode: 200, SSE: true, Parts: [][]byte{}, LastT: &lt}
+	for i := 0; i < 20; i++ {
+		end.Chunks = append(end.Chunks, chunk{0.04 + 0.008*float64(i), event})
+	}
+	b.Run("end-frame/encoding-json", func(b *testing.B) {
+		for i := 0; i < b.N; i++ {
+			_, _ = json.Marshal(end)
+		}
+	})
+	b.Run("end-frame/by-hand", func(b *testing.B) {
+		var buf []byte
+		for i := 0; i < b.N; i++ {
+			buf = end.appendJSON(buf[:0])
+		}
+	})
 }

@@ -169,20 +169,23 @@ func TestSSEParserFramings(t *testing.T) {
 	}
 }
 
+const ws, wsRaw = `[ \t\n\r\f\v]`, `(?:[ \t\n\r\f\v]|data:)`
+
+// keyThenCases: keyThen's uses, each with the regexp of mirror/sse.py it stands for.
+var keyThenCases = []struct {
+	key, then string
+	raw       bool
+	re        *regexp.Regexp
+}{
+	{`"choices"`, ":[]", false, regexp.MustCompile(`"choices"` + ws + `*:` + ws + `*\[` + ws + `*\]`)},
+	{`"choices"`, ":[]", true, regexp.MustCompile(`"choices"` + wsRaw + `*:` + wsRaw + `*\[` + wsRaw + `*\]`)},
+	{`"finish_reason"`, `:"`, false, regexp.MustCompile(`"finish_reason"` + ws + `*:` + ws + `*"`)},
+	{`"finish_reason"`, `:"`, true, regexp.MustCompile(`"finish_reason"` + wsRaw + `*:` + wsRaw + `*"`)},
+}
+
 // keyThen matches where mirror/sse.py's regexps match (their Go spelling is the reference).
 func TestKeyThenIsTheRegexps(t *testing.T) {
-	const ws = `[ \t\n\r\f\v]`
-	const wsRaw = `(?:[ \t\n\r\f\v]|data:)`
-	cases := []struct {
-		key, then string
-		raw       bool
-		re        *regexp.Regexp
-	}{
-		{`"choices"`, ":[]", false, regexp.MustCompile(`"choices"` + ws + `*:` + ws + `*\[` + ws + `*\]`)},
-		{`"choices"`, ":[]", true, regexp.MustCompile(`"choices"` + wsRaw + `*:` + wsRaw + `*\[` + wsRaw + `*\]`)},
-		{`"finish_reason"`, `:"`, false, regexp.MustCompile(`"finish_reason"` + ws + `*:` + ws + `*"`)},
-		{`"finish_reason"`, `:"`, true, regexp.MustCompile(`"finish_reason"` + wsRaw + `*:` + wsRaw + `*"`)},
-	}
+	cases := keyThenCases
 	pieces := []string{`"choices"`, `"finish_reason"`, ":", "[", "]", `"`, " ", "\n", "\v", "data:", "dat", "x", "null", "{", ","}
 	rng := rand.New(rand.NewSource(2))
 	for i := 0; i < 20000; i++ {
