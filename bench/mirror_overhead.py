@@ -63,12 +63,16 @@ segment after a warm-up on its own session (discarded), and after the candidates
 Added latency = path minus direct at the same percentile, with a bootstrap 95% interval for the
 added TTFT. ``proxy CPU ms/req``: user + system CPU of the proxy's process tree (from
 /proc/<pid>/stat) over the measured segment, divided by the requests answered (the mirror's
-includes reading the candidate's stream and writing records); on the native plane the
-client's path alone, the front's process, is shown beside it as ``(front ...)``. ``shadowed``
-is the share of requests the mirror sent to the candidate (from its /metrics). ``loop lag
-p99`` is the mirror's own queueing (``shadow_ab_mirror_loop_lag_seconds``,
-mirror/overload.py): the bucket bound under which 99 % of its 50 ms timer's ticks fired late
-during the measured segments, summed over its workers.
+includes reading the candidate's stream and writing records); on the native plane the client's
+path alone, the front's process, is shown beside it as ``(front ...)``. ``shadowed`` is the
+share of requests the mirror sent to the candidate (from its /metrics). ``loop lag p99`` is the
+mirror's own queueing (``shadow_ab_mirror_loop_lag_seconds``, mirror/overload.py): the bucket
+bound under which 99 % of its 50 ms timer's ticks fired late during the measured segments,
+summed over its workers. ``own added p50 / p99`` is the mirror's own account of what it added
+before the client's first byte (``shadow_ab_mirror_added_seconds``: the time from reading the
+request to asking the incumbent, plus from reading the first chunk to writing it), as bucket
+bounds; it leaves out what the client's clock sees and the mirror cannot (the kernel's queues,
+the process waiting for a core), and it has no figure for nginx.
 
 The machine has 2 cores: the client (this process), three simulators, the mirror and nginx
 share them, along with whatever else runs (the output prints the load average before and
@@ -449,20 +453,32 @@ def mirror_available() -> str | None:
 
 @dataclass
 class Scrape:
-    """What a mirror's /metrics say at one moment: sampled requests, and the loop-lag
-    histogram's cumulative counts by upper bound (``shadow_ab_mirror_loop_lag_seconds``)."""
+    """What a mirror's /metrics say at one moment: sampled requests, and two histograms'
+    cumulative counts by upper bound: the loop lag (``shadow_ab_mirror_loop_lag_seconds``)
+    and the mirror's own added time before the client's first byte
+    (``shadow_ab_mirror_added_seconds``)."""
 
     sampled: float = 0.0
     lag: dict[float, float] = field(default_factory=dict)
+    added: dict[float, float] = field(default_factory=dict)
 
     def __add__(self, other: Scrape) -> Scrape:
-        keys = self.lag.keys() | other.lag.keys()
-        lag = {k: self.lag.get(k, 0.0) + other.lag.get(k, 0.0) for k in keys}
-        return Scrape(self.sampled + other.sampled, lag)
+        return Scrape(
+            self.sampled + other.sampled,
+            _merge(self.lag, other.lag, 1.0),
+            _merge(self.added, other.added, 1.0),
+        )
 
     def __sub__(self, other: Scrape) -> Scrape:
-        lag = {k: v - other.lag.get(k, 0.0) for k, v in self.lag.items()}
-        return Scrape(self.sampled - other.sampled, lag)
+        return Scrape(
+            self.sampled - other.sampled,
+            _merge(self.lag, other.lag, -1.0),
+            _merge(self.added, other.added, -1.0),
+        )
+
+
+def _merge(a: dict[float, float], b: dict[float, float], sign: float) -> dict[float, float]:
+    return {k: a.get(k, 0.0) + sign * b.get(k, 0.0) for k in a.keys() | b.keys()}
 
 
 def scrape_mirror(metrics_url: str | None) -> Scrape | None:
@@ -479,12 +495,17 @@ def scrape_mirror(metrics_url: str | None) -> Scrape | None:
         ):
             out.sampled += float(line.rsplit(" ", 1)[1])
         elif line.startswith("shadow_ab_mirror_loop_lag_seconds_bucket{"):
-            le = line.split('le="', 1)[1].split('"', 1)[0]
-            out.lag[float(le)] = float(line.rsplit(" ", 1)[1])
+            out.lag[_le(line)] = float(line.rsplit(" ", 1)[1])
+        elif line.startswith("shadow_ab_mirror_added_seconds_bucket{"):
+            out.added[_le(line)] = float(line.rsplit(" ", 1)[1])
     return out
 
 
-def lag_quantile(lag: dict[float, float], q: float) -> float | None:
+def _le(line: str) -> float:
+    return float(line.split('le="', 1)[1].split('"', 1)[0])
+
+
+def bucket_quantile(lag: dict[float, float], q: float) -> float | None:
     """The upper bound of the histogram bucket holding quantile ``q`` (None without ticks)."""
     total = lag.get(float("inf"), 0.0)
     if total <= 0:
@@ -721,6 +742,8 @@ class Cell:
     sampled: float | None = None
     lag: dict[float, float] = field(default_factory=dict)
     """Loop-lag histogram counts of the measured segments (mirror paths)."""
+    added: dict[float, float] = field(default_factory=dict)
+    """The mirror's own added-time histogram counts of the measured segments."""
 
     def result(self) -> TrafficResult:
         return TrafficResult(rows=self.rows, wall_s=self.wall_s)
@@ -781,7 +804,8 @@ async def measure(
     if scrape0 is not None and scrape1 is not None:
         delta = scrape1 - scrape0
         cell.sampled = (cell.sampled or 0.0) + delta.sampled
-        cell.lag = (Scrape(lag=cell.lag) + Scrape(lag=delta.lag)).lag
+        cell.lag = _merge(cell.lag, delta.lag, 1.0)
+        cell.added = _merge(cell.added, delta.added, 1.0)
     for sim in target.settle:
         await asyncio.to_thread(wait_trt_idle, sim)
 
@@ -804,6 +828,13 @@ def bootstrap_delta(
 # -- output ----------------------------------------------------------------------------------
 
 
+def bound(le: float | None, over: str) -> str:
+    """A histogram bucket's upper bound as "<= x ms" ("" for none, ``over`` for +Inf)."""
+    if le is None:
+        return ""
+    return over if le == float("inf") else f"<= {ms(le)} ms"
+
+
 def ms(x: float) -> str:
     return "n/a" if x != x else f"{x * 1000:.2f}"
 
@@ -816,9 +847,9 @@ def table(cells: dict[tuple[str, int], Cell], levels: list[int], paths: list[str
     head = (
         "| conc | path | req/s | TTFT p50 | TTFT p99 | E2E p50 | E2E p99 | +TTFT p50 [95% CI]"
         " | +TTFT p99 [95% CI] | +E2E p50 | +E2E p99 | req/s ratio | proxy CPU ms/req"
-        " | shadowed | loop lag p99 | errors | n |"
+        " | shadowed | loop lag p99 | own added p50 / p99 | errors | n |"
     )
-    out = [head, "|" + "---|" * 17]
+    out = [head, "|" + "---|" * 18]
     for conc in levels:
         base = cells.get(("direct", conc))
         br = base.result() if base else None
@@ -859,9 +890,10 @@ def table(cells: dict[tuple[str, int], Cell], levels: list[int], paths: list[str
             shadowed = "" if path in ("direct", "nginx", "native-off") else "100% (all)"
             if cell.sampled is not None:
                 shadowed = f"{cell.sampled / max(1, len(cell.rows)):.0%}"
-            p99 = lag_quantile(cell.lag, 0.99)
-            lag = "" if p99 is None else ("> 250 ms" if p99 == float("inf") else f"<= {ms(p99)} ms")
-            row += [cpu, shadowed, lag, str(len(r.errors)), str(len(r.rows))]
+            lag = bound(bucket_quantile(cell.lag, 0.99), "> 250 ms")
+            a50, a99 = (bucket_quantile(cell.added, q) for q in (0.5, 0.99))
+            own = f"{bound(a50, '> 250 ms')} / {bound(a99, '> 250 ms')}" if a50 else ""
+            row += [cpu, shadowed, lag, own, str(len(r.errors)), str(len(r.rows))]
             out.append("| " + " | ".join(row) + " |")
     return out
 
@@ -1152,6 +1184,7 @@ def main() -> None:
                         "front_cpu_s": cell.front_cpu_s,
                         "sampled": cell.sampled,
                         "loop_lag_buckets": {str(k): v for k, v in cell.lag.items()},
+                        "added_buckets": {str(k): v for k, v in cell.added.items()},
                         "machine_busy": busy[(p, c)],
                     }
                     for (p, c), cell in cells.items()

@@ -58,6 +58,8 @@ func TestBinaryServesOnFd3AndDrainsOnSIGTERM(t *testing.T) {
 	cmd := frontCommand(t, testConfig(inc.URL, "http://127.0.0.1:1", tl.path), ln.(*net.TCPListener))
 	var stderr syncBuffer
 	cmd.Stderr = &stderr
+	profile := t.TempDir() + "/front.prof" // and the CPU profile of the run, when asked for
+	cmd.Env = append(cmd.Env, "SHADOW_AB_FRONT_CPUPROFILE="+profile)
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -107,6 +109,9 @@ func TestBinaryServesOnFd3AndDrainsOnSIGTERM(t *testing.T) {
 	}
 	if err := cmd.Wait(); err != nil {
 		t.Fatalf("exit: %v\n%s", err, stderr.String())
+	}
+	if prof, err := os.ReadFile(profile); err != nil || !bytes.HasPrefix(prof, []byte{0x1f, 0x8b}) {
+		t.Fatalf("no pprof profile (gzip) at %s: %v %q", profile, err, prof[:min(len(prof), 8)])
 	}
 	req, end := tl.next(t), tl.next(t)
 	var stream []byte
