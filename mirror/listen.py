@@ -7,6 +7,11 @@ Errors: :class:`ListenError`, whose text names the address, what it is for and w
 from __future__ import annotations
 
 import socket
+from pathlib import Path
+
+MIGRATE_REQ = Path("/proc/sys/net/ipv4/tcp_migrate_req")
+"""Linux 5.14+: whether connections queued at a closing ``SO_REUSEPORT`` listener move to the
+others of its group (1) or are reset (0, the default)."""
 
 
 class ListenError(Exception):
@@ -40,3 +45,21 @@ def bound_socket(
             " or choose another"
         ) from None
     return sock
+
+
+def reset_on_close_warning(path: Path = MIGRATE_REQ) -> str | None:
+    """What to tell someone running several listeners on one port (``workers``) when the
+    kernel resets the connections queued at one that closes (a worker that dies or restarts)
+    instead of handing them to the others; None when it hands them over or cannot tell."""
+    try:
+        value = path.read_text().strip()
+    except OSError:
+        return None  # not Linux, or older than 5.14: nothing to set
+    if value != "0":
+        return None
+    return (
+        f"{path} is 0: clients whose connections wait in the queue of a worker that dies are"
+        " reset, not served by the other workers; `sysctl -w net.ipv4.tcp_migrate_req=1` (on"
+        " the host, or the pod's network namespace) hands them over (mirror/README.md, \"More"
+        ' than one core")'
+    )

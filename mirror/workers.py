@@ -15,6 +15,9 @@ them), and keeps them running:
   each quick failure (up to 30 s); the others serve the port meanwhile. A worker that fails
   three times in a row within 30 s of its start (a port, a spool folder or a store it cannot
   open) stops the whole mirror with exit status 1: its log says why.
+- **Connections queued at a worker that dies** are reset by Linux unless
+  ``net.ipv4.tcp_migrate_req`` is 1 (then the other workers take them): the supervisor logs a
+  warning at start when it is 0 (:func:`~mirror.listen.reset_on_close_warning`).
 - **SIGTERM or SIGINT** is passed to every worker; each drains as a single mirror does (answers
   in flight, shadow requests, the sink); the supervisor exits 0 when every worker did, else 1.
 
@@ -37,7 +40,7 @@ from types import FrameType
 from typing import Any
 
 from mirror.config import MirrorConfigError, MirrorSettings
-from mirror.listen import ListenError, bound_socket
+from mirror.listen import ListenError, bound_socket, reset_on_close_warning
 
 log = logging.getLogger("mirror.workers")
 
@@ -111,6 +114,8 @@ class Supervisor:
             }
             try:
                 log.info("%d mirror workers on %s:%d", s.workers, s.host, port)
+                if warning := reset_on_close_warning():
+                    log.warning("%s", warning)
                 for config in configs:
                     self.procs.append(self._start(config))
                     self.started_at.append(time.monotonic())

@@ -5,6 +5,7 @@ that cannot start stops the mirror, and SIGTERM drains them all."""
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import time
@@ -16,6 +17,7 @@ from mirror_helpers import ask, rows, served, wait_rows
 from worker_mains import exits_at_once
 
 from mirror.config import MirrorConfigError, MirrorSettings, load_settings
+from mirror.listen import reset_on_close_warning
 from mirror.workers import supervise, worker_settings
 from shadow_ab.dev.processes import RunningSim, running_mirror
 
@@ -53,11 +55,17 @@ def test_each_worker_gets_its_admin_port_and_spool_and_only_worker_0_probes_and_
         worker_settings(base(workers=2, admin_port=8123), 1, 8124)
 
 
-def test_a_worker_that_keeps_failing_at_start_stops_the_mirror_with_status_1() -> None:
+def test_a_worker_that_keeps_failing_at_start_stops_the_mirror_with_status_1(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     s = base(workers=2, port=0, admin_port=0)
     started = time.monotonic()
-    assert supervise(s, exits_at_once, False) == 1
+    with caplog.at_level(logging.WARNING, logger="mirror.workers"):
+        assert supervise(s, exits_at_once, False) == 1
     assert time.monotonic() - started < 120  # three quick failures, 1 s and 2 s apart
+    # the start warns when this kernel would reset a dead worker's queued connections
+    warned = "sysctl -w net.ipv4.tcp_migrate_req=1" in caplog.text
+    assert warned == (reset_on_close_warning() is not None)
 
 
 def worker_pids(supervisor: int) -> set[int]:
