@@ -24,22 +24,13 @@ func (f *reqFrame) appendJSON(b []byte) []byte {
 	b = append(b, `,"path":`...)
 	b = appendString(b, f.Path)
 	b = append(b, `,"headers":`...)
-	if f.Headers == nil {
-		b = append(b, "null"...)
-	} else {
+	b = appendList(b, f.Headers, func(b []byte, h header) []byte {
 		b = append(b, '[')
-		for i, h := range f.Headers {
-			if i > 0 {
-				b = append(b, ',')
-			}
-			b = append(b, '[')
-			b = appendString(b, h[0])
-			b = append(b, ',')
-			b = appendString(b, h[1])
-			b = append(b, ']')
-		}
-		b = append(b, ']')
-	}
+		b = appendString(b, h[0])
+		b = append(b, ',')
+		b = appendString(b, h[1])
+		return append(b, ']')
+	})
 	b = append(b, `,"body":`...)
 	b = appendBytes(b, f.Body)
 	b = append(b, `,"too_large":`...)
@@ -75,31 +66,9 @@ func (f *endFrame) appendJSON(b []byte) []byte {
 	b = append(b, `,"sse":`...)
 	b = strconv.AppendBool(b, f.SSE)
 	b = append(b, `,"chunks":`...)
-	if f.Chunks == nil {
-		b = append(b, "null"...)
-	} else {
-		b = append(b, '[')
-		for i, c := range f.Chunks {
-			if i > 0 {
-				b = append(b, ',')
-			}
-			b = c.appendJSON(b)
-		}
-		b = append(b, ']')
-	}
+	b = appendList(b, f.Chunks, func(b []byte, c chunk) []byte { return c.appendJSON(b) })
 	b = append(b, `,"parts":`...)
-	if f.Parts == nil {
-		b = append(b, "null"...)
-	} else {
-		b = append(b, '[')
-		for i, p := range f.Parts {
-			if i > 0 {
-				b = append(b, ',')
-			}
-			b = appendBytes(b, p)
-		}
-		b = append(b, ']')
-	}
+	b = appendList(b, f.Parts, appendBytes)
 	b = append(b, `,"last_t":`...)
 	b = appendOptFloat(b, f.LastT)
 	b = append(b, `,"added_s":`...)
@@ -135,6 +104,21 @@ func (c chunk) appendJSON(b []byte) []byte {
 }
 
 func (c chunk) MarshalJSON() ([]byte, error) { return c.appendJSON(nil), nil }
+
+// appendList: xs as encoding/json writes a slice, each element by each; null for nil.
+func appendList[T any](b []byte, xs []T, each func([]byte, T) []byte) []byte {
+	if xs == nil {
+		return append(b, "null"...)
+	}
+	b = append(b, '[')
+	for i, x := range xs {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = each(b, x)
+	}
+	return append(b, ']')
+}
 
 // appendString: s as a JSON string. Printable ASCII without '"' or '\' (pair ids, routes,
 // statuses, most headers) is written as it is; anything else goes through encoding/json (its
