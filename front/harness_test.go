@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -178,4 +179,41 @@ func (h *harness) waitTee(t *testing.T) {
 // client is an http.Client that neither compresses nor keeps connections between tests.
 func client() *http.Client {
 	return &http.Client{Transport: &http.Transport{DisableCompression: true}, Timeout: 20 * time.Second}
+}
+
+// dial: a raw connection to the front, closed at the test's end, with a 10 s deadline.
+func dial(t *testing.T, h *harness) net.Conn {
+	t.Helper()
+	c, err := net.Dial("tcp", strings.TrimPrefix(h.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	return c
+}
+
+func readAll(t *testing.T, c net.Conn) string {
+	t.Helper()
+	b, _ := io.ReadAll(c)
+	return string(b)
+}
+
+// writeCompletion writes a POST /v1/completions with body on c, by hand.
+func writeCompletion(c net.Conn, body string) {
+	_, _ = c.Write([]byte("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " +
+		strconv.Itoa(len(body)) + "\r\n\r\n" + body))
+}
+
+// keepAliveHealth: one GET /health on the kept-alive connection c (read through r), answered
+// 218 by the internal plane, which has then seen it.
+func keepAliveHealth(t *testing.T, h *harness, c net.Conn, r *bufio.Reader) {
+	t.Helper()
+	_, _ = c.Write([]byte("GET /health HTTP/1.1\r\nHost: x\r\n\r\n"))
+	resp, err := http.ReadResponse(r, nil)
+	if err != nil || resp.StatusCode != 218 {
+		t.Fatal(resp, err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	<-h.seen
 }

@@ -3,7 +3,6 @@ package main
 import (
 	"bufio"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -12,23 +11,6 @@ import (
 )
 
 // The limits of mirror/limits.py, with the mirror's answers byte for byte.
-
-func dial(t *testing.T, h *harness) net.Conn {
-	t.Helper()
-	c, err := net.Dial("tcp", strings.TrimPrefix(h.url, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-	return c
-}
-
-func readAll(t *testing.T, c net.Conn) string {
-	t.Helper()
-	b, _ := io.ReadAll(c)
-	return string(b)
-}
 
 func TestHeadLimits(t *testing.T) {
 	h := start(t, "http://127.0.0.1:1", func(c *config) {
@@ -51,14 +33,8 @@ func TestHeadLimits(t *testing.T) {
 	<-h.seen
 	// the same on a kept-alive connection (net/http's own limit is looser there)
 	c = dial(t, h)
-	_, _ = c.Write([]byte("GET /health HTTP/1.1\r\nHost: x\r\n\r\n"))
 	r := bufio.NewReader(c)
-	resp, err := http.ReadResponse(r, nil)
-	if err != nil || resp.StatusCode != 218 {
-		t.Fatal(resp, err)
-	}
-	_, _ = io.Copy(io.Discard, resp.Body)
-	<-h.seen
+	keepAliveHealth(t, h, c, r)
 	_, _ = c.Write([]byte("GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + strings.Repeat("a", 8200) + "\r\n\r\n"))
 	if got, _ := io.ReadAll(r); string(got) != string(h.front.answers.headerTooLarge) {
 		t.Fatalf("431 on a kept-alive connection: %q", got)
@@ -110,21 +86,9 @@ func TestConnectionCapAndIdleTimeout(t *testing.T) {
 	}, false)
 	a, b := dial(t, h), dial(t, h)
 	// a keep-alive exchange on a, so both are surely accepted before the third
-	_, _ = a.Write([]byte("GET /health HTTP/1.1\r\nHost: x\r\n\r\n"))
 	ra := bufio.NewReader(a)
-	resp, err := http.ReadResponse(ra, nil)
-	if err != nil || resp.StatusCode != 218 {
-		t.Fatal(resp, err)
-	}
-	_, _ = io.Copy(io.Discard, resp.Body)
-	<-h.seen
-	_, _ = b.Write([]byte("GET /health HTTP/1.1\r\nHost: x\r\n\r\n"))
-	resp, err = http.ReadResponse(bufio.NewReader(b), nil)
-	if err != nil || resp.StatusCode != 218 {
-		t.Fatal(resp, err)
-	}
-	_, _ = io.Copy(io.Discard, resp.Body)
-	<-h.seen
+	keepAliveHealth(t, h, a, ra)
+	keepAliveHealth(t, h, b, bufio.NewReader(b))
 	c := dial(t, h)
 	got := readAll(t, c)
 	if got != string(h.front.answers.cap) || !strings.Contains(got, "retry-after: 1\r\n") ||
@@ -154,7 +118,7 @@ func TestASlowClientIsDisconnectedAfterSendTimeout(t *testing.T) {
 	h := start(t, inc.URL, func(c *config) { c.SendTimeoutS = 0.3 }, true)
 	c := dial(t, h)
 	body := `{"prompt":"x","stream":true}`
-	_, _ = c.Write([]byte("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " + itoa(len(body)) + "\r\n\r\n" + body))
+	writeCompletion(c, body)
 	// never read: the front gives up on this client and cancels the incumbent's request
 	h.tee.next(t)
 	end := h.tee.next(t)

@@ -11,6 +11,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -47,7 +48,7 @@ func TestBinaryServesOnFd3AndDrainsOnSIGTERM(t *testing.T) {
 					return
 				}
 			}
-			_, _ = w.Write([]byte("data: {\"choices\":[{\"index\":0,\"text\":\"" + itoa(i) + "\"}]}\n\n"))
+			_, _ = w.Write([]byte("data: {\"choices\":[{\"index\":0,\"text\":\"" + strconv.Itoa(i) + "\"}]}\n\n"))
 			w.(http.Flusher).Flush()
 		}
 	}))
@@ -78,8 +79,7 @@ func TestBinaryServesOnFd3AndDrainsOnSIGTERM(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	body := `{"prompt":"x","stream":true}`
-	_, _ = conn.Write([]byte("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " + itoa(len(body)) + "\r\n\r\n" + body))
+	writeCompletion(conn, `{"prompt":"x","stream":true}`)
 	r := bufio.NewReader(conn)
 	resp, err := http.ReadResponse(r, nil)
 	if err != nil {

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -335,13 +336,8 @@ func TestClientDisconnectCancelsTheIncumbentRequest(t *testing.T) {
 	}))
 	defer inc.Close()
 	h := start(t, inc.URL, nil, true)
-	conn, err := net.Dial("tcp", strings.TrimPrefix(h.url, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	body := `{"prompt":"x","stream":true}`
-	_, _ = conn.Write([]byte("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " +
-		itoa(len(body)) + "\r\n\r\n" + body))
+	conn := dial(t, h)
+	writeCompletion(conn, `{"prompt":"x","stream":true}`)
 	r := bufio.NewReader(conn)
 	line, _ := r.ReadString('\n')
 	if !strings.HasPrefix(line, "HTTP/1.1 200") {
@@ -367,10 +363,6 @@ func TestClientDisconnectCancelsTheIncumbentRequest(t *testing.T) {
 		t.Fatalf("end frame %v", end)
 	}
 }
-
-func itoa(n int) string { return strings.TrimSpace(strings.Repeat(" ", 0) + jsonNum(n)) }
-
-func jsonNum(n int) string { b, _ := json.Marshal(n); return string(b) }
 
 func TestATeeThatIsDownNeverBlocksTheClient(t *testing.T) {
 	inc := newSSEIncumbent(t)
@@ -422,14 +414,9 @@ func TestATeeThatIsDownNeverBlocksTheClient(t *testing.T) {
 func TestHTTP10ClientStream(t *testing.T) {
 	inc := newSSEIncumbent(t)
 	h := start(t, inc.URL, nil, true)
-	c, err := net.Dial("tcp", strings.TrimPrefix(h.url, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	c := dial(t, h)
 	body := `{"messages":[],"stream":true}`
-	_, _ = c.Write([]byte("POST /v1/chat/completions HTTP/1.0\r\nContent-Length: " + itoa(len(body)) + "\r\n\r\n" + body))
+	_, _ = c.Write([]byte("POST /v1/chat/completions HTTP/1.0\r\nContent-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body))
 	got, _ := io.ReadAll(c)
 	head, rest, _ := bytes.Cut(got, []byte("\r\n\r\n"))
 	plain, _ := os.ReadFile("testdata/vllm032_chat_n2_plain.sse")
@@ -457,12 +444,8 @@ func TestClientGoneBeforeTheHead(t *testing.T) {
 	}))
 	defer inc.Close()
 	h := start(t, inc.URL, nil, true)
-	c, err := net.Dial("tcp", strings.TrimPrefix(h.url, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	body := `{"prompt":"x"}`
-	_, _ = c.Write([]byte("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " + itoa(len(body)) + "\r\n\r\n" + body))
+	c := dial(t, h)
+	writeCompletion(c, `{"prompt":"x"}`)
 	<-asked
 	c.Close()
 	select {
