@@ -316,22 +316,22 @@ FRONT_COMM = "shadow-ab-front"
 """The native front's process name (/proc's comm): the client's path on the native plane."""
 
 
-def tree_cpu_seconds(pid: int, only: str | None = None) -> float:
-    """User + system CPU seconds of a process and its live descendants, from /proc; with
-    ``only``, of those whose name (comm) is ``only``."""
-    total, tick = 0.0, os.sysconf("SC_CLK_TCK")
+def tree_cpu_seconds(pid: int) -> tuple[float, float]:
+    """User + system CPU seconds of a process and its live descendants, from /proc: all of
+    them, and of them the native front's processes (named :data:`FRONT_COMM`)."""
+    total, front, tick = 0.0, 0.0, os.sysconf("SC_CLK_TCK")
     for p in _tree(pid):
         try:
-            if only is not None:
-                with open(f"/proc/{p}/comm") as f:
-                    if f.read().strip() != only:
-                        continue
             with open(f"/proc/{p}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
+                head, rest = f.read().rsplit(")", 1)
         except OSError:
             continue
-        total += (int(fields[11]) + int(fields[12])) / tick
-    return total
+        fields = rest.split()
+        cpu = (int(fields[11]) + int(fields[12])) / tick
+        total += cpu
+        if head.split("(", 1)[1] == FRONT_COMM:
+            front += cpu
+    return total, front
 
 
 def machine_busy() -> tuple[float, float]:
@@ -763,7 +763,7 @@ class Target:
         """The proxy's process tree's CPU seconds so far, and the native front's in it."""
         if not self.pid:
             return 0.0, 0.0
-        return tree_cpu_seconds(self.pid), tree_cpu_seconds(self.pid, only=FRONT_COMM)
+        return tree_cpu_seconds(self.pid)
 
     def scrape(self) -> Scrape | None:
         """Summed over the workers; None when one does not answer (or no metrics)."""
