@@ -9,17 +9,9 @@ PIP_FLAGS ?= --disable-pip-version-check -q
 INSTALLED := $(VENV)/.installed
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install front services services-down engines check test demo bench-ingest bench-mirror
+.PHONY: install services services-down engines check test demo bench-ingest bench-mirror
 
-install: $(INSTALLED) front
-
-# The native front (front/, Go, standard library only): the mirror's compiled client path,
-# built next to the venv's python, where the mirror looks for it. Go from PATH, else the
-# official tarball's place.
-GO ?= $(shell command -v go 2>/dev/null || echo /usr/local/go/bin/go)
-GOFMT ?= $(dir $(GO))gofmt
-front: | $(BIN)/python
-	cd front && $(GO) build -trimpath -o ../$(BIN)/shadow-ab-front .
+install: $(INSTALLED)
 
 # Debian ships venv and ensurepip apart from python3, in python3-venv. A failed attempt leaves
 # no half-made venv behind, so the next run starts over.
@@ -48,8 +40,6 @@ engines: install
 	$(BIN)/shadow-ab engine vllm prepare
 
 check: install
-	@out=$$($(GOFMT) -l front); [ -z "$$out" ] || { echo "gofmt: reformat (gofmt -w front): $$out"; exit 1; }
-	cd front && $(GO) vet ./...
 	$(BIN)/ruff format --check .
 	$(BIN)/ruff check .
 	$(BIN)/mypy
@@ -60,7 +50,6 @@ check: install
 # one process, so the two vLLM engines (one CPU each) start once. TEST_WORKERS=0: one process.
 TEST_WORKERS ?= 2
 test: services engines
-	cd front && $(GO) test -count=1 ./...
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) -m "not real_engine"
 	$(BIN)/python -m pytest -q -m real_engine
 

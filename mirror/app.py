@@ -65,7 +65,7 @@ from mirror.headers import (
 from mirror.overload import LoopLag
 from mirror.privacy import Privacy, RedactionError
 from mirror.problem import PROBLEM_JSON, problem_body
-from mirror.recording import ERROR_BODY_KEEP, Dispatch, build_record, error_text, status_of
+from mirror.recording import ERROR_BODY_KEEP, Dispatch, build_record, error_text
 from mirror.rewrite import (
     INCLUDE_USAGE,
     ask_top_logprobs,
@@ -78,7 +78,6 @@ from mirror.routes import Router, canonical_path, quoted
 from mirror.sampling import Sampler
 from mirror.shadow import Shadows
 from mirror.sinks import sink_alive
-from mirror.sse import UsageHider
 from mirror.trace import Outcome, StreamTrace, parse_body, stream_trace
 from shadow_ab.gc_tuning import tune_for_serving
 from shadow_ab.privacy import redact_url, redact_urls
@@ -129,16 +128,6 @@ class _TooLarge(Exception):
 
 class _ClientGone(Exception):
     pass
-
-
-class _Request:
-    """Per-request state shared with the disconnect watcher."""
-
-    __slots__ = ("done", "gone")
-
-    def __init__(self) -> None:
-        self.done = False
-        self.gone = False
 
 
 class Prepared:
@@ -297,22 +286,12 @@ class Mirror:
                 self._urls[key] = url
         return url
 
-    # -- ASGI entry -------------------------------------------------------------------------
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            path = scope["path"]
-            endpoint = ROUTES.get(path)
-            if endpoint is not None and scope["method"] == "POST":
-                await self._generate(scope, receive, send, endpoint, path)
-                return
-            await self._route(scope, receive, send)
-            return
-        await self.admin(scope, receive, send)  # the lifespan
+    # -- routing (every request but a generate one) --------------------------------------
 
     async def _route(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Every request but a canonical generate one: made canonical, then the generate
-        routes, the pass-through allow-list, or 400/404/405 (mirror/routes.py)."""
+        """Every request but a generate one (the client server takes those, canonical or
+        not): made canonical, then the pass-through allow-list, or 400/404/405
+        (mirror/routes.py)."""
         method = scope["method"]
         path = canonical_path(scope["path"])
         if path is None:
@@ -320,11 +299,7 @@ class Mirror:
             return
         allowed = self.router.methods(path)
         if method in allowed:
-            endpoint = ROUTES.get(path)
-            if endpoint is not None and method == "POST":
-                await self._generate(scope, receive, send, endpoint, path)
-            else:
-                await self._passthrough(scope, receive, send, path)
+            await self._passthrough(scope, receive, send, path)
             return
         if allowed:
             allow = ", ".join(sorted(allowed))
@@ -514,18 +489,12 @@ class Mirror:
         body: bytes,
         endpoint: Endpoint,
         route: str,
-        *,
-        pair: uuid.UUID | None = None,
-        sent_at: datetime | None = None,
     ) -> Prepared:
-        """Everything of a generate request before the incumbent is asked, shared by the data
-        planes: the pair id, the shadow decision (counted), the shadow requests fired, the
-        incumbent's body, headers and record stub (:class:`Prepared`). The native front
-        (:mod:`mirror.front`) has already chosen the pair id and asked the incumbent: it
-        passes ``pair`` and ``sent_at``."""
+        """Everything of a generate request before the incumbent is asked: the pair id, the
+        shadow decision (counted), the shadow requests fired, the incumbent's body, headers and
+        record stub (:class:`Prepared`)."""
         t_ready = self._clock()
-        if pair is None:
-            pair = uuid.uuid4()
+        pair = uuid.uuid4()
         pid = str(pair).encode()
         parsed = _json_object(body)
         chat = endpoint is Endpoint.CHAT
@@ -625,7 +594,7 @@ class Mirror:
             engine=self.inc_engine,
             endpoint=endpoint,
             stream=stream,
-            sent_at=sent_at if sent_at is not None else self._wall(),
+            sent_at=self._wall(),
             request=stored_request(inc_request) if inc_request is not None else {},
             rewrites=inc_rewrites,
             inflight_incumbent=inflight_inc,
@@ -644,179 +613,6 @@ class Mirror:
             shadow_active=self.shadows.inflight > 0,
             shadows=shadows,
         )
-
-    async def _generate(
-        self, scope: Scope, receive: Receive, send: Send, endpoint: Endpoint, route: str
-    ) -> None:
-        try:
-            body = await self._read_body(scope, receive)
-        except _TooLarge:
-            self._m_decision[SKIPPED_TOO_LARGE].inc()
-            await self._too_large(send, route)
-            return
-        except _ClientGone:
-            return
-        p = self._prepare(scope, body, endpoint, route)
-        state = _Request()
-        me = asyncio.current_task()
-        watcher = asyncio.create_task(self._watch(receive, me, state)) if me else None
-        try:
-            await self._incumbent(
-                send,
-                route=route,
-                url=p.url,
-                d=p.d,
-                body=p.body,
-                headers=_str_headers(p.raw_headers),
-                strip=p.strip,
-                chat=p.chat,
-                t_ready=p.t_ready,
-                shadow_active=p.shadow_active,
-                state=state,
-            )
-        except asyncio.CancelledError:
-            if not state.gone or me is None:
-                raise
-            me.uncancel()
-            for t in p.shadows:
-                t.cancel()
-        finally:
-            state.done = True
-            if watcher is not None:
-                watcher.cancel()
-
-    async def _watch(self, receive: Receive, task: asyncio.Task[Any], state: _Request) -> None:
-        """Cancel ``task`` when the client disconnects before its answer is complete."""
-        while True:
-            msg = await receive()
-            if msg["type"] == "http.disconnect":
-                if not state.done:
-                    state.gone = True
-                    task.cancel()
-                return
-
-    async def _incumbent(
-        self,
-        send: Send,
-        *,
-        route: str,
-        url: yarl.URL,
-        d: Dispatch,
-        body: bytes,
-        headers: list[tuple[str, str]],
-        strip: bool,
-        chat: bool,
-        t_ready: float,
-        shadow_active: bool,
-        state: _Request,
-    ) -> None:
-        session = self.incumbent_session
-        assert session is not None, "the mirror's lifespan has not started"
-        role = Role.INCUMBENT
-        self._inflight[role] += 1
-        self._m_inflight[role].inc()
-        clock = self._clock
-        pid = str(d.pair_id).encode()
-        status = Status.OK
-        http_status: int | None = None
-        error: str | None = None
-        sse = False
-        hider: UsageHider | None = None
-        stash: list[tuple[float, bytes]] = []
-        parts: list[bytes] = []
-        last_t: float | None = None
-        client_code = 0
-        complete = False
-        t0 = clock()
-        try:
-            try:
-                resp = await session.post(url, data=body, headers=headers)
-            except TimeoutError as exc:
-                status, error, client_code = Status.TIMEOUT, f"timeout: {exc!r}", 504
-                await self._send_error(
-                    send, 504, "the incumbent did not answer", "GatewayTimeout", pid
-                )
-                complete = True
-                return
-            except (aiohttp.ClientError, ValueError) as exc:  # ValueError: a header aiohttp refuses
-                status, error, client_code = Status.CONNECTION_ERROR, repr(exc), 502
-                await self._send_error(
-                    send,
-                    502,
-                    f"the incumbent is unreachable: {redact_urls(str(exc))}",
-                    "BadGateway",
-                    pid,
-                )
-                complete = True
-                return
-            try:
-                http_status = client_code = resp.status
-                status = status_of(resp.status)
-                encoded = resp.headers.get("Content-Encoding", "identity") != "identity"
-                sse = resp.content_type == "text/event-stream" and not encoded
-                rechunk = strip and sse
-                await send(
-                    {
-                        "type": "http.response.start",
-                        "status": resp.status,
-                        "headers": client_headers(
-                            resp.raw_headers, pid, rechunked=rechunk, drop=self._response_drop
-                        ),
-                    }
-                )
-                # The client's path only forwards bytes: an SSE stream's chunks are kept with
-                # their arrival times and parsed after the answer went out (stream_trace).
-                # Only when the usage event must be hidden are chunks cut into events here,
-                # and then only those that may hold it, end a choice or end mid-event.
-                hider = UsageHider() if rechunk else None
-                first = True
-                async for chunk in resp.content.iter_any():
-                    t = clock()
-                    last_t = t
-                    if sse:
-                        stash.append((t, chunk))
-                        if hider is not None:
-                            chunk = hider.feed(chunk, t)
-                    elif status is Status.OK or len(parts) < 64:
-                        parts.append(chunk)
-                    if chunk:
-                        await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                    if first:
-                        first = False
-                        m.ADDED.observe((t0 - t_ready) + (clock() - t))
-                await self._release(send, hider, clock())
-                state.done = True
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
-                complete = True
-            except TimeoutError as exc:
-                status, error = Status.TIMEOUT, f"timeout while reading: {exc!r}"
-                await self._release(send, hider, clock())
-            except aiohttp.ClientError as exc:
-                status, error = Status.CONNECTION_ERROR, f"stream broke: {exc!r}"
-                await self._release(send, hider, clock())
-            finally:
-                if complete:
-                    resp.release()
-                else:
-                    resp.close()  # the engine sees the connection go and stops generating
-        except asyncio.CancelledError:
-            status, error = Status.CANCELLED, "the client disconnected"
-            raise
-        finally:
-            self._settle(
-                d,
-                route=route,
-                client_code=client_code,
-                status=status if complete or status is not Status.OK else Status.CONNECTION_ERROR,
-                http_status=http_status,
-                error=error,
-                stash=stash if sse else None,
-                parts=parts,
-                chat=chat,
-                t0=t0,
-                last_t=last_t,
-                shadow_active=shadow_active,
-            )
 
     def _settle(
         self,
@@ -849,19 +645,6 @@ class Mirror:
         if status is Status.OK:
             self.guard.observe(outcome.ttft_s, outcome.e2e_s, shadow_active)
         self._finish(d, status, outcome, http_status, error)
-
-    async def _release(self, send: Send, hider: UsageHider | None, t: float) -> None:
-        """The end of a stream whose usage event was hidden: what the hider still holds goes
-        to the client (as a direct client would have got it), and the time it held the finish
-        event back is observed."""
-        if hider is None:
-            return
-        rest = hider.close(t)
-        if hider.held_s is not None:
-            m.HELD.observe(hider.held_s)
-        if rest:
-            with contextlib.suppress(OSError):  # the client may be gone when the stream broke
-                await send({"type": "http.response.body", "body": rest, "more_body": True})
 
     def _outcome(
         self,

@@ -1,9 +1,10 @@
 """``shadow-ab mirror``: serve the incumbent, mirror sampled traffic to the candidate.
 
-Runs :func:`mirror.app.create_app` on uvicorn (uvloop, httptools with the limits of
-:mod:`mirror.protocol`) on the client port, and the admin endpoints (``/metrics``,
-``/healthz``, ``/mirror/docs``) on their own port (``admin_port``) in the same event loop, so a
-client flood cannot starve the probes and clients never see the admin endpoints. SIGTERM or
+Serves the client port with :class:`mirror.wire.WireServer` (raw asyncio transports on uvloop,
+httptools parsers, the limits of :mod:`mirror.limits`), and the admin endpoints (``/metrics``,
+``/healthz``, ``/mirror/docs``, a small FastAPI app under uvicorn) on their own port
+(``admin_port``) in the same event loop, so a client flood cannot starve the probes and clients
+never see the admin endpoints. SIGTERM or
 SIGINT: stop accepting, let the requests in flight finish, let shadow requests finish
 (``drain_timeout_s``), flush and close the record sink, then close the admin port, exit 0.
 ``--health-only`` runs just the health sampler (for a separate Kubernetes Deployment that keeps
@@ -60,13 +61,6 @@ log = logging.getLogger("mirror")
     metavar="RATIO",
     help="Keep the candidate's requests in flight at most RATIO times the incumbent's (at"
     " dispatch); requests past it are not shadowed (skipped_load_parity).",
-)
-@click.option(
-    "--data-plane",
-    type=click.Choice(["asgi", "protocol", "native"]),
-    help="The client's path: protocol (raw transports, mirror/wire.py; the default), native"
-    " (the generate routes' bytes in the compiled front, `make front`: mirror/front.py) or asgi"
-    " (uvicorn + aiohttp, the earlier design, kept selectable).",
 )
 @click.option(
     "--workers",
@@ -186,16 +180,13 @@ def _open_sink(settings: MirrorSettings) -> RecordSink:
 
 
 def _uvicorn_common(settings: MirrorSettings) -> dict[str, Any]:
-    from mirror.protocol import uvicorn_limits
-
+    """uvicorn's settings for the admin port (and the sampler's own with ``--health-only``)."""
     return {
         "loop": "uvloop",
-        "access_log": settings.access_log,
-        "proxy_headers": False,  # the mirror reads no client address: no middleware per request
+        "access_log": False,
+        "proxy_headers": False,
         "log_level": settings.log_level,
-        "server_header": False,  # the client sees no Server header (mirror/README.md)
-        "date_header": False,  # the incumbent's own Date header is passed on
-        **uvicorn_limits(settings.limits),
+        "server_header": False,
     }
 
 
@@ -210,11 +201,13 @@ def bind(host: str, port: int, what: str, *, reuse_port: bool = False) -> socket
 
 def serve(settings: MirrorSettings, sink: RecordSink, *, health_only: bool = False) -> None:
     """Run the mirror (or only the health sampler, with its /metrics) until SIGTERM/SIGINT
-    (uvicorn drains, the lifespan flushes)."""
+    (the client server drains, then the mirror's shutdown flushes)."""
     import uvicorn
+    import uvloop
 
     from mirror.admin import create_health_app
     from mirror.app import create_app
+    from mirror.wire import WireServer
 
     common = _uvicorn_common(settings)
     timeout = max(1, int(settings.drain_timeout_s))
@@ -251,24 +244,10 @@ def serve(settings: MirrorSettings, sink: RecordSink, *, health_only: bool = Fal
         _listening(admin_host, settings.admin_port, "admin port") as admin_sock,
     ):
         mirror_app = create_app(settings, sink=sink)
-        config = uvicorn.Config(
-            mirror_app, lifespan="on", timeout_graceful_shutdown=timeout, **common
-        )
         admin_config = uvicorn.Config(
             mirror_app.admin, lifespan="off", timeout_graceful_shutdown=1, **common
         )
-        main: Any = uvicorn.Server(config)
-        if settings.data_plane == "protocol":
-            from mirror.wire import WireServer
-
-            main = WireServer(mirror_app)
-        elif settings.data_plane == "native":
-            from mirror.front import FrontError, NativeServer
-
-            try:
-                main = NativeServer(mirror_app)
-            except FrontError as exc:
-                raise click.ClickException(str(exc)) from None
+        main = WireServer(mirror_app)
         admin = _admin_server(admin_config)
         log.info(
             "clients on %s:%d, admin (/metrics, /healthz) on %s:%d",
@@ -277,13 +256,10 @@ def serve(settings: MirrorSettings, sink: RecordSink, *, health_only: bool = Fal
             admin_host,
             admin_sock.getsockname()[1],
         )
-        with asyncio.Runner(loop_factory=config.get_loop_factory()) as runner:
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
             runner.run(_serve_both(main, client_sock, admin, admin_sock))
         for sig in (signal.SIGTERM, signal.SIGINT):  # the loop's handlers are gone with it
             signal.signal(sig, _ignore_late_signal)
-        failed = getattr(main, "failed", None)
-        if failed:
-            raise click.ClickException(failed)
 
 
 @contextlib.contextmanager

@@ -140,28 +140,6 @@ class EngineConfig(BaseModel):
         return f"{self.flavor if self.flavor != 'auto' else 'engine'}@{role}"
 
 
-class FrontConfig(BaseModel):
-    """The native front (``data_plane: native``, mirror/front.py)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    tee_queue: int = Field(
-        default=8192,
-        ge=16,
-        le=1_000_000,
-        description="frames the front holds for this process; when it does not keep up, more are"
-        " dropped (counted in shadow_ab_mirror_front_frames_lost_total), never waited for",
-    )
-    shadow_nice: int = Field(
-        default=10,
-        ge=0,
-        le=19,
-        description="niceness this process (the shadow side) takes once the front runs: the"
-        " kernel then gives a core to the client's bytes first (0: the same priority; a"
-        " starved shadow side drops tee frames, counted, never the client's bytes)",
-    )
-
-
 class IncumbentConfig(EngineConfig):
     id_flavor: ClassVar[str] = "vllm"
     include_usage: bool = Field(
@@ -260,7 +238,6 @@ class MirrorSettings(CommonSettings):
         default=30.0, ge=0, description="on SIGTERM, how long to keep delivering records"
     )
     log_level: Literal["debug", "info", "warning", "error"] = "info"
-    access_log: bool = Field(default=False, description="uvicorn's access log (costs CPU)")
     privacy: PrivacyConfig = Field(
         default_factory=PrivacyConfig,
         description="what of the request and response text is recorded (mirror/README.md)",
@@ -302,18 +279,6 @@ class MirrorSettings(CommonSettings):
     probes: ProbeConfig = Field(
         default_factory=ProbeConfig,
         description="synthetic probes to both engines, scored by the evaluator (mirror/probes.py)",
-    )
-    data_plane: Literal["asgi", "protocol", "native"] = Field(
-        default="protocol",
-        description="the client's path: 'protocol' (the default: raw asyncio transports with"
-        " httptools, each incumbent chunk written to the client as it arrives: mirror/wire.py),"
-        " 'native' (the generate routes' bytes in the compiled front, `make front`, the shadow"
-        " side in this process: mirror/front.py) or 'asgi' (uvicorn + aiohttp, the earlier"
-        " design, kept selectable); measured side by side in bench/mirror_overhead.py",
-    )
-    front: FrontConfig = Field(
-        default_factory=lambda: FrontConfig(),
-        description="the native front's settings (data_plane: native)",
     )
 
     @field_validator("routes")

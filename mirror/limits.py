@@ -15,10 +15,8 @@ and Envoy's defaults in mind:
 | ``idle_timeout_s`` | 75 s | ``keepalive_timeout`` 75s | ``idle_timeout`` 1h | closed |
 | ``max_connections`` | 4096 | ``worker_connections`` | overload manager | 503, closed |
 
-uvicorn's httptools protocol has only the idle timeout (``timeout_keep_alive``), so
-:mod:`mirror.protocol` subclasses it to add the others. This module holds what does not depend
-on uvicorn (the limits, the answers: :func:`limit_answers`), for a protocol-level client path
-to reuse.
+The client server (:mod:`mirror.wire`) enforces them; this module holds the limits, their
+answers (:func:`limit_answers`) and the lingering close after a refusal (:func:`linger`).
 
 Errors: none (settings errors are :class:`pydantic.ValidationError`, explained by
 :mod:`mirror.config`).
@@ -26,6 +24,7 @@ Errors: none (settings errors are :class:`pydantic.ValidationError`, explained b
 
 from __future__ import annotations
 
+import asyncio
 import http
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -126,3 +125,39 @@ def limit_answers(limits: ServerLimits) -> dict[str, bytes]:
             " (limits.body_timeout_s): send the whole body at once",
         ),
     }
+
+
+LINGER_S = 2.0
+LINGER_BYTES = 1024 * 1024
+
+
+class _Lingering(asyncio.Protocol):
+    """A refused connection after its answer: what the client still sends is read and
+    discarded for up to :data:`LINGER_S` seconds or :data:`LINGER_BYTES` bytes, then the
+    connection is closed (nginx's lingering close). Closing at once would make the kernel
+    answer the client's next bytes with a reset, which can destroy the answer unread."""
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self.transport = transport
+        self.left = LINGER_BYTES
+        self.timer = loop.call_later(LINGER_S, transport.close)
+
+    def data_received(self, data: bytes) -> None:
+        self.left -= len(data)
+        if self.left < 0:
+            self.transport.close()
+
+    def eof_received(self) -> bool:
+        return False  # the client is done: close
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.timer.cancel()
+
+
+def linger(transport: asyncio.Transport, answer: bytes, loop: asyncio.AbstractEventLoop) -> None:
+    """Write ``answer`` (a refusal), then close ``transport`` lingering (:class:`_Lingering`)."""
+    transport.write(answer)
+    if transport.can_write_eof():
+        transport.write_eof()
+    transport.set_protocol(_Lingering(transport, loop))
+    transport.resume_reading()

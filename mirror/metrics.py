@@ -208,16 +208,3 @@ PROBES = Counter(
     " the shadow cap, load parity, while draining, or for want of a model name.",
     ["decision"],
 )
-
-
-FRONT_FRAMES_LOST = Counter(
-    "shadow_ab_mirror_front_frames_lost_total",
-    "Tee frames of the native front that did not become a record step, by reason: front_queue"
-    " (the front dropped them: this process did not keep up), malformed, unmatched (an end"
-    " without its request), abandoned (the end never came), unhandled.",
-    ["reason"],
-)
-FRONT_RESTARTS = Counter(
-    "shadow_ab_mirror_front_restarts_total",
-    "Times the native front exited unasked and was started again.",
-)

@@ -57,9 +57,9 @@ from mirror.limits import (
     HEADER_TOO_LARGE,
     IDLE_CLOSED,
     limit_answers,
+    linger,
 )
 from mirror.problem import PROBLEM_JSON, problem_body
-from mirror.protocol import _linger
 from mirror.recording import status_of
 from mirror.routes import canonical_path
 from mirror.sse import UsageHider
@@ -169,7 +169,7 @@ class ClientConnection(asyncio.Protocol):
         if len(self.server.connections) >= self.limits.max_connections:
             self.closed = True
             m.EDGE_REJECTIONS.labels(reason=CONNECTION_CAP).inc()
-            _linger(self.transport, self.server.answers[CONNECTION_CAP], self.loop)
+            linger(self.transport, self.server.answers[CONNECTION_CAP], self.loop)
             return
         self.server.connections.add(self)
         self.head_timer = self.loop.call_later(self.limits.header_timeout_s, self._head_late)
@@ -402,7 +402,7 @@ class ClientConnection(asyncio.Protocol):
         self.server.connections.discard(self)
         self.closed = True
         if not self.transport.is_closing():
-            _linger(self.transport, answer, self.loop)
+            linger(self.transport, answer, self.loop)
 
     pending_refusal: bytes | None = None
     responded = False  # the current request's answer has begun
@@ -440,7 +440,7 @@ class ClientConnection(asyncio.Protocol):
             self.server.connections.discard(self)
             self.closed = True
             if not self.transport.is_closing():
-                _linger(self.transport, answer, self.loop)
+                linger(self.transport, answer, self.loop)
             return
         if not keep:
             self.close()

@@ -517,8 +517,6 @@ def running_mirror(
     ``health_only=True`` runs ``shadow-ab mirror --health-only`` (the sampler and its /metrics).
     With ``workers=N`` the mirror runs N worker processes; worker i's admin port is
     ``mirror.admin_port + i``.
-    ``SHADOW_AB_DEV_DATA_PLANE`` (``asgi``, ``protocol``) picks the client path's data plane
-    when ``overrides`` do not (to run a whole test folder on one).
     Probes are off unless ``probes={"per_minute": ...}`` is given (the mirror's default is one a
     minute): a test or benchmark counts the traffic it sends.
     The admin endpoints are on another free port (``mirror.admin_url``; the sampler's on its
@@ -528,9 +526,6 @@ def running_mirror(
         workdir = Path(tmp)
         settings: dict[str, Any] = dict(overrides)
         settings["probes"] = {"per_minute": 0, **settings.get("probes", {})}
-        plane = os.environ.get("SHADOW_AB_DEV_DATA_PLANE")
-        if plane and not health_only:  # run a test folder on another data plane
-            settings.setdefault("data_plane", plane)
         settings["incumbent"] = {**settings.get("incumbent", {}), "url": incumbent_url}
         settings["candidate"] = {**settings.get("candidate", {}), "url": candidate_url}
         if kafka is not None and kafka_settings:

@@ -26,11 +26,9 @@ def post(client: httpx.Client, url: str, body: dict[str, Any]) -> tuple[int, dic
     return resp.status_code, dict(resp.headers), raw
 
 
-@pytest.fixture(scope="module", params=["protocol", "native"])
-def mirror(vllm_bf16: RunningVllm, request: pytest.FixtureRequest) -> Iterator[RunningMirror]:
-    """The mirror with real vLLM as the incumbent and a quick simulator as the candidate, on
-    the protocol plane and on the native front (its Go usage hider against real vLLM's
-    streams)."""
+@pytest.fixture(scope="module")
+def mirror(vllm_bf16: RunningVllm) -> Iterator[RunningMirror]:
+    """The mirror with real vLLM as the incumbent and a quick simulator as the candidate."""
     quick = {"latency": {"decode_ms": 2.0, "prefill_base_ms": 2.0, "prefill_per_token_ms": 0.0}}
     with (
         running_sim("vllm", "clean", overrides=quick, ledger=False) as candidate,
@@ -38,7 +36,6 @@ def mirror(vllm_bf16: RunningVllm, request: pytest.FixtureRequest) -> Iterator[R
             vllm_bf16.base_url,
             candidate.base_url,
             deployment="real-vllm-test",
-            data_plane=request.param,
             incumbent={"flavor": "vllm"},
             candidate={"flavor": "vllm"},
         ) as running,

@@ -178,29 +178,11 @@ class StandInEngine:
         self._thread.join(10)
 
 
-PLANES = ("protocol", "asgi")
-"""The mirror's data planes (``data_plane``) served in this process: the default first."""
-
-PROCESS_PLANES = (*PLANES, "native")
-"""The data planes of a mirror subprocess: the native one's front is a process of its own
-(mirror/front.py), so it is tested only there."""
-
-
 @contextlib.asynccontextmanager
-async def served_in_process(mirror: Any, plane: str) -> AsyncIterator[httpx.AsyncClient]:
-    """A client of ``mirror`` (a :class:`mirror.app.Mirror`) served in this event loop on
-    ``plane``: ``asgi`` through httpx's ASGI transport, ``protocol`` on a real socket by
-    :mod:`mirror.wire`'s connections. Runs the mirror's start-up, and its shutdown (the shadow
-    requests drain, the sink flushes) after the block."""
-    if plane == "asgi":
-        await mirror.startup()
-        try:
-            transport = httpx.ASGITransport(app=mirror)
-            async with httpx.AsyncClient(transport=transport, base_url="http://mirror") as client:
-                yield client
-        finally:
-            await mirror.shutdown()
-        return
+async def served_in_process(mirror: Any) -> AsyncIterator[httpx.AsyncClient]:
+    """A client of ``mirror`` (a :class:`mirror.app.Mirror`) served in this event loop on a
+    real socket by :mod:`mirror.wire`'s connections. Runs the mirror's start-up, and its
+    shutdown (the shadow requests drain, the sink flushes) after the block."""
     from mirror.wire import ClientConnection, WireServer
 
     wire = WireServer(mirror)  # before the start-up: shared replays use its pool

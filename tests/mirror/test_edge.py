@@ -23,7 +23,6 @@ import pytest
 from aiohttp import web
 from mirror_helpers import (
     MODEL,
-    PROCESS_PLANES,
     StandInEngine,
     chat_answer,
     pair_key,
@@ -45,18 +44,17 @@ LIMITS = {
 WAIT = 60.0  # socket timeouts: far beyond every limit above
 
 
-@pytest.fixture(scope="module", params=PROCESS_PLANES)
+@pytest.fixture(scope="module")
 def edge(
     engines: tuple[RunningSim, RunningSim],
     tmp_path_factory: pytest.TempPathFactory,
     request: pytest.FixtureRequest,
 ) -> Iterator[RunningMirror]:
-    """The limits on each data plane (mirror/protocol.py, mirror/wire.py)."""
+    """The mirror with tight limits (mirror/limits.py, enforced by mirror/wire.py)."""
     db = tmp_path_factory.mktemp("mirror-edge") / "records.db"
     with running_mirror(
         engines[0].base_url,
         engines[1].base_url,
-        data_plane=request.param,
         database_url=f"sqlite:///{db}",
         deployment="edge-test",
         health_enabled=False,
@@ -249,9 +247,8 @@ class FloodEngine(StandInEngine):
         app.router.add_post("/v1/chat/completions", self._stream)
 
 
-@pytest.mark.parametrize("plane", PROCESS_PLANES)
 def test_a_client_that_stops_reading_is_dropped_and_the_engine_request_cancelled(
-    tmp_path: Path, plane: str
+    tmp_path: Path,
 ) -> None:
     """A client that takes none of its answer (back-pressure pauses the engine's stream) is
     dropped after ``send_timeout_s`` (nginx's ``send_timeout``), and the engine's request
@@ -263,7 +260,6 @@ def test_a_client_that_stops_reading_is_dropped_and_the_engine_request_cancelled
         running_mirror(
             inc.url,
             cand.url,
-            data_plane=plane,
             database_url=f"sqlite:///{db}",
             deployment="send-timeout",
             health_enabled=False,
@@ -288,15 +284,13 @@ def test_a_client_that_stops_reading_is_dropped_and_the_engine_request_cancelled
             assert inc.written < 256 << 20
         finally:
             s.close()
-        # the record first: on the native plane the front tells the mirror after the cut
         (row,) = wait_rows(mirror.database_url, 1, "role = 'incumbent'", timeout=WAIT)
         assert mirror.metric("shadow_ab_mirror_send_timeouts_total") == 1
         assert row["status"] == "cancelled"
-        if plane != "asgi":
-            assert "send_timeout_s" in row["error"]
+        assert "send_timeout_s" in row["error"]
 
 
-@pytest.fixture(scope="module", params=PROCESS_PLANES)
+@pytest.fixture(scope="module")
 def capped(
     engines: tuple[RunningSim, RunningSim],
     tmp_path_factory: pytest.TempPathFactory,
@@ -307,7 +301,6 @@ def capped(
     with running_mirror(
         engines[0].base_url,
         engines[1].base_url,
-        data_plane=request.param,
         database_url=f"sqlite:///{db}",
         health_enabled=False,
         limits={**LIMITS, "header_timeout_s": 600.0, "idle_timeout_s": 600.0},

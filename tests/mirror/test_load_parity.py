@@ -11,9 +11,8 @@ from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
 import pytest
-from mirror_helpers import FAST, MODEL, ListSink, decisions
+from mirror_helpers import FAST, MODEL, ListSink, decisions, served_in_process
 
 from mirror.app import Mirror
 from mirror.config import MirrorSettings, load_settings
@@ -53,29 +52,24 @@ def settings(pair: tuple[RunningSim, RunningSim], **shadow: Any) -> MirrorSettin
 
 async def closed_loop(mirror: Mirror, workers: int, each: int) -> list[int]:
     """``workers`` clients, each sending ``each`` streamed greedy chats one after the other."""
-    await mirror.startup()
-    try:
-        transport = httpx.ASGITransport(app=mirror)
-        async with httpx.AsyncClient(transport=transport, base_url="http://mirror") as client:
+    async with served_in_process(mirror) as client:
 
-            async def worker(w: int) -> list[int]:
-                codes = []
-                for i in range(each):
-                    body = {
-                        "model": MODEL,
-                        "messages": [{"role": "user", "content": f"worker {w} question {i}"}],
-                        "max_tokens": 12,
-                        "temperature": 0,
-                        "stream": True,
-                    }
-                    resp = await client.post("/v1/chat/completions", json=body)
-                    codes.append(resp.status_code)
-                return codes
+        async def worker(w: int) -> list[int]:
+            codes = []
+            for i in range(each):
+                body = {
+                    "model": MODEL,
+                    "messages": [{"role": "user", "content": f"worker {w} question {i}"}],
+                    "max_tokens": 12,
+                    "temperature": 0,
+                    "stream": True,
+                }
+                resp = await client.post("/v1/chat/completions", json=body)
+                codes.append(resp.status_code)
+            return codes
 
-            results = await asyncio.gather(*(worker(w) for w in range(workers)))
-            return [c for codes in results for c in codes]
-    finally:
-        await mirror.shutdown()
+        results = await asyncio.gather(*(worker(w) for w in range(workers)))
+        return [c for codes in results for c in codes]
 
 
 def run(pair: tuple[RunningSim, RunningSim], workers: int, **shadow: Any) -> list[ExchangeRecord]:

@@ -40,10 +40,7 @@ second of a hang, where the 1 s shadow timeout is not reached."""
 
 CASES: dict[str, tuple[dict[str, Any], set[str]]] = {
     "hangs": (HANG, {"timeout", "ok"}),
-    "hangs-asgi": (HANG, {"timeout", "ok"}),  # on the ASGI data plane (default: protocol)
-    "hangs-native": (HANG, {"timeout", "ok"}),  # on the native one (mirror/front.py)
     "crashes": (CRASH, {"ok", "connection_error"}),
-    "crashes-native": (CRASH, {"ok", "connection_error"}),
     "answers-500": (
         {"faults": [{"kind": "error_burst", "at_s": [0.0], "duration_s": 1e6, "status": 500}]},
         {"http_error"},
@@ -53,10 +50,6 @@ CASES: dict[str, tuple[dict[str, Any], set[str]]] = {
         {"ok"},
     ),
 }
-
-
-PLANES = {"hangs-asgi": "asgi", "hangs-native": "native", "crashes-native": "native"}
-"""The data plane of a case (default: the mirror's, or SHADOW_AB_DEV_DATA_PLANE's)."""
 
 
 def bodies() -> list[tuple[str, dict[str, Any]]]:
@@ -108,7 +101,6 @@ def setups(
                 drain_timeout_s=3.0,
                 health_enabled=False,
                 startup_timeout=120.0,
-                **({"data_plane": PLANES[case]} if case in PLANES else {}),
             )
             for case, cand, db in zip(CASES, candidates, dbs, strict=True)
         ]

@@ -6,7 +6,9 @@ connection error: ``bench/real_kernels.py`` saw 3 of 800 shadow requests fail so
 real vLLMs on a busy machine ("Can not write request body", "Connection reset by peer"). The
 upstream here plays that race deterministically: it answers the first request of each
 connection and drops the connection on any later one, as an engine that timed it out just as
-the request came in.
+the request came in. The mirror retries a request once on a new connection when a kept one was
+dropped before any answer byte, so the race shows in the upstream's count of dropped
+connections, not in the client's status.
 """
 
 from __future__ import annotations
@@ -14,9 +16,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import httpx
 import orjson
-from mirror_helpers import MODEL, ListSink
+from mirror_helpers import MODEL, ListSink, served_in_process
 
 from mirror.app import Mirror
 from mirror.config import load_settings
@@ -36,15 +37,21 @@ ANSWER = orjson.dumps(
 )
 
 
+DROPPED = 0
+"""Connections the upstream dropped as a request came in on them (a reused connection)."""
+
+
 async def one_request_per_connection(
     reader: asyncio.StreamReader, writer: asyncio.StreamWriter
 ) -> None:
     """Answer the connection's first request (keep-alive); drop it at the next one."""
+    global DROPPED
     answered = 0
     try:
         while True:
             head = await reader.readuntil(b"\r\n\r\n")
             if answered:
+                DROPPED += 1
                 writer.transport.abort()  # the engine closed it as the request arrived
                 return
             length = 0
@@ -63,7 +70,9 @@ async def one_request_per_connection(
         writer.close()
 
 
-async def twice_apart(keepalive_s: float, data_plane_pause_s: float) -> tuple[list[int], Any]:
+async def twice_apart(keepalive_s: float, pause_s: float) -> tuple[list[int], Any, int]:
+    global DROPPED
+    DROPPED = 0
     servers = [
         await asyncio.start_server(one_request_per_connection, "127.0.0.1", 0) for _ in range(2)
     ]
@@ -80,36 +89,33 @@ async def twice_apart(keepalive_s: float, data_plane_pause_s: float) -> tuple[li
     mirror = Mirror(settings, sink=sink)
     body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "temperature": 0}
     statuses = []
-    await mirror.startup()
     try:
-        transport = httpx.ASGITransport(app=mirror)
-        async with httpx.AsyncClient(transport=transport, base_url="http://mirror") as client:
+        async with served_in_process(mirror) as client:
             for _ in range(2):
                 resp = await client.post("/v1/chat/completions", json=body)
                 statuses.append(resp.status_code)
-                await asyncio.sleep(data_plane_pause_s)  # shadows done, connections idle
+                await asyncio.sleep(pause_s)  # shadows done, connections idle
     finally:
-        await mirror.shutdown()
         for server in servers:
             server.close()
             await server.wait_closed()
-    return statuses, [r for r in sink.records if isinstance(r, ExchangeRecord)]
+    return statuses, [r for r in sink.records if isinstance(r, ExchangeRecord)], DROPPED
 
 
 def test_a_connection_idle_past_the_keepalive_is_not_reused() -> None:
-    statuses, records = asyncio.run(twice_apart(keepalive_s=0.2, data_plane_pause_s=0.5))
+    statuses, records, dropped = asyncio.run(twice_apart(keepalive_s=0.2, pause_s=0.5))
     assert statuses == [200, 200]
+    assert dropped == 0  # no pooled connection outlived its keep-alive
     assert len(records) == 6
     assert {r.role for r in records} == {Role.INCUMBENT, Role.CANDIDATE, Role.REPLAY}
     assert all(r.status is Status.OK for r in records), [(r.role, r.error) for r in records]
 
 
-def test_within_the_keepalive_the_connection_is_reused() -> None:
-    """The upstream's race is real: a connection reused within the keep-alive meets it (so the
-    test above passes because the pool dropped its idle connections, not by luck)."""
-    statuses, records = asyncio.run(twice_apart(keepalive_s=30.0, data_plane_pause_s=0.5))
-    second = [r for r in records if r.role is not Role.INCUMBENT] + [
-        r for r in records if r.role is Role.INCUMBENT
-    ][1:]
-    assert statuses[0] == 200 and statuses[1] != 200
-    assert any(r.status is Status.CONNECTION_ERROR for r in second)
+def test_within_the_keepalive_the_connection_is_reused_and_the_race_retried() -> None:
+    """The upstream's race is real: connections reused within the keep-alive meet it (so the
+    test above passes because the pools dropped their idle connections, not by luck), and the
+    mirror's one retry on a new connection hides it from the client and the records."""
+    statuses, records, dropped = asyncio.run(twice_apart(keepalive_s=30.0, pause_s=0.5))
+    assert dropped >= 2  # the incumbent's pool and the candidate's each met it
+    assert statuses == [200, 200]
+    assert all(r.status is Status.OK for r in records), [(r.role, r.error) for r in records]

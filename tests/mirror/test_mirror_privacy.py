@@ -22,7 +22,7 @@ import httpx
 import orjson
 import pytest
 from aiohttp import web
-from mirror_helpers import MODEL, PLANES, ListSink, served_in_process
+from mirror_helpers import MODEL, ListSink, served_in_process
 
 from evaluator.compare import PairSide, compare_pair
 from mirror import metrics as m
@@ -106,13 +106,10 @@ def chat(**extra: Any) -> dict[str, Any]:
 
 
 async def through(
-    s: MirrorSettings,
-    requests: list[tuple[dict[str, Any], dict[str, str]]],
-    sink: ListSink,
-    plane: str = PLANES[0],
+    s: MirrorSettings, requests: list[tuple[dict[str, Any], dict[str, str]]], sink: ListSink
 ) -> list[httpx.Response]:
     mirror = Mirror(s, sink=sink)
-    async with served_in_process(mirror, plane) as client:
+    async with served_in_process(mirror) as client:
         return [await client.post("/v1/chat/completions", json=b, headers=h) for b, h in requests]
 
 
@@ -120,7 +117,6 @@ def run_with_engines(
     inc: Recorder,
     cand: Recorder,
     requests: list[tuple[dict[str, Any], dict[str, str]]],
-    plane: str = PLANES[0],
     **over: Any,
 ) -> tuple[list[httpx.Response], list[ExchangeRecord]]:
     sink = ListSink()
@@ -136,7 +132,7 @@ def run_with_engines(
                 database_url="sqlite:///unused.db",
                 **over,
             )
-            return await through(s, requests, sink, plane)
+            return await through(s, requests, sink)
 
     responses = asyncio.run(main())
     return responses, [r for r in sink.records if isinstance(r, ExchangeRecord)]
@@ -149,10 +145,7 @@ def roles(records: list[ExchangeRecord]) -> dict[Role, ExchangeRecord]:
 # -- finding 8: the candidate gets no client credentials -------------------------------------------
 
 
-@pytest.mark.parametrize("plane", PLANES)
-def test_candidate_gets_only_allowed_headers_and_its_own_credentials(
-    tmp_path: Path, plane: str
-) -> None:
+def test_candidate_gets_only_allowed_headers_and_its_own_credentials(tmp_path: Path) -> None:
     key_file = tmp_path / "candidate-key"
     key_file.write_text("Bearer candidate-own-key\n")
     os.environ["TEST_CANDIDATE_ORG"] = "candidate-org"
@@ -164,7 +157,6 @@ def test_candidate_gets_only_allowed_headers_and_its_own_credentials(
             inc,
             cand,
             [(body, headers)],
-            plane,
             candidate={
                 "headers_files": {"Authorization": str(key_file)},
                 "headers_env": {"openai-organization": "TEST_CANDIDATE_ORG"},
@@ -201,10 +193,9 @@ def test_candidate_gets_only_allowed_headers_and_its_own_credentials(
         assert secret.split()[-1] not in dump, secret
 
 
-@pytest.mark.parametrize("plane", PLANES)
-def test_candidate_without_configured_credentials_gets_none(plane: str) -> None:
+def test_candidate_without_configured_credentials_gets_none() -> None:
     inc, cand = Recorder(), Recorder()
-    run_with_engines(inc, cand, [(chat(), {**CLIENT_SECRETS, "user-agent": "sdk/1"})], plane)
+    run_with_engines(inc, cand, [(chat(), {**CLIENT_SECRETS, "user-agent": "sdk/1"})])
     cand_headers, _ = cand.seen[0]
     assert not set(CLIENT_SECRETS) & set(cand_headers)
     assert cand_headers["user-agent"] == "sdk/1"  # on the default allow-list
@@ -231,9 +222,8 @@ def test_forwarding_a_credential_header_is_refused() -> None:
 # -- finding 9: URL passwords ----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("plane", PLANES)
 def test_url_password_reaches_no_client_record_log_or_metric(
-    caplog: pytest.LogCaptureFixture, plane: str
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     inc_url = f"http://user:INC-PASSWORD@127.0.0.1:{free_port()}"
     cand_url = f"http://user:CAND-PASSWORD@127.0.0.1:{free_port()}"
@@ -248,7 +238,7 @@ def test_url_password_reaches_no_client_record_log_or_metric(
 
     async def main() -> list[httpx.Response]:
         mirror = Mirror(s, sink=sink)
-        async with served_in_process(mirror, plane) as client:
+        async with served_in_process(mirror) as client:
             out = [await client.post("/v1/chat/completions", json=chat())]
             out.append(await client.get("/v1/models"))
             # The admin endpoints are the admin port's (mirror.admin).
@@ -298,11 +288,10 @@ def test_options_star_shows_no_password(engines: tuple[RunningSim, RunningSim]) 
 # -- finding 10: capture levels, the opt-out header, the redactor ----------------------------------
 
 
-@pytest.mark.parametrize("plane", PLANES)
-def test_full_capture_redacts_nested_request_output_and_error(plane: str) -> None:
+def test_full_capture_redacts_nested_request_output_and_error() -> None:
     inc, cand = Recorder(), Recorder(status=400)
     body = chat(user="carol@example.net", metadata={"phone": "+1 415 555 2671"})
-    _, records = run_with_engines(inc, cand, [(body, {})], plane)
+    _, records = run_with_engines(inc, cand, [(body, {})])
     recs = roles(records)
     i, c = recs[Role.INCUMBENT], recs[Role.CANDIDATE]
     assert i.request["messages"][0]["content"] == "Where is Paris? Mail me at [EMAIL]"

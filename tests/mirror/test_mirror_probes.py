@@ -16,7 +16,6 @@ from aiohttp import web
 from mirror_helpers import (
     FAST,
     MODEL,
-    PLANES,
     ListSink,
     StandInEngine,
     chat_answer,
@@ -77,8 +76,8 @@ BODY = {
 }
 
 
-async def traffic(mirror: Mirror, n: int, settle_s: float, plane: str = PLANES[0]) -> list[bytes]:
-    async with served_in_process(mirror, plane) as client:
+async def traffic(mirror: Mirror, n: int, settle_s: float) -> list[bytes]:
+    async with served_in_process(mirror) as client:
         bodies = []
         for _ in range(n):
             resp = await client.post("/v1/chat/completions", json=BODY)
@@ -88,16 +87,15 @@ async def traffic(mirror: Mirror, n: int, settle_s: float, plane: str = PLANES[0
         return bodies
 
 
-@pytest.mark.parametrize("plane", PLANES)
 def test_probes_reach_both_engines_marked_and_the_client_is_unaffected(
-    sims: tuple[RunningSim, RunningSim], plane: str
+    sims: tuple[RunningSim, RunningSim],
 ) -> None:
     inc, cand = sims
     direct = httpx.post(inc.base_url + "/v1/chat/completions", json=BODY, timeout=10).content
     inc_model = httpx.get(inc.base_url + "/v1/models", timeout=10).json()["data"][0]["id"]
     sink = ListSink()
     mirror = Mirror(settings(sims, probes={"per_minute": 600, "seed": 3}), sink=sink)
-    bodies = asyncio.run(traffic(mirror, 10, settle_s=1.0, plane=plane))
+    bodies = asyncio.run(traffic(mirror, 10, settle_s=1.0))
     # The client's bytes are the incumbent's, probes or not.
     assert all(normalize(b) == normalize(direct) for b in bodies)
 

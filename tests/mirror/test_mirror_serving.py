@@ -16,7 +16,6 @@ import pytest
 from aiohttp import web
 from mirror_helpers import (
     MODEL,
-    PROCESS_PLANES,
     StandInEngine,
     normalize,
     pair_key,
@@ -28,19 +27,18 @@ from mirror_helpers import (
 from shadow_ab.dev.processes import RunningMirror, RunningSim, free_port, http_get, running_mirror
 
 
-@pytest.fixture(scope="module", params=PROCESS_PLANES)
+@pytest.fixture(scope="module")
 def served(
     engines: tuple[RunningSim, RunningSim],
     tmp_path_factory: pytest.TempPathFactory,
     request: pytest.FixtureRequest,
 ) -> Iterator[RunningMirror]:
-    """The mirror on each data plane (mirror/wire.py is the protocol one)."""
+    """The mirror as a subprocess (its client path is mirror/wire.py)."""
     inc, cand = engines
     db = tmp_path_factory.mktemp("mirror-serving") / "records.db"
     with running_mirror(
         inc.base_url,
         cand.base_url,
-        data_plane=request.param,
         database_url=f"sqlite:///{db}",
         deployment="serving-test",
         max_body_bytes=64 * 1024,

@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 import pytest
-from mirror_helpers import MODEL, PLANES, ListSink, served_in_process
+from mirror_helpers import MODEL, ListSink, served_in_process
 
 from mirror.app import Mirror
 from mirror.config import MirrorSettings, load_settings
@@ -44,15 +44,11 @@ def chat(i: int = 0, **extra: Any) -> dict[str, Any]:
 
 
 async def drive(
-    mirror: Mirror,
-    requests: list[tuple[dict[str, Any], dict[str, str]]],
-    *,
-    concurrent: bool,
-    plane: str = PLANES[0],
+    mirror: Mirror, requests: list[tuple[dict[str, Any], dict[str, str]]], *, concurrent: bool
 ) -> list[httpx.Response]:
-    """Send requests through the in-process mirror on ``plane``; then drain it (shadows
+    """Send requests through the in-process mirror; then drain it (shadows
     finish)."""
-    async with served_in_process(mirror, plane) as client:
+    async with served_in_process(mirror) as client:
         calls = [client.post("/v1/chat/completions", json=b, headers=h) for b, h in requests]
         if concurrent:
             return list(await asyncio.gather(*calls))
@@ -121,10 +117,9 @@ def test_guard_off_window_admits_nothing_and_its_state_is_recorded(
     assert {r.guard["state"] for r in records} == {"off_window"}
 
 
-@pytest.mark.parametrize("plane", PLANES)
 @pytest.mark.parametrize("drop", [True, False])
 def test_candidate_rewrites_are_recorded(
-    engines: tuple[RunningSim, RunningSim], drop: bool, plane: str
+    engines: tuple[RunningSim, RunningSim], drop: bool
 ) -> None:
     # vLLM ignores a field it does not know; TensorRT-LLM answers 400 unless the field is dropped
     rewrite: dict[str, Any] = {"model": "trt-engine-model"}
@@ -133,7 +128,7 @@ def test_candidate_rewrites_are_recorded(
     s = settings(engines, candidate={"rewrite": rewrite})
     sink = ListSink()
     body = chat(1, guided_choice=["a", "b"], stream=True)
-    asyncio.run(drive(Mirror(s, sink=sink), [(body, {})], concurrent=False, plane=plane))
+    asyncio.run(drive(Mirror(s, sink=sink), [(body, {})], concurrent=False))
     recs = {r.role: r for r in sink.records if isinstance(r, ExchangeRecord)}
     inc, cand = recs[Role.INCUMBENT], recs[Role.CANDIDATE]
     assert inc.status is Status.OK and inc.model == MODEL
@@ -185,7 +180,7 @@ def test_the_client_path_never_awaits_the_shadow() -> None:
     ]
     assert awaited == []
 
-    # The protocol data plane (mirror/wire.py) imports nothing of mirror.shadow, and awaits
+    # The client server (mirror/wire.py) imports nothing of mirror.shadow, and awaits
     # nothing named shadow (it cancels the pair's shadow tasks when the client leaves).
     import mirror.wire
 
@@ -200,9 +195,8 @@ def test_the_client_path_never_awaits_the_shadow() -> None:
     ] == []
 
 
-@pytest.mark.parametrize("plane", PLANES)
 def test_replay_sent_apart_and_shadows_asked_for_logprobs(
-    engines: tuple[RunningSim, RunningSim], plane: str
+    engines: tuple[RunningSim, RunningSim],
 ) -> None:
     """A replay waits ``replay_delay_s`` and uses its own pool (so it is not batched with the
     request it repeats), and says so in its rewrites; the candidate and the replay are asked for
@@ -221,9 +215,7 @@ def test_replay_sent_apart_and_shadows_asked_for_logprobs(
         seen_pools.update(mirror.shadows.pools)
 
     mirror.shadows.start = start_and_look  # type: ignore[method-assign]
-    responses = asyncio.run(
-        drive(mirror, [(chat(i), {}) for i in range(3)], concurrent=False, plane=plane)
-    )
+    responses = asyncio.run(drive(mirror, [(chat(i), {}) for i in range(3)], concurrent=False))
     assert all(r.status_code == 200 for r in responses)
     assert "logprobs" not in responses[0].json()["choices"][0] or (
         responses[0].json()["choices"][0]["logprobs"] is None

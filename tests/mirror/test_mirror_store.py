@@ -9,17 +9,15 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
-from mirror_helpers import MODEL, PROCESS_PLANES, post, rows
+from mirror_helpers import MODEL, post, rows
 from sqlalchemy import text
 
 from shadow_ab.dev.processes import RunningSim, http_get, running_mirror
 from storage.db import make_engine
 
 
-@pytest.mark.parametrize("plane", PROCESS_PLANES)
 def test_postgresql_records_and_sigterm_drain(
-    engines: tuple[RunningSim, RunningSim], pg_url: str, plane: str
+    engines: tuple[RunningSim, RunningSim], pg_url: str
 ) -> None:
     inc, cand = engines
     body = {
@@ -38,7 +36,6 @@ def test_postgresql_records_and_sigterm_drain(
         deployment="pg-test",
         shadow={"replay_rate": 1.0},
         health={"interval_s": 0.2},
-        data_plane=plane,
     ) as mirror:
 
         def ask() -> None:

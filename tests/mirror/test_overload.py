@@ -10,9 +10,8 @@ import time
 from collections import Counter
 from typing import Any
 
-import httpx
 import pytest
-from mirror_helpers import MODEL, ListSink, decisions
+from mirror_helpers import MODEL, ListSink, decisions, served_in_process
 
 from mirror import metrics as m
 from mirror.app import Mirror
@@ -126,28 +125,23 @@ def lag_count() -> float:
 
 async def stall_then_ask(mirror: Mirror, n: int) -> list[str]:
     """Hold the mirror's loop for 0.3 s, then send ``n`` streamed chats; the streams' bodies."""
-    await mirror.startup()
-    try:
+    bodies = []
+    async with served_in_process(mirror) as client:
         await asyncio.sleep(0.05)
         time.sleep(0.3)  # anything holding the loop: the mirror cannot tell what
         await asyncio.sleep(0.05)  # the late tick runs
-        transport = httpx.ASGITransport(app=mirror)
-        bodies = []
-        async with httpx.AsyncClient(transport=transport, base_url="http://mirror") as client:
-            for i in range(n):
-                body = {
-                    "model": MODEL,
-                    "messages": [{"role": "user", "content": f"question {i}"}],
-                    "max_tokens": 8,
-                    "temperature": 0,
-                    "stream": True,
-                }
-                resp = await client.post("/v1/chat/completions", json=body)
-                assert resp.status_code == 200
-                bodies.append(resp.text)
-        return bodies
-    finally:
-        await mirror.shutdown()
+        for i in range(n):
+            body = {
+                "model": MODEL,
+                "messages": [{"role": "user", "content": f"question {i}"}],
+                "max_tokens": 8,
+                "temperature": 0,
+                "stream": True,
+            }
+            resp = await client.post("/v1/chat/completions", json=body)
+            assert resp.status_code == 200
+            bodies.append(resp.text)
+    return bodies
 
 
 def run(

@@ -1,3 +1,0 @@
-module shadowab/front
-
-go 1.22
