@@ -2,7 +2,7 @@
 
     python bench/mirror_overhead.py [--duration 24 | --requests N] [--concurrency 1,32,128]
         [--repeat 3] [--max-tokens 32] [--quick] [--database-url URL] [--json PATH]
-        [--paths direct,nginx,nginx-mirror,mirror,wire,native] [--no-install-nginx]
+        [--paths direct,nginx,nginx-mirror,mirror] [--no-install-nginx]
         [--kafka HOST:PORT] [--kafka-clients confluent,kafka-python]
 
 Engines (``shadow-ab sim`` subprocesses, real HTTP on 127.0.0.1):
@@ -20,35 +20,20 @@ Paths, side by side in one run, each with its own keep-alive client session:
   direct sink on a temporary SQLite file (or ``--database-url``);
 - ``mirror-slow``: the same with the 10x slower candidate;
 - ``mirror-off``: the same mirror with shadow rate 0 (the serving path's own cost, for scale);
-- ``wire``, ``wire-slow``, ``wire-off``: the same three on the protocol data plane
-  (``data_plane: protocol``, mirror/wire.py, the default); ``mirror*`` are the ASGI plane
-  (``data_plane: asgi``, kept selectable). Default paths: direct, nginx, nginx-mirror, mirror,
-  wire (both planes; the shadow side is the same raw-connection client on both);
-- ``wire-x2``: ``wire`` with ``workers: 2``, two mirror processes on one port (the kernel
+- ``mirror-x2``: ``mirror`` with ``workers: 2``, two mirror processes on one port (the kernel
   spreads the connections, mirror/workers.py), one per core; CPU and shadowed counts are summed
   over both;
-- ``wire-shed``: ``wire`` with the mirror's overload shedding on (``overload.enabled``, its
+- ``mirror-shed``: ``mirror`` with the mirror's overload shedding on (``overload.enabled``, its
   default lags: mirror/overload.py): shadowing scales down while the mirror's loop lags, and
   the ``shadowed`` column says how much was still shadowed;
-- ``front``, ``front-slow``, ``front-off``, ``front-shed``: the same on the native data plane
-  (``data_plane: native``, mirror/front.py): the generate routes' bytes in the compiled front
-  (``make front`` builds it; the CPU and pinning cover it, a child of the mirror);
-  ``front-nice0``: ``front`` with the shadow side at niceness 0 instead of the default 10
-  (``front.shadow_nice``);
 - ``nginx``: a private Debian nginx (own prefix and config in a temp dir, free ports, one
   worker, ``proxy_buffering off``, upstream keep-alive) with ``proxy_pass`` only;
 - ``nginx-mirror``: the same plus nginx's ``mirror`` directive to the 10x slower candidate;
-- ``native``, ``native-off``: ``bench/native_plane``, a Go yardstick doing the mirror's
-  hot-path work per request (forward and stream, a copy to the candidate read to the end, both
-  streams parsed, two JSON records to Kafka at ``--kafka`` or dropped), built with ``go build``
-  (its one module, franz-go, from the Go module proxy); ``native-off`` only forwards. Not a data
-  plane of shadow-ab: it says what compiled code costs for the same work
-  (mirror/README.md, "A compiled plane, measured"). Without Go the output says NATIVE MISSING.
 
 With ``--kafka``, records go to the production Kafka sink (topics of the run) in the sink's
 default client library; ``--kafka-clients confluent,kafka-python`` runs every mirror path once
-per client library (``kafka.kafka_client``), side by side in the same rounds: ``wire@confluent``,
-``wire@kafka-python``, ... (``--paths`` takes such names too).
+per client library (``kafka.kafka_client``), side by side in the same rounds: ``mirror@confluent``,
+``mirror@kafka-python``, ... (``--paths`` takes such names too).
 
 nginx is installed with ``apt-get install -y nginx-light`` when absent (the bench says so
 first; when it cannot be installed, or with ``--no-install-nginx``, the nginx paths are left
@@ -63,8 +48,7 @@ segment after a warm-up on its own session (discarded), and after the candidates
 Added latency = path minus direct at the same percentile, with a bootstrap 95% interval for the
 added TTFT. ``proxy CPU ms/req``: user + system CPU of the proxy's process tree (from
 /proc/<pid>/stat) over the measured segment, divided by the requests answered (the mirror's
-includes reading the candidate's stream and writing records); on the native plane the client's
-path alone, the front's process, is shown beside it as ``(front ...)``. ``shadowed`` is the
+includes reading the candidate's stream and writing records). ``shadowed`` is the
 share of requests the mirror sent to the candidate (from its /metrics). ``loop lag p99`` is the
 mirror's own queueing (``shadow_ab_mirror_loop_lag_seconds``, mirror/overload.py): the bucket
 bound under which 99 % of its 50 ms timer's ticks fired late during the measured segments,
@@ -149,30 +133,17 @@ PATHS = (
     "mirror-off",
     "mirror",
     "mirror-slow",
-    "wire-off",
-    "wire",
-    "wire-slow",
-    "wire-shed",
-    "wire-x2",
-    "front-off",
-    "front",
-    "front-slow",
-    "front-shed",
-    "front-nice0",
-    "native-off",
-    "native",
+    "mirror-shed",
+    "mirror-x2",
 )
-DEFAULT_PATHS = ("direct", "nginx", "nginx-mirror", "mirror", "wire")
+DEFAULT_PATHS = ("direct", "nginx", "nginx-mirror", "mirror")
 NGINX_PATHS = ("nginx", "nginx-mirror")
-NATIVE_DIR = Path(__file__).resolve().parent / "native_plane"
 
 
 @dataclass(frozen=True)
 class MirrorPath:
     """How a mirror path's ``shadow-ab mirror`` runs."""
 
-    plane: str
-    """``data_plane``: ``asgi``, ``protocol`` or ``native``."""
     rate: float
     """The shadow rate."""
     slow: bool = False
@@ -181,46 +152,25 @@ class MirrorPath:
     """``overload.enabled`` (its default lags)."""
     workers: int = 1
     """Mirror processes on the port (``workers``)."""
-    nice: int | None = None
-    """``front.shadow_nice`` (the native front's shadow side at this niceness; None: the
-    default, 10)."""
 
 
 MIRRORS = {
-    "mirror-off": MirrorPath("asgi", 0.0),
-    "mirror": MirrorPath("asgi", 1.0),
-    "mirror-slow": MirrorPath("asgi", 1.0, slow=True),
-    "wire-off": MirrorPath("protocol", 0.0),
-    "wire": MirrorPath("protocol", 1.0),
-    "wire-slow": MirrorPath("protocol", 1.0, slow=True),
-    "wire-shed": MirrorPath("protocol", 1.0, shed=True),
-    "wire-x2": MirrorPath("protocol", 1.0, workers=2),
-    "front-off": MirrorPath("native", 0.0),
-    "front": MirrorPath("native", 1.0),
-    "front-slow": MirrorPath("native", 1.0, slow=True),
-    "front-shed": MirrorPath("native", 1.0, shed=True),
-    "front-nice0": MirrorPath("native", 1.0, nice=0),
+    "mirror-off": MirrorPath(0.0),
+    "mirror": MirrorPath(1.0),
+    "mirror-slow": MirrorPath(1.0, slow=True),
+    "mirror-shed": MirrorPath(1.0, shed=True),
+    "mirror-x2": MirrorPath(1.0, workers=2),
 }
 MIRROR_PATHS = tuple(MIRRORS)
 LABELS = {
     "direct": "direct",
-    "mirror-off": "mirror asgi, shadowing off",
-    "mirror": "mirror asgi, candidate",
-    "mirror-slow": "mirror asgi, 10x slow candidate",
-    "wire-off": "mirror protocol (default), shadowing off",
-    "wire": "mirror protocol (default), candidate",
-    "wire-slow": "mirror protocol (default), 10x slow candidate",
-    "wire-shed": "mirror protocol, candidate, overload shedding on",
-    "wire-x2": "mirror protocol, candidate, 2 processes on one port",
-    "front-off": "mirror native front, shadowing off",
-    "front": "mirror native front, candidate",
-    "front-slow": "mirror native front, 10x slow candidate",
-    "front-shed": "mirror native front, candidate, overload shedding on",
-    "front-nice0": "mirror native front, candidate, shadow side at niceness 0",
+    "mirror-off": "mirror, shadowing off",
+    "mirror": "mirror, candidate",
+    "mirror-slow": "mirror, 10x slow candidate",
+    "mirror-shed": "mirror, candidate, overload shedding on",
+    "mirror-x2": "mirror, candidate, 2 processes on one port",
     "nginx": "nginx proxy_pass",
     "nginx-mirror": "nginx `mirror`, 10x slow candidate",
-    "native-off": "Go reference plane (bench/native_plane), shadowing off",
-    "native": "Go reference plane (bench/native_plane), candidate",
 }
 
 
@@ -228,13 +178,14 @@ KAFKA_CLIENTS = ("confluent", "kafka-python")
 
 
 def split_path(path: str) -> tuple[str, str | None]:
-    """``wire@confluent`` -> (``wire``, ``confluent``); ``wire`` -> (``wire``, None)."""
+    """``mirror@confluent`` -> (``mirror``, ``confluent``); ``mirror`` -> (``mirror``, None)."""
     base, _, client = path.partition("@")
     return base, client or None
 
 
 def with_clients(wanted: list[str], clients: list[str]) -> list[str]:
-    """Each mirror path of ``wanted`` once per Kafka client (``wire@confluent``, ...), labelled."""
+    """Each mirror path of ``wanted`` once per Kafka client (``mirror@confluent``, ...),
+    labelled."""
     out: list[str] = []
     for path in wanted:
         base, client = split_path(path)
@@ -312,26 +263,18 @@ def pinned_apart(proxy_cpu: int, other_cpu: int) -> Iterator[Callable[[int], Non
             pin_tree(pid, everything)
 
 
-FRONT_COMM = "shadow-ab-front"
-"""The native front's process name (/proc's comm): the client's path on the native plane."""
-
-
-def tree_cpu_seconds(pid: int) -> tuple[float, float]:
-    """User + system CPU seconds of a process and its live descendants, from /proc: all of
-    them, and of them the native front's processes (named :data:`FRONT_COMM`)."""
-    total, front, tick = 0.0, 0.0, os.sysconf("SC_CLK_TCK")
+def tree_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process and its live descendants, from /proc."""
+    total, tick = 0.0, os.sysconf("SC_CLK_TCK")
     for p in _tree(pid):
         try:
             with open(f"/proc/{p}/stat") as f:
-                head, rest = f.read().rsplit(")", 1)
+                rest = f.read().rsplit(")", 1)[1]
         except OSError:
             continue
         fields = rest.split()
-        cpu = (int(fields[11]) + int(fields[12])) / tick
-        total += cpu
-        if head.split("(", 1)[1] == FRONT_COMM:
-            front += cpu
-    return total, front
+        total += (int(fields[11]) + int(fields[12])) / tick
+    return total
 
 
 def machine_busy() -> tuple[float, float]:
@@ -387,20 +330,18 @@ def running_mirror(
     database_url: str | None,
     name: str,
     rate: float = 1.0,
-    data_plane: str = "asgi",
     kafka: str | None = None,
     kafka_client: str | None = None,
     shed: bool = False,
     workers: int = 1,
-    nice: int | None = None,
 ) -> Iterator[Proxy]:
-    """``shadow-ab mirror`` as a subprocess on ``data_plane``: shadow ``rate`` of requests
-    (default every one), guard off, overload shedding as ``shed`` says; records to the Kafka
-    sink at ``kafka`` (topics of this run, deleted after; its producer on ``kafka_client``,
-    default the sink's), else to the direct sink; ``workers`` mirror processes on the port."""
+    """``shadow-ab mirror`` as a subprocess: shadow ``rate`` of requests (default every one),
+    guard off, overload shedding as ``shed`` says; records to the Kafka sink at ``kafka``
+    (topics of this run, deleted after; its producer on ``kafka_client``, default the sink's),
+    else to the direct sink; ``workers`` mirror processes on the port."""
     sink: dict[str, Any] = {}
     topics: list[str] = []
-    name = name.replace("@", "-")  # wire@confluent: topic and deployment names take no @
+    name = name.replace("@", "-")  # mirror@confluent: topic and deployment names take no @
     if kafka is not None:
         run = f"bench-mirror-{name}-{uuid.uuid4().hex[:8]}"
         topics = [f"{run}.exchanges", f"{run}.health"]
@@ -428,9 +369,7 @@ def running_mirror(
                 shadow={"rate": rate, "max_concurrent": 512, "timeout_s": 60.0},
                 guard={"enabled": False},
                 overload={"enabled": shed},
-                data_plane=data_plane,
                 workers=workers,
-                front={} if nice is None else {"shadow_nice": nice},
             )
         )
         models = mirror.base_url + "/v1/models"
@@ -638,64 +577,6 @@ def running_nginx(incumbent: str, candidate: str, workdir: Path) -> Iterator[tup
             nginx.stop(sig=signal.SIGQUIT)
 
 
-# -- the compiled reference plane ------------------------------------------------------------
-
-
-class NativePlane(ManagedProcess):
-    """bench/native_plane built with ``go build``: a yardstick, not a data plane of shadow-ab."""
-
-    name = "the Go reference plane"
-    error = BenchError
-
-
-def native_binary(workdir: Path) -> tuple[str, str | None]:
-    """bench/native_plane built into ``workdir`` (the Go module proxy gives its one dependency,
-    franz-go), or why it could not be."""
-    go = shutil.which("go") or (
-        "/usr/local/go/bin/go" if os.path.exists("/usr/local/go/bin/go") else ""
-    )
-    if not go:
-        return "", "Go is not installed (the native path builds bench/native_plane with `go build`)"
-    out = workdir / "nativeplane"
-    try:
-        built = subprocess.run(
-            [go, "build", "-o", str(out), "."],
-            cwd=NATIVE_DIR,
-            capture_output=True,
-            text=True,
-            timeout=900,
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return "", f"`go build` in {NATIVE_DIR} could not run ({exc})"
-    if built.returncode != 0:
-        return "", f"`go build` in {NATIVE_DIR} failed:\n{built.stderr[-1500:]}"
-    return str(out), None
-
-
-@contextlib.contextmanager
-def running_native(
-    binary: str, incumbent: str, candidate: str, workdir: Path, kafka: str | None, off: bool
-) -> Iterator[Proxy]:
-    """The Go reference plane shadowing every request to ``candidate`` (``off``: none);
-    records to a topic of this run at ``kafka`` (deleted after), else dropped."""
-    port = free_port()
-    cmd = [binary, "-listen", f"127.0.0.1:{port}", "-incumbent", incumbent, "-candidate", candidate]
-    if off:
-        cmd.append("-off")
-    topics: list[str] = []
-    with contextlib.ExitStack() as cleanup:
-        if kafka is not None:
-            topics = [f"bench-native-{uuid.uuid4().hex[:8]}.exchanges"]
-            ensure_topics(kafka, [TopicSpec(topics[0], 6)])
-            cleanup.callback(delete_topics, kafka, topics)
-            cmd += ["-kafka", kafka, "-topic", topics[0]]
-        plane = NativePlane(cmd, workdir / f"native-plane-{port}.log")
-        cleanup.callback(plane.stop)
-        models = f"http://127.0.0.1:{port}/v1/models"
-        plane.wait_until(partial(answers, models), f"answering {models}", 30.0, interval=0.1)
-        yield Proxy(f"http://127.0.0.1:{port}", plane.pid)
-
-
 # -- candidates going idle between segments --------------------------------------------------
 
 
@@ -735,8 +616,6 @@ class Cell:
     rows: list[RequestRow] = field(default_factory=list)
     wall_s: float = 0.0
     proxy_cpu_s: float = 0.0
-    front_cpu_s: float = 0.0
-    """Of ``proxy_cpu_s``, the native front's (the client's path on the native plane)."""
     machine_busy: float = 0.0
     machine_total: float = 0.0
     sampled: float | None = None
@@ -759,11 +638,9 @@ class Target:
     more_metrics: list[str] = field(default_factory=list)
     """The other workers' metrics (their CPU is in ``pid``'s process tree)."""
 
-    def cpu_seconds(self) -> tuple[float, float]:
-        """The proxy's process tree's CPU seconds so far, and the native front's in it."""
-        if not self.pid:
-            return 0.0, 0.0
-        return tree_cpu_seconds(self.pid)
+    def cpu_seconds(self) -> float:
+        """The proxy's process tree's CPU seconds so far."""
+        return tree_cpu_seconds(self.pid) if self.pid else 0.0
 
     def scrape(self) -> Scrape | None:
         """Summed over the workers; None when one does not answer (or no metrics)."""
@@ -797,8 +674,7 @@ async def measure(
         scrape1 = target.scrape()
     cell.rows += result.rows
     cell.wall_s += result.wall_s
-    cell.proxy_cpu_s += cpu1[0] - cpu0[0]
-    cell.front_cpu_s += cpu1[1] - cpu0[1]
+    cell.proxy_cpu_s += cpu1 - cpu0
     cell.machine_busy += busy1 - busy0
     cell.machine_total += total1 - total0
     if scrape0 is not None and scrape1 is not None:
@@ -885,9 +761,7 @@ def table(cells: dict[tuple[str, int], Cell], levels: list[int], paths: list[str
                 row += ["", "", "", "", "1.000" if path == "direct" else ""]
             ok = len(r.ok_rows)
             cpu = f"{cell.proxy_cpu_s / ok * 1000:.3f}" if path != "direct" and ok else ""
-            if cell.front_cpu_s and ok:
-                cpu += f" (front {cell.front_cpu_s / ok * 1000:.3f})"
-            shadowed = "" if path in ("direct", "nginx", "native-off") else "100% (all)"
+            shadowed = "" if path in ("direct", "nginx") else "100% (all)"
             if cell.sampled is not None:
                 shadowed = f"{cell.sampled / max(1, len(cell.rows)):.0%}"
             lag = bound(bucket_quantile(cell.lag, 0.99), "> 250 ms")
@@ -929,11 +803,6 @@ def goal_lines(cells: dict[tuple[str, int], Cell]) -> list[str]:
         if nginx is not None and nginx.result().ok_rows:
             ncpu = nginx.proxy_cpu_s / len(nginx.result().ok_rows) * 1000
             line += f" vs nginx proxy_pass {ncpu:.2f} ms ({cpu / ncpu:.1f}x)"
-        if cell.front_cpu_s:
-            front = cell.front_cpu_s / len(cell.result().ok_rows) * 1000
-            line += f"; of it the client's path (the front) {front:.2f} ms"
-            if ncpu is not None:
-                line += f" ({front / ncpu:.1f}x nginx)"
         lines.append(line)
     if not lines:
         lines.append(
@@ -1038,7 +907,7 @@ def main() -> None:
     if unknown:
         ap.error(
             f"unknown paths {sorted(unknown)}; choose from {', '.join(PATHS)} (a mirror path may"
-            f" name its Kafka client: wire@{KAFKA_CLIENTS[0]})"
+            f" name its Kafka client: mirror@{KAFKA_CLIENTS[0]})"
         )
     wanted = with_clients(wanted, clients)
     if "direct" not in wanted:
@@ -1095,28 +964,14 @@ def main() -> None:
                     args.database_url,
                     path,
                     how.rate,
-                    how.plane,
                     args.kafka,
                     split_path(path)[1],
                     shed=how.shed,
                     workers=how.workers,
-                    nice=how.nice,
                 )
             )
             settle = [cand_sim] if how.rate > 0 else []
             targets[path] = Target(path, m.base_url, m.pid, m.metrics_url, settle, m.more_metrics)
-        if native := [p for p in ("native-off", "native") if p in wanted]:
-            progress("building and starting the Go reference plane")
-            binary, why = native_binary(tmp)
-            if why is not None:
-                print(f"NATIVE MISSING: {why}; the native paths are left out", file=sys.stderr)
-                notes.append(f"NATIVE MISSING, native paths left out: {why}")
-            for path in native if why is None else []:
-                off = path == "native-off"
-                n = stack.enter_context(
-                    running_native(binary, inc.base_url, cand.base_url, tmp, args.kafka, off)
-                )
-                targets[path] = Target(path, n.base_url, n.pid, None, [] if off else [cand])
         if set(NGINX_PATHS) & set(wanted):
             progress("starting nginx")
             plain, mirrored = stack.enter_context(running_nginx(inc.base_url, slow.base_url, tmp))
@@ -1181,7 +1036,6 @@ def main() -> None:
                     f"{p}@{c}": {
                         **cell.result().summary(),
                         "proxy_cpu_s": cell.proxy_cpu_s,
-                        "front_cpu_s": cell.front_cpu_s,
                         "sampled": cell.sampled,
                         "loop_lag_buckets": {str(k): v for k, v in cell.lag.items()},
                         "added_buckets": {str(k): v for k, v in cell.added.items()},
