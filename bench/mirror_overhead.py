@@ -42,13 +42,15 @@ runs as its own master process with ``daemon off`` and never reads /etc/nginx's 
 
 Traffic (``shadow_ab.dev.traffic``, uniform mode): one fixed streaming greedy chat request shape,
 closed loop at each concurrency; TTFT (first SSE event with non-empty ``choices``) and E2E (last
-such event) measured by the client on a monotonic clock. Per concurrency level and round the
-paths run one after another in a rotated order (``--repeat`` rounds; rows pooled per path), each
-segment after a warm-up on its own session (discarded), and after the candidates went idle.
-Added latency = path minus direct at the same percentile, with a bootstrap 95% interval for the
-added TTFT. ``proxy CPU ms/req``: user + system CPU of the proxy's process tree (from
-/proc/<pid>/stat) over the measured segment, divided by the requests answered (the mirror's
-includes reading the candidate's stream and writing records). ``shadowed`` is the
+such event) measured by the client on a monotonic clock. Interleaved rounds (``--repeat``):
+each round drives every path once at a concurrency level, one after another in an order
+shuffled per round (``random.Random(--seed)``; the orders are printed), each segment after a
+warm-up on its own session (discarded) and after the candidates went idle. Every figure is the
+median over rounds of the round's own: a percentile of the segment (``--duration`` / rounds
+long), the added latency as the path's percentile minus direct's in the same round ([min, max]
+over rounds beside the added TTFT), ``proxy CPU ms/req`` as user + system CPU of the proxy's
+process tree (from /proc/<pid>/stat) over the segment divided by the requests answered (the
+mirror's includes reading the candidate's stream and writing records). ``shadowed`` is the
 share of requests the mirror sent to the candidate (from its /metrics). ``loop lag p99`` is the
 mirror's own queueing (``shadow_ab_mirror_loop_lag_seconds``, mirror/overload.py): the bucket
 bound under which 99 % of its 50 ms timer's ticks fired late during the measured segments,
@@ -56,7 +58,8 @@ summed over its workers. ``own added p50 / p99`` is the mirror's own account of 
 before the client's first byte (``shadow_ab_mirror_added_seconds``: the time from reading the
 request to asking the incumbent, plus from reading the first chunk to writing it), as bucket
 bounds; it leaves out what the client's clock sees and the mirror cannot (the kernel's queues,
-the process waiting for a core), and it has no figure for nginx.
+the process waiting for a core), and it has no figure for nginx. These three are over all the
+rounds' segments together.
 
 The machine has 2 cores: the client (this process), three simulators, the mirror and nginx
 share them, along with whatever else runs (the output prints the load average before and
@@ -72,9 +75,12 @@ import asyncio
 import contextlib
 import importlib.util
 import json
+import math
 import os
+import random
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -85,8 +91,6 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from shadow_ab.dev.processes import (
     ManagedProcess,
@@ -103,7 +107,6 @@ from shadow_ab.dev.traffic import (
     TrafficResult,
     make_plan,
     make_session,
-    quantile,
     run_traffic,
 )
 from shadow_ab.topics import TopicSpec, delete_topics, ensure_topics
@@ -608,14 +611,48 @@ def wait_trt_idle(sim: RunningSim, timeout: float = 90.0) -> None:
 
 
 @dataclass
+class Segment:
+    """One path's measured segment at one concurrency in one round."""
+
+    rows: list[RequestRow]
+    wall_s: float
+    proxy_cpu_s: float
+
+    def result(self) -> TrafficResult:
+        return TrafficResult(rows=self.rows, wall_s=self.wall_s)
+
+    def cpu_ms_per_request(self) -> float:
+        """The proxy's CPU over the segment per request answered, in ms (NaN for none)."""
+        ok = len(self.result().ok_rows)
+        return self.proxy_cpu_s / ok * 1000 if ok else math.nan
+
+
+FIGURES: dict[str, Callable[[Segment], float]] = {
+    "req_s": lambda s: s.result().requests_per_s,
+    "ttft_p50": lambda s: s.result().p50("ttft_s"),
+    "ttft_p99": lambda s: s.result().p99("ttft_s"),
+    "e2e_p50": lambda s: s.result().p50("e2e_s"),
+    "e2e_p99": lambda s: s.result().p99("e2e_s"),
+    "cpu_ms": Segment.cpu_ms_per_request,
+}
+"""A segment's figures; a path's is the median of its figure over the rounds."""
+
+
+def median(xs: list[float]) -> float:
+    """The median of the values that are numbers (NaN when none is)."""
+    xs = [x for x in xs if x == x]
+    return statistics.median(xs) if xs else math.nan
+
+
+@dataclass
 class Cell:
-    """One path at one concurrency: rows pooled over rounds, the proxy's CPU and counts."""
+    """One path at one concurrency: its segment in each round, and the mirror's histograms and
+    counts summed over them."""
 
     path: str
     concurrency: int
-    rows: list[RequestRow] = field(default_factory=list)
-    wall_s: float = 0.0
-    proxy_cpu_s: float = 0.0
+    segments: dict[int, Segment] = field(default_factory=dict)
+    """By round."""
     machine_busy: float = 0.0
     machine_total: float = 0.0
     sampled: float | None = None
@@ -624,8 +661,25 @@ class Cell:
     added: dict[float, float] = field(default_factory=dict)
     """The mirror's own added-time histogram counts of the measured segments."""
 
-    def result(self) -> TrafficResult:
-        return TrafficResult(rows=self.rows, wall_s=self.wall_s)
+    def rows(self) -> list[RequestRow]:
+        return [row for seg in self.segments.values() for row in seg.rows]
+
+    def per_round(self, figure: str) -> dict[int, float]:
+        return {r: FIGURES[figure](seg) for r, seg in self.segments.items()}
+
+    def figure(self, figure: str) -> float:
+        """The median over rounds of the figure."""
+        return median(list(self.per_round(figure).values()))
+
+    def minus(self, base: Cell, figure: str) -> list[float]:
+        """Per round both ran: this path's figure minus ``base``'s in the same round."""
+        b = base.per_round(figure)
+        return [v - b[r] for r, v in self.per_round(figure).items() if r in b]
+
+    def ratio(self, base: Cell, figure: str) -> list[float]:
+        """Per round both ran: this path's figure over ``base``'s in the same round."""
+        b = base.per_round(figure)
+        return [v / b[r] for r, v in self.per_round(figure).items() if b.get(r)]
 
 
 @dataclass
@@ -653,11 +707,14 @@ class Target:
 async def measure(
     target: Target,
     cell: Cell,
+    rnd: int,
     mix: TrafficMix,
     duration_s: float | None,
     requests: int | None,
     seed: int,
 ) -> None:
+    """One segment of ``target`` at the cell's concurrency, round ``rnd``: a warm-up on the
+    segment's own session (discarded), the candidates idle, then the measured traffic."""
     conc = cell.concurrency
     async with make_session() as session:
         warm = make_plan(concurrency=conc, requests=max(2 * conc, 10), seed=seed)
@@ -672,9 +729,7 @@ async def measure(
         busy1, total1 = machine_busy()
         cpu1 = target.cpu_seconds()
         scrape1 = target.scrape()
-    cell.rows += result.rows
-    cell.wall_s += result.wall_s
-    cell.proxy_cpu_s += cpu1 - cpu0
+    cell.segments[rnd] = Segment(result.rows, result.wall_s, cpu1 - cpu0)
     cell.machine_busy += busy1 - busy0
     cell.machine_total += total1 - total0
     if scrape0 is not None and scrape1 is not None:
@@ -684,21 +739,6 @@ async def measure(
         cell.added = _merge(cell.added, delta.added, 1.0)
     for sim in target.settle:
         await asyncio.to_thread(wait_trt_idle, sim)
-
-
-def bootstrap_delta(
-    a: list[float], b: list[float], q: float, n: int = 400, seed: int = 1
-) -> tuple[float, float]:
-    """95% interval of quantile(b) - quantile(a), resampling each side."""
-    if not a or not b:
-        return float("nan"), float("nan")
-    rng = np.random.default_rng(seed)
-    xa, xb = np.asarray(a), np.asarray(b)
-    ia = rng.integers(0, len(xa), size=(n, len(xa)))
-    ib = rng.integers(0, len(xb), size=(n, len(xb)))
-    d = np.quantile(xb[ib], q, axis=1) - np.quantile(xa[ia], q, axis=1)
-    lo, hi = np.quantile(d, [0.025, 0.975])
-    return float(lo), float(hi)
 
 
 # -- output ----------------------------------------------------------------------------------
@@ -721,53 +761,43 @@ def signed_ms(x: float) -> str:
 
 def table(cells: dict[tuple[str, int], Cell], levels: list[int], paths: list[str]) -> list[str]:
     head = (
-        "| conc | path | req/s | TTFT p50 | TTFT p99 | E2E p50 | E2E p99 | +TTFT p50 [95% CI]"
-        " | +TTFT p99 [95% CI] | +E2E p50 | +E2E p99 | req/s ratio | proxy CPU ms/req"
+        "| conc | path | req/s | TTFT p50 | TTFT p99 | E2E p50 | E2E p99 | +TTFT p50 [min, max]"
+        " | +TTFT p99 [min, max] | +E2E p50 | +E2E p99 | req/s ratio | proxy CPU ms/req"
         " | shadowed | loop lag p99 | own added p50 / p99 | errors | n |"
     )
     out = [head, "|" + "---|" * 18]
     for conc in levels:
         base = cells.get(("direct", conc))
-        br = base.result() if base else None
         for path in paths:
             cell = cells.get((path, conc))
             if cell is None:
                 continue
-            r = cell.result()
-            ttft, e2e = r.values("ttft_s"), r.values("e2e_s")
             row = [
                 str(conc),
                 LABELS[path],
-                f"{r.requests_per_s:.1f}",
-                ms(quantile(ttft, 0.5)),
-                ms(quantile(ttft, 0.99)),
-                ms(quantile(e2e, 0.5)),
-                ms(quantile(e2e, 0.99)),
+                f"{cell.figure('req_s'):.1f}",
+                *(ms(cell.figure(f)) for f in ("ttft_p50", "ttft_p99", "e2e_p50", "e2e_p99")),
             ]
-            if br is not None and path != "direct":
-                bt, be = br.values("ttft_s"), br.values("e2e_s")
-                deltas = []
-                for q in (0.5, 0.99):
-                    d = quantile(ttft, q) - quantile(bt, q)
-                    lo, hi = bootstrap_delta(bt, ttft, q)
-                    deltas.append(f"{signed_ms(d)} [{signed_ms(lo)}, {signed_ms(hi)}]")
-                row += deltas
-                row += [
-                    signed_ms(quantile(e2e, 0.5) - quantile(be, 0.5)),
-                    signed_ms(quantile(e2e, 0.99) - quantile(be, 0.99)),
-                    f"{r.requests_per_s / br.requests_per_s:.3f}",
-                ]
+            if base is not None and path != "direct":
+                for f in ("ttft_p50", "ttft_p99"):
+                    d = cell.minus(base, f)
+                    lo, hi = (min(d), max(d)) if d else (math.nan, math.nan)
+                    row.append(f"{signed_ms(median(d))} [{signed_ms(lo)}, {signed_ms(hi)}]")
+                row += [signed_ms(median(cell.minus(base, f))) for f in ("e2e_p50", "e2e_p99")]
+                row.append(f"{median(cell.ratio(base, 'req_s')):.3f}")
             else:
                 row += ["", "", "", "", "1.000" if path == "direct" else ""]
-            ok = len(r.ok_rows)
-            cpu = f"{cell.proxy_cpu_s / ok * 1000:.3f}" if path != "direct" and ok else ""
+            cpu = cell.figure("cpu_ms") if path != "direct" else math.nan
+            rows = cell.rows()
             shadowed = "" if path in ("direct", "nginx") else "100% (all)"
             if cell.sampled is not None:
-                shadowed = f"{cell.sampled / max(1, len(cell.rows)):.0%}"
+                shadowed = f"{cell.sampled / max(1, len(rows)):.0%}"
             lag = bound(bucket_quantile(cell.lag, 0.99), "> 250 ms")
             a50, a99 = (bucket_quantile(cell.added, q) for q in (0.5, 0.99))
             own = f"{bound(a50, '> 250 ms')} / {bound(a99, '> 250 ms')}" if a50 else ""
-            row += [cpu, shadowed, lag, own, str(len(r.errors)), str(len(r.rows))]
+            errors = sum(1 for r in rows if not r.ok)
+            row += ["" if cpu != cpu else f"{cpu:.3f}", shadowed, lag, own]
+            row += [str(errors), str(len(rows))]
             out.append("| " + " | ".join(row) + " |")
     return out
 
@@ -781,9 +811,8 @@ def goal_lines(cells: dict[tuple[str, int], Cell]) -> list[str]:
         cell = cells.get((path, GOAL_CONCURRENCY))
         if base is None or cell is None:
             continue
-        bt, mt = base.result().values("ttft_s"), cell.result().values("ttft_s")
-        d50 = (quantile(mt, 0.5) - quantile(bt, 0.5)) * 1000
-        d99 = (quantile(mt, 0.99) - quantile(bt, 0.99)) * 1000
+        d50 = median(cell.minus(base, "ttft_p50")) * 1000
+        d99 = median(cell.minus(base, "ttft_p99")) * 1000
         met = d50 <= GOAL_TTFT_P50_MS and d99 <= GOAL_TTFT_P99_MS
         lines.append(
             f"Goal (added TTFT p50 <= {GOAL_TTFT_P50_MS:g} ms and p99 <= {GOAL_TTFT_P99_MS:g} ms"
@@ -793,15 +822,13 @@ def goal_lines(cells: dict[tuple[str, int], Cell]) -> list[str]:
     nginx = cells.get(("nginx", GOAL_CONCURRENCY))
     for path in sorted(set(paths), key=lambda p: (shadowing.index(split_path(p)[0]), p)):
         cell = cells.get((path, GOAL_CONCURRENCY))
-        if cell is None or not cell.result().ok_rows:
+        if cell is None or cell.figure("cpu_ms") != cell.figure("cpu_ms"):
             continue
-        cpu = cell.proxy_cpu_s / len(cell.result().ok_rows) * 1000
+        cpu = cell.figure("cpu_ms")
         line = (
             f"Proxy CPU per request at concurrency {GOAL_CONCURRENCY}, {LABELS[path]}: {cpu:.2f} ms"
         )
-        ncpu = None
-        if nginx is not None and nginx.result().ok_rows:
-            ncpu = nginx.proxy_cpu_s / len(nginx.result().ok_rows) * 1000
+        if nginx is not None and (ncpu := nginx.figure("cpu_ms")) == ncpu:
             line += f" vs nginx proxy_pass {ncpu:.2f} ms ({cpu / ncpu:.1f}x)"
         lines.append(line)
     if not lines:
@@ -822,9 +849,10 @@ async def run_rounds(
     args: argparse.Namespace,
     mix: TrafficMix,
     progress: Callable[[str], None],
-) -> dict[tuple[str, int], Cell]:
+) -> tuple[dict[tuple[str, int], Cell], list[str]]:
+    """Every path once per round at each level, in an order shuffled per round (from
+    ``args.seed``): the cells, and the orders as lines."""
     cells = {(p, c): Cell(p, c) for p in targets for c in levels}
-    order = list(targets)
     per_duration = args.duration / args.repeat if args.requests is None else None
     per_requests = -(-args.requests // args.repeat) if args.requests is not None else None
     # one warm-up pass over every path (connection pools, the mirror's first requests)
@@ -835,17 +863,22 @@ async def run_rounds(
             await run_traffic(session, target.base_url, mix, plan)
         for sim in target.settle:
             await asyncio.to_thread(wait_trt_idle, sim)
+    rng = random.Random(args.seed)
+    orders: list[str] = []
     seed = 0
     for rnd in range(args.repeat):
         for conc in levels:
-            k = (rnd + levels.index(conc)) % len(order)
-            for path in order[k:] + order[:k]:
+            order = list(targets)
+            rng.shuffle(order)
+            orders.append(f"round {rnd + 1}, concurrency {conc}: {', '.join(order)}")
+            progress(f"round {rnd + 1}/{args.repeat} conc {conc}, order: {', '.join(order)}")
+            for path in order:
                 seed += 1
                 progress(f"round {rnd + 1}/{args.repeat} conc {conc} {path}")
                 await measure(
-                    targets[path], cells[(path, conc)], mix, per_duration, per_requests, seed
+                    targets[path], cells[(path, conc)], rnd, mix, per_duration, per_requests, seed
                 )
-    return cells
+    return cells, orders
 
 
 def main() -> None:
@@ -856,6 +889,9 @@ def main() -> None:
     ap.add_argument("--duration", type=float, default=24.0, help="seconds per path and level")
     ap.add_argument("--requests", type=int, default=None, help="requests per path and level")
     ap.add_argument("--repeat", type=int, default=3, help="interleaved rounds (drift control)")
+    ap.add_argument(
+        "--seed", type=int, default=0, help="seeds the rounds' shuffled path orders (printed)"
+    )
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument(
         "--paths",
@@ -993,7 +1029,7 @@ def main() -> None:
             runner: Callable[..., Any] = uvloop.run
         except ImportError:
             runner = asyncio.run
-        cells = runner(run_rounds(targets, levels, args, mix, progress))
+        cells, orders = runner(run_rounds(targets, levels, args, mix, progress))
     load1 = os.getloadavg()
 
     print("## Mirror overhead: client -> incumbent direct vs through a proxy\n")
@@ -1004,9 +1040,13 @@ def main() -> None:
         f" TensorRT-LLM flavor (decode 20% faster), slow candidate 10x slower; answers"
         f" {ANSWERS['min_tokens']}-{ANSWERS['max_tokens']} tokens, max_tokens {args.max_tokens};"
         f" one streaming chat shape, closed loop. Per path and level:"
-        f" {amount}"
-        f" in {args.repeat} interleaved round(s), after warm-up. Times in ms; '+' columns are"
-        f" the path minus direct at the same concurrency."
+        f" {amount} over {args.repeat} interleaved round(s) (each round drives every path"
+        f" once at a level, in an order shuffled per round), each segment after a warm-up."
+        f" Times in ms. Every figure is the median over the rounds of the round's own: a"
+        f" percentile of the segment, the proxy's CPU per request answered, and for the '+'"
+        f" columns the path's percentile minus direct's in the same round ([min, max] over"
+        f" rounds beside it); `shadowed`, `loop lag` and `own added` are over all the"
+        f" segments."
     )
     print(
         f"\nThis machine has {os.cpu_count()} cores, shared by the client, three simulators,"
@@ -1021,6 +1061,9 @@ def main() -> None:
     print()
     for line in goal_lines(cells):
         print(line)
+    print(f"\nPath orders (shuffled with --seed {args.seed}):")
+    for line in orders:
+        print(f"- {line}")
     busy = {
         k: c.machine_busy / c.machine_total if c.machine_total else float("nan")
         for k, c in cells.items()
@@ -1034,8 +1077,15 @@ def main() -> None:
             json.dumps(
                 {
                     f"{p}@{c}": {
-                        **cell.result().summary(),
-                        "proxy_cpu_s": cell.proxy_cpu_s,
+                        "figures": {f: cell.figure(f) for f in FIGURES},
+                        "rounds": {
+                            str(r + 1): {
+                                **seg.result().summary(),
+                                "proxy_cpu_s": seg.proxy_cpu_s,
+                                **{f: fig(seg) for f, fig in FIGURES.items()},
+                            }
+                            for r, seg in sorted(cell.segments.items())
+                        },
                         "sampled": cell.sampled,
                         "loop_lag_buckets": {str(k): v for k, v in cell.lag.items()},
                         "added_buckets": {str(k): v for k, v in cell.added.items()},
