@@ -1,6 +1,6 @@
 """What shadow-ab's mirror adds to the client's path, next to going direct and next to nginx.
 
-    python bench/mirror_overhead.py [--duration 24 | --requests N] [--concurrency 1,32,128]
+    python bench/mirror_overhead.py [--duration 24 | --requests N] [--concurrency 4,32]
         [--repeat 3] [--max-tokens 32] [--quick] [--database-url URL] [--json PATH]
         [--paths direct,nginx,nginx-mirror,mirror] [--no-install-nginx]
         [--kafka HOST:PORT] [--kafka-clients confluent,kafka-python]
@@ -28,7 +28,23 @@ Paths, side by side in one run, each with its own keep-alive client session:
   the ``shadowed`` column says how much was still shadowed;
 - ``nginx``: a private Debian nginx (own prefix and config in a temp dir, free ports, one
   worker, ``proxy_buffering off``, upstream keep-alive) with ``proxy_pass`` only;
-- ``nginx-mirror``: the same plus nginx's ``mirror`` directive to the 10x slower candidate;
+- ``nginx-mirror``: the same plus nginx's ``mirror`` directive to the candidate (healthy);
+- ``nginx-mirror-slow``: the same to the 10x slower candidate.
+
+Default: ``direct,nginx,nginx-mirror,mirror`` at concurrency 4 and 32, what the goals need.
+
+Goals (issue 26, "Performance goals, restated"), printed at the end from the run's own figures,
+each MET, NOT MET by how much, or NOT MEASURED (with the ``--paths``/``--concurrency`` that
+would measure it):
+
+1. the mirror's own added time before the first byte (``shadow_ab_mirror_added_seconds`` from
+   its admin /metrics, path ``mirror``) p50 <= 1 ms and p99 <= 5 ms at 32 streams;
+2. at 4 streams, the mirror's client-side added TTFT p50 within 1 ms of nginx ``proxy_pass``'s;
+3. at 32 streams, the mirror's client-side added TTFT p50 and p99 no more than nginx
+   ``mirror``'s with a healthy candidate (and ``mirror-slow``'s no more than
+   ``nginx-mirror-slow``'s, when both ran);
+4. at 32 streams, the mirror's CPU per shadowed request at most 2x nginx ``mirror``'s (healthy
+   candidate).
 
 With ``--kafka``, records go to the production Kafka sink (topics of the run) in the sink's
 default client library; ``--kafka-clients confluent,kafka-python`` runs every mirror path once
@@ -111,9 +127,16 @@ from shadow_ab.dev.traffic import (
 )
 from shadow_ab.topics import TopicSpec, delete_topics, ensure_topics
 
+GOAL_LOW_CONCURRENCY = 4
 GOAL_CONCURRENCY = 32
-GOAL_TTFT_P50_MS = 1.0
-GOAL_TTFT_P99_MS = 5.0
+GOAL_OWN_P50_S = 0.001
+"""The mirror's own added time before the first byte, p50, at 32 streams (issue 26)."""
+GOAL_OWN_P99_S = 0.005
+"""... and its p99."""
+GOAL_VS_NGINX_P50_S = 0.001
+"""At 4 streams, client-side added TTFT p50 over nginx proxy_pass's at most this."""
+GOAL_CPU_RATIO = 2.0
+"""At 32 streams, CPU per shadowed request at most this times nginx `mirror`'s."""
 
 ANSWERS = {"min_tokens": 16, "max_tokens": 24}
 INCUMBENT = {
@@ -133,6 +156,7 @@ PATHS = (
     "direct",
     "nginx",
     "nginx-mirror",
+    "nginx-mirror-slow",
     "mirror-off",
     "mirror",
     "mirror-slow",
@@ -140,7 +164,7 @@ PATHS = (
     "mirror-x2",
 )
 DEFAULT_PATHS = ("direct", "nginx", "nginx-mirror", "mirror")
-NGINX_PATHS = ("nginx", "nginx-mirror")
+NGINX_PATHS = ("nginx", "nginx-mirror", "nginx-mirror-slow")
 
 
 @dataclass(frozen=True)
@@ -173,7 +197,8 @@ LABELS = {
     "mirror-shed": "mirror, candidate, overload shedding on",
     "mirror-x2": "mirror, candidate, 2 processes on one port",
     "nginx": "nginx proxy_pass",
-    "nginx-mirror": "nginx `mirror`, 10x slow candidate",
+    "nginx-mirror": "nginx `mirror`, candidate healthy",
+    "nginx-mirror-slow": "nginx `mirror`, 10x slow candidate",
 }
 
 
@@ -480,6 +505,7 @@ http {{
     keepalive_timeout 300s;
     upstream incumbent {{ server {incumbent}; keepalive 512; }}
     upstream candidate {{ server {candidate}; keepalive 512; }}
+    upstream slow {{ server {slow}; keepalive 512; }}
     server {{
         listen 127.0.0.1:{pass_port};
         location / {{
@@ -489,8 +515,12 @@ http {{
             proxy_buffering off;
         }}
     }}
+{mirror_servers}}}
+"""
+
+NGINX_MIRROR_SERVER = """\
     server {{
-        listen 127.0.0.1:{mirror_port};
+        listen 127.0.0.1:{port};
         location / {{
             mirror /_shadow;
             mirror_request_body on;
@@ -501,12 +531,11 @@ http {{
         }}
         location = /_shadow {{
             internal;
-            proxy_pass http://candidate$request_uri;
+            proxy_pass http://{upstream}$request_uri;
             proxy_http_version 1.1;
             proxy_set_header Connection "";
         }}
     }}
-}}
 """
 
 
@@ -546,35 +575,40 @@ def nginx_binary(install: bool = True) -> tuple[str, str | None]:
 
 
 @contextlib.contextmanager
-def running_nginx(incumbent: str, candidate: str, workdir: Path) -> Iterator[tuple[Proxy, Proxy]]:
-    """One private nginx master + worker: (proxy_pass server, mirror server)."""
+def running_nginx(
+    incumbent: str, candidate: str, slow: str, workdir: Path
+) -> Iterator[dict[str, Proxy]]:
+    """One private nginx master + worker, a server per nginx path: ``nginx`` (proxy_pass),
+    ``nginx-mirror`` (``mirror`` to ``candidate``), ``nginx-mirror-slow`` (to ``slow``)."""
     binary, why = nginx_binary()
     if why is not None:
         raise BenchError(why)
     prefix = workdir / "nginx"
     prefix.mkdir()
     prefix.chmod(0o755)  # workers run as nobody
-    pass_port, mirror_port = free_port(), free_port()
+    ports = {path: free_port() for path in NGINX_PATHS}
+    mirrors = {"nginx-mirror": "candidate", "nginx-mirror-slow": "slow"}
     conf = prefix / "nginx.conf"
     conf.write_text(
         NGINX_CONF.format(
             prefix=prefix,
             incumbent=incumbent.removeprefix("http://"),
             candidate=candidate.removeprefix("http://"),
-            pass_port=pass_port,
-            mirror_port=mirror_port,
+            slow=slow.removeprefix("http://"),
+            pass_port=ports["nginx"],
+            mirror_servers="".join(
+                NGINX_MIRROR_SERVER.format(port=ports[path], upstream=upstream)
+                for path, upstream in mirrors.items()
+            ),
         )
     )
     cmd = [binary, "-p", str(prefix), "-c", str(conf), "-e", str(prefix / "error.log")]
     nginx = Nginx(cmd, prefix)
     try:
-        for port in (pass_port, mirror_port):
+        for port in ports.values():
             health = f"http://127.0.0.1:{port}/health"
             nginx.wait_until(partial(answers, health), f"answering {health}", 30.0, interval=0.1)
-        yield (
-            Proxy(f"http://127.0.0.1:{pass_port}", nginx.pid),
-            Proxy(f"http://127.0.0.1:{mirror_port}", nginx.pid),
-        )
+        yield {path: Proxy(f"http://127.0.0.1:{port}", nginx.pid) for path, port in ports.items()}
     finally:
         with contextlib.suppress(BenchError):  # killed when SIGQUIT did not stop it
             nginx.stop(sig=signal.SIGQUIT)
@@ -802,41 +836,125 @@ def table(cells: dict[tuple[str, int], Cell], levels: list[int], paths: list[str
     return out
 
 
+def not_measured(paths: str, levels: str) -> str:
+    return f"NOT MEASURED (run with --paths {paths} --concurrency {levels})"
+
+
+def variants(cells: dict[tuple[str, int], Cell], path: str, conc: int) -> list[Cell]:
+    """The cells of ``path`` at ``conc``, one per Kafka client when ``--kafka-clients`` ran it
+    under several (``mirror@confluent``, ...)."""
+    return [c for (p, k), c in cells.items() if k == conc and split_path(p)[0] == path]
+
+
+def own_verdict(hist: dict[float, float], q: float, goal_s: float) -> tuple[bool, str]:
+    """Whether the histogram's ``q`` quantile is within ``goal_s``, and what it says: the
+    bucket holding it, and when over, by how much (the bucket's bounds minus the goal)."""
+    le = bucket_quantile(hist, q)
+    assert le is not None
+    below = max((b for b in hist if b < le), default=0.0)
+    name = f"p{round(q * 100)}"
+    if le <= goal_s:
+        return True, f"{name} <= {ms(le)} ms"
+    if le == math.inf:
+        return False, f"{name} > {ms(below)} ms, over the goal by more than {ms(below - goal_s)} ms"
+    least = f"{ms(below - goal_s)}-" if below > goal_s else "up to "
+    return False, (
+        f"{name} in ({ms(below)}, {ms(le)}] ms, over the goal by {least}{ms(le - goal_s)} ms"
+    )
+
+
 def goal_lines(cells: dict[tuple[str, int], Cell]) -> list[str]:
-    lines = []
-    base = cells.get(("direct", GOAL_CONCURRENCY))
-    shadowing = MIRROR_PATHS
-    paths = [p for p, _c in cells if split_path(p)[0] in shadowing]
-    for path in sorted(set(paths), key=lambda p: (shadowing.index(split_path(p)[0]), p)):
-        cell = cells.get((path, GOAL_CONCURRENCY))
-        if base is None or cell is None:
-            continue
-        d50 = median(cell.minus(base, "ttft_p50")) * 1000
-        d99 = median(cell.minus(base, "ttft_p99")) * 1000
-        met = d50 <= GOAL_TTFT_P50_MS and d99 <= GOAL_TTFT_P99_MS
+    """Issue 26's four goals from this run's figures: MET, NOT MET by how much, or NOT
+    MEASURED."""
+    lo, hi = GOAL_LOW_CONCURRENCY, GOAL_CONCURRENCY
+    lines: list[str] = []
+
+    def added(cell: Cell, figure: str) -> float:
+        """Median over rounds of the cell's figure minus direct's in the same round."""
+        base = cells.get(("direct", cell.concurrency))
+        return median(cell.minus(base, figure)) if base is not None else math.nan
+
+    # 1. the mirror's own added time before the first byte, its histogram, at 32 streams
+    head = (
+        f"Goal 1, the mirror's own added time before the first byte"
+        f" (shadow_ab_mirror_added_seconds) p50 <= {ms(GOAL_OWN_P50_S)} ms and"
+        f" p99 <= {ms(GOAL_OWN_P99_S)} ms at {hi} streams"
+    )
+    own = [c for c in variants(cells, "mirror", hi) if c.added.get(math.inf)]
+    for cell in own:
+        v50, t50 = own_verdict(cell.added, 0.5, GOAL_OWN_P50_S)
+        v99, t99 = own_verdict(cell.added, 0.99, GOAL_OWN_P99_S)
+        met = "MET" if v50 and v99 else "NOT MET"
+        lines.append(f"{head}, {LABELS[cell.path]}: {t50}; {t99} -> {met}")
+    if not own:
+        lines.append(f"{head}: {not_measured('direct,mirror', str(hi))}")
+
+    # 2. client-side added TTFT p50 at 4 streams within 1 ms of nginx proxy_pass's
+    head = (
+        f"Goal 2, client-side added TTFT p50 at {lo} streams within"
+        f" {ms(GOAL_VS_NGINX_P50_S)} ms of nginx proxy_pass's"
+    )
+    nginx = cells.get(("nginx", lo))
+    mirrors = variants(cells, "mirror", lo)
+    n50 = added(nginx, "ttft_p50") if nginx is not None else math.nan
+    for cell in mirrors if n50 == n50 else []:
+        m50 = added(cell, "ttft_p50")
+        over = m50 - n50 - GOAL_VS_NGINX_P50_S
+        verdict = "MET" if over <= 0 else f"NOT MET by {ms(over)} ms"
         lines.append(
-            f"Goal (added TTFT p50 <= {GOAL_TTFT_P50_MS:g} ms and p99 <= {GOAL_TTFT_P99_MS:g} ms"
-            f" at concurrency {GOAL_CONCURRENCY}), {LABELS[path]}: p50 {d50:+.2f} ms,"
-            f" p99 {d99:+.2f} ms -> {'MET' if met else 'NOT MET'}"
+            f"{head}, {LABELS[cell.path]}: {signed_ms(m50)} ms against nginx's"
+            f" {signed_ms(n50)} ms, {signed_ms(m50 - n50)} ms -> {verdict}"
         )
-    nginx = cells.get(("nginx", GOAL_CONCURRENCY))
-    for path in sorted(set(paths), key=lambda p: (shadowing.index(split_path(p)[0]), p)):
-        cell = cells.get((path, GOAL_CONCURRENCY))
-        if cell is None or cell.figure("cpu_ms") != cell.figure("cpu_ms"):
+    if n50 != n50 or not mirrors:
+        lines.append(f"{head}: {not_measured('direct,nginx,mirror', str(lo))}")
+
+    # 3. at 32 streams, the mirror's added TTFT p50 and p99 no more than nginx mirror's
+    for mirror, nginx_path in (("mirror", "nginx-mirror"), ("mirror-slow", "nginx-mirror-slow")):
+        head = (
+            f"Goal 3, client-side added TTFT p50 and p99 at {hi} streams no more than"
+            f" nginx `mirror`'s ({'10x slow' if 'slow' in mirror else 'healthy'} candidate)"
+        )
+        ngx = cells.get((nginx_path, hi))
+        mirrors = variants(cells, mirror, hi)
+        if ngx is None or not mirrors:
+            if mirror == "mirror":  # the slow pair is an extra, reported when both ran
+                paths = f"direct,{nginx_path},{mirror}"
+                lines.append(f"{head}: {not_measured(paths, str(hi))}")
             continue
+        n = {f: added(ngx, f) for f in ("ttft_p50", "ttft_p99")}
+        for cell in mirrors:
+            m = {f: added(cell, f) for f in n}
+            short = [f"{f[-3:]} by {ms(m[f] - n[f])} ms" for f in n if not m[f] - n[f] <= 0]
+            verdict = "MET" if not short else "NOT MET (" + ", ".join(short) + ")"
+            lines.append(
+                f"{head}, {LABELS[cell.path]}: p50 {signed_ms(m['ttft_p50'])} ms against"
+                f" {signed_ms(n['ttft_p50'])} ms, p99 {signed_ms(m['ttft_p99'])} ms against"
+                f" {signed_ms(n['ttft_p99'])} ms -> {verdict}"
+            )
+
+    # 4. CPU per shadowed request at most 2x nginx mirror's (healthy) at 32 streams
+    head = (
+        f"Goal 4, proxy CPU per shadowed request at {hi} streams at most"
+        f" {GOAL_CPU_RATIO:g}x nginx `mirror`'s (healthy candidate)"
+    )
+    ngx = cells.get(("nginx-mirror", hi))
+    ncpu = ngx.figure("cpu_ms") if ngx is not None else math.nan
+    mirrors = [c for c in variants(cells, "mirror", hi) if c.figure("cpu_ms") == c.figure("cpu_ms")]
+    for cell in mirrors if ncpu == ncpu and ncpu > 0 else []:
         cpu = cell.figure("cpu_ms")
-        line = (
-            f"Proxy CPU per request at concurrency {GOAL_CONCURRENCY}, {LABELS[path]}: {cpu:.2f} ms"
+        over = cpu - GOAL_CPU_RATIO * ncpu
+        verdict = "MET" if over <= 0 else f"NOT MET by {over:.2f} ms a request"
+        shadowed = (
+            f", {cell.sampled / max(1, len(cell.rows())):.0%} of requests shadowed"
+            if cell.sampled is not None
+            else ""
         )
-        if nginx is not None and (ncpu := nginx.figure("cpu_ms")) == ncpu:
-            line += f" vs nginx proxy_pass {ncpu:.2f} ms ({cpu / ncpu:.1f}x)"
-        lines.append(line)
-    if not lines:
         lines.append(
-            f"Goal (added TTFT p50 <= {GOAL_TTFT_P50_MS:g} ms and p99 <= {GOAL_TTFT_P99_MS:g} ms"
-            f" at concurrency {GOAL_CONCURRENCY}): not measured (no shadow-ab mirror cell at"
-            f" concurrency {GOAL_CONCURRENCY})"
+            f"{head}, {LABELS[cell.path]}: {cpu:.2f} ms against {ncpu:.2f} ms, {cpu / ncpu:.2f}x"
+            f"{shadowed} -> {verdict}"
         )
+    if not (ncpu == ncpu and ncpu > 0) or not mirrors:
+        lines.append(f"{head}: {not_measured('direct,nginx-mirror,mirror', str(hi))}")
     return lines
 
 
@@ -885,7 +1003,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--concurrency", default="1,32,128", help="levels, comma-separated")
+    ap.add_argument("--concurrency", default="4,32", help="levels, comma-separated")
     ap.add_argument("--duration", type=float, default=24.0, help="seconds per path and level")
     ap.add_argument("--requests", type=int, default=None, help="requests per path and level")
     ap.add_argument("--repeat", type=int, default=3, help="interleaved rounds (drift control)")
@@ -928,8 +1046,6 @@ def main() -> None:
     args = ap.parse_args()
     if args.quick:
         args.duration, args.repeat = 3.0, 1
-        if args.concurrency == "1,32,128":
-            args.concurrency = "1,32"
     levels = [int(c) for c in args.concurrency.split(",")]
     wanted = [p for p in args.paths.split(",") if p]
     clients = [c for c in args.kafka_clients.split(",") if c]
@@ -1010,13 +1126,14 @@ def main() -> None:
             targets[path] = Target(path, m.base_url, m.pid, m.metrics_url, settle, m.more_metrics)
         if set(NGINX_PATHS) & set(wanted):
             progress("starting nginx")
-            plain, mirrored = stack.enter_context(running_nginx(inc.base_url, slow.base_url, tmp))
-            if "nginx" in wanted:
-                targets["nginx"] = Target("nginx", plain.base_url, plain.pid)
-            if "nginx-mirror" in wanted:
-                targets["nginx-mirror"] = Target(
-                    "nginx-mirror", mirrored.base_url, mirrored.pid, None, [slow]
-                )
+            proxies = stack.enter_context(
+                running_nginx(inc.base_url, cand.base_url, slow.base_url, tmp)
+            )
+            settles = {"nginx": [], "nginx-mirror": [cand], "nginx-mirror-slow": [slow]}
+            for path in NGINX_PATHS:
+                if path in wanted:
+                    proxy = proxies[path]
+                    targets[path] = Target(path, proxy.base_url, proxy.pid, None, settles[path])
         order = sorted(targets, key=lambda p: (PATHS.index(split_path(p)[0]), wanted.index(p)))
         targets = {p: targets[p] for p in order}
         if pin_proxy is not None:
