@@ -40,7 +40,10 @@ import orjson
 
 # -- URLs ----------------------------------------------------------------------------------------
 
-_URL_PASSWORD = re.compile(r"(?P<head>\b[A-Za-z][A-Za-z0-9+.-]*://[^/\s:@'\"<>]*):[^/\s@'\"<>]*@")
+# The password runs to the last "@" before the end of the authority (a "/", a space, a quote):
+# a password may hold "@" (Python's URL parsers take the host after the last one), so a shorter
+# match would show its tail. "@" further on, in the path, is not reached.
+_URL_PASSWORD = re.compile(r"(?P<head>\b[A-Za-z][A-Za-z0-9+.-]*://[^/\s:@'\"<>]*):[^/\s'\"<>]*@")
 MASK = "***"
 
 
@@ -50,7 +53,10 @@ def redact_url(url: object) -> str:
 
 
 def redact_urls(text: str) -> str:
-    """``text`` with the password of every ``scheme://user:password@`` in it replaced."""
+    """``text`` with the password of every ``scheme://user:password@`` in it replaced, up to
+    the last ``@`` before the host (``http://u:p@ss@host`` shows ``http://u:***@host``). A
+    ``?`` or ``#`` before an ``@`` counts as part of the password (``http://host:80?to=a@b``
+    shows ``http://host:***@b``): a little too much hidden rather than a password shown."""
     if "@" not in text:
         return text
     return _URL_PASSWORD.sub(lambda m: f"{m.group('head')}:{MASK}@", text)

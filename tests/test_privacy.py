@@ -37,10 +37,26 @@ from shadow_ab.privacy import (
         ),
         ("http://user@10.0.0.5:8000", "http://user@10.0.0.5:8000"),
         ("http://10.0.0.5:8000/v1", "http://10.0.0.5:8000/v1"),
+        # a password holding "@": masked up to the last "@" before the host
+        ("http://user:p@ss@host", "http://user:***@host"),
+        ("http://user:p@s@s:x@host:8000/v1", "http://user:***@host:8000/v1"),
+        # "@" after the host (path, query) is not user info
+        ("http://user:p@ss@host/u/a@b?to=c@d", "http://user:***@host/u/a@b?to=c@d"),
     ],
 )
 def test_redact_url(url: str, shown: str) -> None:
     assert redact_url(url) == shown
+
+
+def test_redact_urls_passwords_with_at_signs_in_quotes_and_lists() -> None:
+    text = (
+        "InvalidURL('http://u:pa@ss@h1:9*'), \"https://v:c@d@h2?q=1\" and"
+        " <postgresql://w:e@f@db/app>, http://h3:80/p@q, http://x@h4/a@b, mail@example.com"
+    )
+    assert redact_urls(text) == (
+        "InvalidURL('http://u:***@h1:9*'), \"https://v:***@h2?q=1\" and"
+        " <postgresql://w:***@db/app>, http://h3:80/p@q, http://x@h4/a@b, mail@example.com"
+    )
 
 
 def test_redact_urls_inside_any_text() -> None:
