@@ -114,6 +114,16 @@ def test_strip_credentials_at_any_depth() -> None:
 # -- the built-in redactor -------------------------------------------------------------------------
 
 
+def fw(text: str) -> str:
+    """``text`` in full-width forms (a space stays a space)."""
+    return "".join(chr(ord(c) + 0xFEE0) if "!" <= c <= "~" else c for c in text)
+
+
+def arabic(text: str) -> str:
+    """``text`` with Arabic-Indic digits."""
+    return text.translate({48 + i: 0x660 + i for i in range(10)})
+
+
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
@@ -128,6 +138,41 @@ def test_strip_credentials_at_any_depth() -> None:
         ("token eyJhbGciOiJIUzI1.eyJzdWIiOiIxMjM0.SflKxwRJSMeKKF2QT4", "token [API_KEY]"),
         ("the answer is 42, in 2026 at 10:30", None),
         ("order 12345678 shipped", None),
+        # Unicode local parts and domains (IDN)
+        ("write to josé@example.com", "write to [EMAIL]"),
+        ("écrire à élodie.dupont@example.com.", "écrire à [EMAIL]."),
+        ("mail: jürgen@bücher.example, or", "mail: [EMAIL], or"),
+        ("почта: иван@пример.рф", "почта: [EMAIL]"),
+        ("नमस्ते राम@उदाहरण.भारत", "नमस्ते [EMAIL]"),
+        ("an IDN in ASCII: a@xn--bcher-kva.xn--p1ai", "an IDN in ASCII: [EMAIL]"),
+        (fw("jose@example.com") + " and", "[EMAIL] and"),
+        # bare ten-digit North American numbers, eleven with a 1 (or a Chinese mobile), E.164
+        ("call 5551234567 now", "call [PHONE] now"),
+        ("call 14155552671 or +14155552671", "call [PHONE] or [PHONE]"),
+        ("电话13812345678\uff0c谢谢", "电话[PHONE]\uff0c谢谢"),
+        # ... but not Unix times, zero-led or other lengths of digits, decimals
+        (
+            "at 1767225600 (epoch), id 0123456789, n 123456789012: call 5551234567",
+            "at 1767225600 (epoch), id 0123456789, n 123456789012: call [PHONE]",
+        ),
+        ("e=2.7182818284, x=0.5551234567, 2025550143", "e=2.7182818284, x=0.5551234567, [PHONE]"),
+        # cards with dots (Luhn-checked); a number with one dot is a decimal
+        ("card 4111.1111.1111.1111 exp", "card [CARD] exp"),
+        (
+            "4111.1111.1111.1112 (fails Luhn), pi 3.141592653589793, 4.111111111111111,"
+            " 5500.0000.0000.0004",
+            "4111.1111.1111.1112 (fails Luhn), pi 3.141592653589793, 4.111111111111111, [CARD]",
+        ),
+        # full-width and other Unicode decimal digits; the rest of the text kept as it was
+        (f"カード {fw('4111 1111 1111 1111')} です", "カード [CARD] です"),
+        (f"電話{fw('555-123-4567')}まで", "電話[PHONE]まで"),
+        (fw("tel 5551234567 ok"), f"{fw('tel')} [PHONE] {fw('ok')}"),
+        (f"رقم {arabic('555-123-4567')} هنا", "رقم [PHONE] هنا"),
+        (
+            f"{fw('4111-1111-1111-1112')} ok, {fw('2026')}年{fw('1')}月,"
+            f" {fw('4111-1111-1111-1111')}",
+            f"{fw('4111-1111-1111-1112')} ok, {fw('2026')}年{fw('1')}月, [CARD]",
+        ),
     ],
 )
 def test_builtin_redactor(text: str, expected: str | None) -> None:
