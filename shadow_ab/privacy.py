@@ -13,8 +13,8 @@ API before an answer leaves it, and by every log line that names an engine:
 - :func:`redact_text` (the built-in redactor): e-mail addresses, phone numbers, payment card
   numbers (Luhn-checked), API keys and bearer tokens replaced by ``[EMAIL]``, ``[PHONE]``,
   ``[CARD]``, ``[API_KEY]``, ``[TOKEN]``; :func:`redact_strings` applies a string function to
-  every string of a JSON value; :func:`load_redactor` finds a redactor by name (``builtin``,
-  ``none`` or ``module:function``).
+  every string of a JSON value, keys included; :func:`load_redactor` finds a redactor by
+  name (``builtin``, ``none`` or ``module:function``).
 - :class:`Digester`: keyed digests (HMAC-SHA256) standing in for text where text is not kept
   (``capture: metadata``), so equal texts still compare equal and nothing can be read back
   from them, not even by trying likely texts, without the key.
@@ -372,12 +372,25 @@ def no_redaction(text: str) -> str:
 
 
 def redact_strings(value: Any, redactor: Redactor) -> Any:
-    """``value`` (any JSON value) with ``redactor`` applied to every string in it (keys are
-    left alone); a new object where something changed."""
+    """``value`` (any JSON value) with ``redactor`` applied to every string in it, object
+    keys included (``{"alice@example.com": ...}`` is ``{"[EMAIL]": ...}``); a new object.
+
+    Keys that redact to one key keep every value: the first takes the key, each later one
+    the key with `` (2)``, `` (3)``, ... (the first number not already a key of that object),
+    in the object's order."""
     if isinstance(value, str):
         return redactor(value)
     if isinstance(value, dict):
-        return {k: redact_strings(v, redactor) for k, v in value.items()}
+        out: dict[Any, Any] = {}
+        for k, v in value.items():
+            key = redactor(k) if isinstance(k, str) else k
+            if key in out:
+                n = 2
+                while f"{key} ({n})" in out or f"{key} ({n})" in value:
+                    n += 1
+                key = f"{key} ({n})"
+            out[key] = redact_strings(v, redactor)
+        return out
     if isinstance(value, list):
         return [redact_strings(v, redactor) for v in value]
     return value

@@ -184,10 +184,28 @@ def test_luhn() -> None:
     assert not luhn_ok("4111111111111112")
 
 
-def test_redact_strings_reaches_nested_values_not_keys() -> None:
-    value = {"user": "a@b.example", "meta": {"emails": ["c@d.example", 3]}, "a@b.example": 1}
+def test_redact_strings_reaches_nested_values_and_keys() -> None:
+    value = {
+        "user": "a@b.example",
+        "meta": {"emails": ["c@d.example", 3], "alice@example.com": {"bob@example.org": "x"}},
+        "a@b.example": 1,
+    }
     out = redact_strings(value, redact_text)
-    assert out == {"user": "[EMAIL]", "meta": {"emails": ["[EMAIL]", 3]}, "a@b.example": 1}
+    assert out == {
+        "user": "[EMAIL]",
+        "meta": {"emails": ["[EMAIL]", 3], "[EMAIL]": {"[EMAIL]": "x"}},
+        "[EMAIL]": 1,
+    }
+    # keys that become one keep every value: the later ones numbered, in order, past any
+    # key the object already had
+    many = {"a@b.example": 1, "[EMAIL] (2)": 2, "c@d.example": 3, "e@f.example": 4}
+    assert redact_strings(many, redact_text) == {
+        "[EMAIL]": 1,
+        "[EMAIL] (2)": 2,
+        "[EMAIL] (3)": 3,
+        "[EMAIL] (4)": 4,
+    }
+    assert redact_strings(value, lambda s: s) == value
 
 
 def test_load_redactor() -> None:

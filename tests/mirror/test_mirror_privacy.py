@@ -401,6 +401,37 @@ def test_divergence_from_digests_alone() -> None:
     assert not compare_pair(side("a b c", None), plain).comparable
 
 
+def _record(text: str, logprobs: list[TokenLogprob]) -> ExchangeRecord:
+    return ExchangeRecord.model_validate(
+        {
+            "deployment": "d",
+            "pair_id": "00000000-0000-0000-0000-000000000001",
+            "role": "incumbent",
+            "engine": "e",
+            "endpoint": "chat",
+            "stream": False,
+            "sent_at": "2026-12-01T00:00:00Z",
+            "status": "ok",
+            "request": {"messages": [{"content": "q"}], "temperature": 0},
+            "output_text": text,
+            "logprobs": logprobs,
+        }
+    )
+
+
+def test_full_capture_redacts_json_keys() -> None:
+    rec = _record("ok", []).model_copy(
+        update={
+            "request": {
+                "messages": [{"content": "q"}],
+                "metadata": {"alice@example.com": {"bob@example.org": 1}, "carol@example.net": 2},
+            }
+        }
+    )
+    out = Privacy(PrivacyConfig()).apply(rec, "full")
+    assert out.request["metadata"] == {"[EMAIL]": {"[EMAIL]": 1}, "[EMAIL] (2)": 2}
+
+
 def test_none_capture_and_the_opt_out_header() -> None:
     inc, cand = Recorder(), Recorder(status=400)
     _, records = run_with_engines(
