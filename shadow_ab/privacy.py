@@ -14,7 +14,8 @@ API before an answer leaves it, and by every log line that names an engine:
   numbers (Luhn-checked), API keys and bearer tokens replaced by ``[EMAIL]``, ``[PHONE]``,
   ``[CARD]``, ``[API_KEY]``, ``[TOKEN]``; :func:`redact_strings` applies a string function to
   every string of a JSON value, keys included; :func:`load_redactor` finds a redactor by
-  name (``builtin``, ``none`` or ``module:function``).
+  name (``builtin``, ``none`` or ``module:function``); :func:`redact_tokens` redacts a list
+  of tokens (logprobs) as their joined text, across token boundaries.
 - :class:`Digester`: keyed digests (HMAC-SHA256) standing in for text where text is not kept
   (``capture: metadata``), so equal texts still compare equal and nothing can be read back
   from them, not even by trying likely texts, without the key.
@@ -34,7 +35,7 @@ import re
 import secrets
 import traceback
 import unicodedata
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import orjson
@@ -365,6 +366,82 @@ def redact_text(text: str) -> str:
     A pair's records share their prompt (the same string objects), so results for texts up to
     64 KiB are remembered for the next few calls: the prompt is scanned once per pair."""
     return _builtin_spans(text)[0]
+
+
+def _common_prefix(a: str, b: str, limit: int) -> int:
+    lo, hi = 0, limit
+    while lo < hi:  # by halves: slices compare in C
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def _common_suffix(a: str, b: str, limit: int) -> int:
+    lo, hi = 0, limit
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[len(a) - mid :] == b[len(b) - mid :]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def redaction_spans(text: str, redactor: Redactor) -> tuple[str, list[Span]]:
+    """``redactor(text)``, and spans of ``text`` (sorted, disjoint) whose :func:`splice` gives
+    it. The built-in redactor says where it replaced; any other is a black box: one span from
+    its first changed character to its last, everything between taken as changed."""
+    if redactor is redact_text:
+        return _builtin_spans(text)
+    new = redactor(text)
+    if new == text:
+        return new, []
+    limit = min(len(text), len(new))
+    head = _common_prefix(text, new, limit)
+    tail = _common_suffix(text, new, limit - head)
+    return new, [(head, len(text) - tail, new[head : len(new) - tail])]
+
+
+def redact_tokens(tokens: Sequence[str], redactor: Redactor) -> tuple[list[str], list[bool]]:
+    """``tokens`` (a generated text's tokens, in order) redacted as their joined text, across
+    token boundaries: the same number of tokens, joined equal to ``redactor("".join(tokens))``,
+    and for each whether it changed. A token where a replaced span starts takes the
+    replacement (and keeps its own text outside the span); tokens further inside the span
+    are emptied. The tokens' logprobs stay with them (the caller keeps them)."""
+    text = "".join(tokens)
+    _, spans = redaction_spans(text, redactor)
+    if not spans:
+        return list(tokens), [False] * len(tokens)
+    out: list[str] = []
+    changed: list[bool] = []
+    k = 0
+    end = 0
+    for token in tokens:
+        start, end = end, end + len(token)
+        at = start
+        parts: list[str] = []
+        hit = False
+        while k < len(spans) and spans[k][0] < end:
+            s, e, new = spans[k]
+            hit = True
+            if s >= at:  # the span starts in this token
+                parts.append(text[at:s])
+                parts.append(new)
+            if e > end:  # and goes on into the next
+                at = end
+                break
+            at = e
+            k += 1
+        if hit:
+            parts.append(text[at:end])
+            out.append("".join(parts))
+        else:
+            out.append(token)
+        changed.append(hit)
+    return out, changed
 
 
 def no_redaction(text: str) -> str:

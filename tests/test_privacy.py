@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
+import random
 from pathlib import Path
 
 import pytest
@@ -18,6 +20,7 @@ from shadow_ab.privacy import (
     luhn_ok,
     redact_strings,
     redact_text,
+    redact_tokens,
     redact_url,
     redact_urls,
     strip_credentials,
@@ -206,6 +209,29 @@ def test_redact_strings_reaches_nested_values_and_keys() -> None:
         "[EMAIL] (4)": 4,
     }
     assert redact_strings(value, lambda s: s) == value
+
+
+@pytest.mark.parametrize("spec", ["builtin", "privacy_redactors:mark"])
+def test_redact_tokens_join_to_the_redacted_text_however_split(spec: str) -> None:
+    redactor = load_redactor(spec)
+    texts = [
+        "Mail alice.smith@example.com or call 415-555-2671, card 4111 1111 1111 1111 in Paris.",
+        "key sk-proj-abcdefghijklmnopqrstuvwx and Bearer abcdefghijkl; josé@exämple.com",
+        "Nothing to hide here, 42 times.",
+    ]
+    rnd = random.Random(7)
+    for text in texts:
+        redacted = redactor(text)
+        for _ in range(200):
+            cuts = sorted(rnd.sample(range(len(text) + 1), rnd.randint(0, 12)))
+            cuts = [0, *cuts, len(text)]
+            tokens = [text[a:b] for a, b in itertools.pairwise(cuts)]  # some empty
+            out, changed = redact_tokens(tokens, redactor)
+            assert "".join(out) == redacted and len(out) == len(tokens)
+            assert all(c for t, o, c in zip(tokens, out, changed, strict=True) if t != o)
+            for secret in ("alice", "555", "4111", "sk-proj", "abcdefghijkl", "josé", "Paris"):
+                if secret not in redacted:
+                    assert secret not in "".join(o for o, c in zip(out, changed, strict=True) if c)
 
 
 def test_load_redactor() -> None:
