@@ -8,7 +8,10 @@ deployment's ``privacy.capture``, lowered (never raised) per request by the opt-
 - ``full``: the request body (credential-like keys removed at any depth), ``output_text`` and
   ``error``, each string passed through the redactor (``privacy.redactor``: ``builtin`` replaces
   e-mail addresses, phone and card numbers, API keys and bearer tokens; ``none``; or a Python
-  callable ``module:function``, string in, string out), and the logprobs.
+  callable ``module:function``, string in, string out), and the logprobs, their tokens
+  redacted as their joined text (so an address split over tokens is found; the tokens then
+  join to the redacted output; alternatives at a changed token become ``[REDACTED n]``;
+  logprob values kept).
 - ``metadata``: no text. The request keeps its sampling parameters (model, temperature,
   max_tokens, ...); each field that carries text (``messages``, ``prompt``, ``tools``, ``user``,
   ...) is replaced by a keyed digest (HMAC-SHA256, :class:`shadow_ab.privacy.Digester`);
@@ -37,10 +40,12 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 from shadow_ab.privacy import (
     Digester,
+    Redactor,
     error_summary,
     load_redactor,
     no_redaction,
     redact_strings,
+    redact_tokens,
     redact_urls,
     strip_credentials,
 )
@@ -187,6 +192,7 @@ class Privacy:
                 "request": redact_strings(request, redact),
                 "output_text": redact(record.output_text) if record.output_text else None,
                 "error": redact(error) if error else error,
+                "logprobs": _redact_logprobs(record.logprobs, redact),
             }
         )
 
@@ -224,6 +230,42 @@ class Privacy:
                 "rewrites": [*record.rewrites, f"capture:{level}"],
             }
         )
+
+
+REDACTED_ALTERNATIVE = "[REDACTED {n}]"
+"""What a top alternative is renamed to at a token the redactor changed (``n`` from 1)."""
+
+
+def _redact_logprobs(logprobs: list[Any] | None, redact: Redactor) -> list[Any] | None:
+    """``logprobs`` with their tokens redacted as the joined text (:func:`redact_tokens`: an
+    address split over tokens is found, and the tokens then join to the redacted output). At
+    a changed token, its own entry among the alternatives follows its new text and every
+    other alternative becomes ``[REDACTED n]`` (they would spell the rest of the secret);
+    every logprob value and the number of alternatives are kept, so margins still work."""
+    if not logprobs:
+        return logprobs
+    items = [TokenLogprob.model_construct(**lp) if isinstance(lp, dict) else lp for lp in logprobs]
+    tokens, changed = redact_tokens([lp.token for lp in items], redact)
+    if not any(changed):
+        return logprobs
+    out: list[Any] = []
+    for lp, token, hit in zip(items, tokens, changed, strict=True):
+        if not hit:
+            out.append(lp)
+            continue
+        top: dict[str, float] = {}
+        if lp.token in lp.top:
+            top[token] = lp.top[lp.token]
+        n = 0
+        for alt, value in lp.top.items():
+            if alt == lp.token:
+                continue
+            n += 1
+            while (key := REDACTED_ALTERNATIVE.format(n=n)) in top:
+                n += 1
+            top[key] = value
+        out.append(TokenLogprob.model_construct(token=token, logprob=lp.logprob, top=top))
+    return out
 
 
 def _digest_token(lp: Any, dg: Digester) -> TokenLogprob:

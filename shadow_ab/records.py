@@ -70,7 +70,12 @@ Bytes = Annotated[int, Field(ge=0)]
 
 
 class TokenLogprob(BaseModel):
-    """One generated token with its logprob and the engine's top-k alternatives there."""
+    """One generated token with its logprob and the engine's top-k alternatives there.
+
+    Stored under ``capture: full``, tokens are redacted as their joined text (an address
+    split over tokens included): a token where a redacted span starts holds its label, those
+    further inside are empty, and the alternatives at a changed token are ``[REDACTED n]``;
+    the logprob values stay (mirror/privacy.py)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 

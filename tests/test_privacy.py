@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
+import random
 from pathlib import Path
 
 import pytest
@@ -18,6 +20,7 @@ from shadow_ab.privacy import (
     luhn_ok,
     redact_strings,
     redact_text,
+    redact_tokens,
     redact_url,
     redact_urls,
     strip_credentials,
@@ -37,10 +40,26 @@ from shadow_ab.privacy import (
         ),
         ("http://user@10.0.0.5:8000", "http://user@10.0.0.5:8000"),
         ("http://10.0.0.5:8000/v1", "http://10.0.0.5:8000/v1"),
+        # a password holding "@": masked up to the last "@" before the host
+        ("http://user:p@ss@host", "http://user:***@host"),
+        ("http://user:p@s@s:x@host:8000/v1", "http://user:***@host:8000/v1"),
+        # "@" after the host (path, query) is not user info
+        ("http://user:p@ss@host/u/a@b?to=c@d", "http://user:***@host/u/a@b?to=c@d"),
     ],
 )
 def test_redact_url(url: str, shown: str) -> None:
     assert redact_url(url) == shown
+
+
+def test_redact_urls_passwords_with_at_signs_in_quotes_and_lists() -> None:
+    text = (
+        "InvalidURL('http://u:pa@ss@h1:9*'), \"https://v:c@d@h2?q=1\" and"
+        " <postgresql://w:e@f@db/app>, http://h3:80/p@q, http://x@h4/a@b, mail@example.com"
+    )
+    assert redact_urls(text) == (
+        "InvalidURL('http://u:***@h1:9*'), \"https://v:***@h2?q=1\" and"
+        " <postgresql://w:***@db/app>, http://h3:80/p@q, http://x@h4/a@b, mail@example.com"
+    )
 
 
 def test_redact_urls_inside_any_text() -> None:
@@ -98,6 +117,16 @@ def test_strip_credentials_at_any_depth() -> None:
 # -- the built-in redactor -------------------------------------------------------------------------
 
 
+def fw(text: str) -> str:
+    """``text`` in full-width forms (a space stays a space)."""
+    return "".join(chr(ord(c) + 0xFEE0) if "!" <= c <= "~" else c for c in text)
+
+
+def arabic(text: str) -> str:
+    """``text`` with Arabic-Indic digits."""
+    return text.translate({48 + i: 0x660 + i for i in range(10)})
+
+
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
@@ -112,6 +141,41 @@ def test_strip_credentials_at_any_depth() -> None:
         ("token eyJhbGciOiJIUzI1.eyJzdWIiOiIxMjM0.SflKxwRJSMeKKF2QT4", "token [API_KEY]"),
         ("the answer is 42, in 2026 at 10:30", None),
         ("order 12345678 shipped", None),
+        # Unicode local parts and domains (IDN)
+        ("write to josé@example.com", "write to [EMAIL]"),
+        ("écrire à élodie.dupont@example.com.", "écrire à [EMAIL]."),
+        ("mail: jürgen@bücher.example, or", "mail: [EMAIL], or"),
+        ("почта: иван@пример.рф", "почта: [EMAIL]"),
+        ("नमस्ते राम@उदाहरण.भारत", "नमस्ते [EMAIL]"),
+        ("an IDN in ASCII: a@xn--bcher-kva.xn--p1ai", "an IDN in ASCII: [EMAIL]"),
+        (fw("jose@example.com") + " and", "[EMAIL] and"),
+        # bare ten-digit North American numbers, eleven with a 1 (or a Chinese mobile), E.164
+        ("call 5551234567 now", "call [PHONE] now"),
+        ("call 14155552671 or +14155552671", "call [PHONE] or [PHONE]"),
+        ("电话13812345678\uff0c谢谢", "电话[PHONE]\uff0c谢谢"),
+        # ... but not Unix times, zero-led or other lengths of digits, decimals
+        (
+            "at 1767225600 (epoch), id 0123456789, n 123456789012: call 5551234567",
+            "at 1767225600 (epoch), id 0123456789, n 123456789012: call [PHONE]",
+        ),
+        ("e=2.7182818284, x=0.5551234567, 2025550143", "e=2.7182818284, x=0.5551234567, [PHONE]"),
+        # cards with dots (Luhn-checked); a number with one dot is a decimal
+        ("card 4111.1111.1111.1111 exp", "card [CARD] exp"),
+        (
+            "4111.1111.1111.1112 (fails Luhn), pi 3.141592653589793, 4.111111111111111,"
+            " 5500.0000.0000.0004",
+            "4111.1111.1111.1112 (fails Luhn), pi 3.141592653589793, 4.111111111111111, [CARD]",
+        ),
+        # full-width and other Unicode decimal digits; the rest of the text kept as it was
+        (f"カード {fw('4111 1111 1111 1111')} です", "カード [CARD] です"),
+        (f"電話{fw('555-123-4567')}まで", "電話[PHONE]まで"),
+        (fw("tel 5551234567 ok"), f"{fw('tel')} [PHONE] {fw('ok')}"),
+        (f"رقم {arabic('555-123-4567')} هنا", "رقم [PHONE] هنا"),
+        (
+            f"{fw('4111-1111-1111-1112')} ok, {fw('2026')}年{fw('1')}月,"
+            f" {fw('4111-1111-1111-1111')}",
+            f"{fw('4111-1111-1111-1112')} ok, {fw('2026')}年{fw('1')}月, [CARD]",
+        ),
     ],
 )
 def test_builtin_redactor(text: str, expected: str | None) -> None:
@@ -123,10 +187,51 @@ def test_luhn() -> None:
     assert not luhn_ok("4111111111111112")
 
 
-def test_redact_strings_reaches_nested_values_not_keys() -> None:
-    value = {"user": "a@b.example", "meta": {"emails": ["c@d.example", 3]}, "a@b.example": 1}
+def test_redact_strings_reaches_nested_values_and_keys() -> None:
+    value = {
+        "user": "a@b.example",
+        "meta": {"emails": ["c@d.example", 3], "alice@example.com": {"bob@example.org": "x"}},
+        "a@b.example": 1,
+    }
     out = redact_strings(value, redact_text)
-    assert out == {"user": "[EMAIL]", "meta": {"emails": ["[EMAIL]", 3]}, "a@b.example": 1}
+    assert out == {
+        "user": "[EMAIL]",
+        "meta": {"emails": ["[EMAIL]", 3], "[EMAIL]": {"[EMAIL]": "x"}},
+        "[EMAIL]": 1,
+    }
+    # keys that become one keep every value: the later ones numbered, in order, past any
+    # key the object already had
+    many = {"a@b.example": 1, "[EMAIL] (2)": 2, "c@d.example": 3, "e@f.example": 4}
+    assert redact_strings(many, redact_text) == {
+        "[EMAIL]": 1,
+        "[EMAIL] (2)": 2,
+        "[EMAIL] (3)": 3,
+        "[EMAIL] (4)": 4,
+    }
+    assert redact_strings(value, lambda s: s) == value
+
+
+@pytest.mark.parametrize("spec", ["builtin", "privacy_redactors:mark"])
+def test_redact_tokens_join_to_the_redacted_text_however_split(spec: str) -> None:
+    redactor = load_redactor(spec)
+    texts = [
+        "Mail alice.smith@example.com or call 415-555-2671, card 4111 1111 1111 1111 in Paris.",
+        "key sk-proj-abcdefghijklmnopqrstuvwx and Bearer abcdefghijkl; josé@exämple.com",
+        "Nothing to hide here, 42 times.",
+    ]
+    rnd = random.Random(7)
+    for text in texts:
+        redacted = redactor(text)
+        for _ in range(200):
+            cuts = sorted(rnd.sample(range(len(text) + 1), rnd.randint(0, 12)))
+            cuts = [0, *cuts, len(text)]
+            tokens = [text[a:b] for a, b in itertools.pairwise(cuts)]  # some empty
+            out, changed = redact_tokens(tokens, redactor)
+            assert "".join(out) == redacted and len(out) == len(tokens)
+            assert all(c for t, o, c in zip(tokens, out, changed, strict=True) if t != o)
+            for secret in ("alice", "555", "4111", "sk-proj", "abcdefghijkl", "josé", "Paris"):
+                if secret not in redacted:
+                    assert secret not in "".join(o for o, c in zip(out, changed, strict=True) if c)
 
 
 def test_load_redactor() -> None:

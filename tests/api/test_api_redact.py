@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from api.redact import redact, split_request
+from api.redact import redact, redact_parameters, split_request
 
 
 def test_redact_nulls_text_fields_and_token_lists_anywhere() -> None:
@@ -41,3 +41,12 @@ def test_split_request() -> None:
     assert prompt == {"prompt": "hi", "suffix": "!"}
     assert params == {"max_tokens": 5}
     assert split_request({"seed": 1}) == (None, {"seed": 1})
+
+
+def test_read_scope_parameters_redact_keys_too() -> None:
+    params = {"model": "m", "metadata": {"alice@example.com": "vip", "tier": "5551234567"}}
+    assert redact_parameters(params, content=False) == {
+        "model": "m",
+        "metadata": {"[EMAIL]": "vip", "tier": "[PHONE]"},
+    }
+    assert redact_parameters(params, content=True) == params

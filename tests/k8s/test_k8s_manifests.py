@@ -155,6 +155,18 @@ def test_network_is_closed(overlay: str, docs: Docs) -> None:
     components = {p for p in pg_peers if not p.startswith("namespace:")}
     assert components == {"ingester", "migrate", "evaluator", "retention", "api"}
     assert "mirror" not in pg_peers and "health-sampler" not in pg_peers
+    # The mirror: clients of any namespace on llm; its admin port (/metrics, /healthz, docs)
+    # only from Prometheus's namespace, as the ingester's and health sampler's metrics ports.
+    monitoring = {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}
+    }
+    by_port: dict[str, list[Any]] = {}
+    for rule in find(d, "NetworkPolicy", "shadow-ab-mirror")["spec"]["ingress"]:
+        for port in rule["ports"]:
+            by_port.setdefault(port["port"], []).extend(rule["from"])
+    assert by_port == {"llm": [{"namespaceSelector": {}}], "admin": [monitoring]}
+    metrics = find(d, "NetworkPolicy", "shadow-ab-metrics")["spec"]["ingress"]
+    assert [rule["from"] for rule in metrics] == [[monitoring]]
     # Kafka: Strimzi generates the listener's policy from these peers.
     kafka = find(d, "Kafka", "shadow-ab")
     peers = kafka["spec"]["kafka"]["listeners"][0]["networkPolicyPeers"]

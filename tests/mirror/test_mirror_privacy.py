@@ -24,7 +24,7 @@ import pytest
 from aiohttp import web
 from mirror_helpers import MODEL, ListSink, served_in_process
 
-from evaluator.compare import PairSide, compare_pair
+from evaluator.compare import PairSide, compare_pair, side_margin
 from mirror import metrics as m
 from mirror.app import Mirror
 from mirror.config import MirrorConfigError, MirrorSettings, load_settings
@@ -388,6 +388,77 @@ def test_divergence_from_digests_alone() -> None:
     # a digest against a text (two capture levels) is no comparison at all
     plain = PairSide(text="a b c", request={"temperature": 0})
     assert not compare_pair(side("a b c", None), plain).comparable
+
+
+def _record(text: str, logprobs: list[TokenLogprob]) -> ExchangeRecord:
+    return ExchangeRecord.model_validate(
+        {
+            "deployment": "d",
+            "pair_id": "00000000-0000-0000-0000-000000000001",
+            "role": "incumbent",
+            "engine": "e",
+            "endpoint": "chat",
+            "stream": False,
+            "sent_at": "2026-12-01T00:00:00Z",
+            "status": "ok",
+            "request": {"messages": [{"content": "q"}], "temperature": 0},
+            "output_text": text,
+            "logprobs": logprobs,
+        }
+    )
+
+
+def test_full_capture_redacts_json_keys() -> None:
+    rec = _record("ok", []).model_copy(
+        update={
+            "request": {
+                "messages": [{"content": "q"}],
+                "metadata": {"alice@example.com": {"bob@example.org": 1}, "carol@example.net": 2},
+            }
+        }
+    )
+    out = Privacy(PrivacyConfig()).apply(rec, "full")
+    assert out.request["metadata"] == {"[EMAIL]": {"[EMAIL]": 1}, "[EMAIL] (2)": 2}
+
+
+def test_full_capture_redacts_logprob_tokens_across_token_boundaries() -> None:
+    # An e-mail address and a card number each split over several tokens; the alternatives at
+    # those positions spell other pieces of them.
+    pieces = ["Contact", " ali", "ce.s", "mith", "@exa", "mple", ".com", " or", " 4111",
+              " 1111 11", "11 1111", "."]  # fmt: skip
+    tops = [{"Contact": -0.1, "Call": -2.5}, {" ali": -0.2, " bob": -1.9},
+            {"ce.s": -0.3, "cia": -1.1}, {"mith": -0.1, "myth": -3.0},
+            {"@exa": -0.2, "@gmail": -1.5}, {"mple": -0.1}, {".com": -0.1, ".org": -2.0},
+            {" or": -0.1, " and": -1.0}, {" 4111": -0.3, " 4242": -1.2},
+            {" 1111 11": -0.2, " 1111": -1.6}, {"11 1111": -0.2, "11 1112": -4.0},
+            {".": -0.1, "!": -2.2}]  # fmt: skip
+    logprobs = [
+        TokenLogprob(token=t, logprob=top[t], top=top) for t, top in zip(pieces, tops, strict=True)
+    ]
+    text = "".join(pieces)
+    assert text == "Contact alice.smith@example.com or 4111 1111 1111 1111."
+    out = Privacy(PrivacyConfig()).apply(_record(text, logprobs), "full")
+
+    assert out.output_text == "Contact [EMAIL] or [CARD]."
+    assert out.logprobs is not None and len(out.logprobs) == len(logprobs)
+    assert "".join(lp.token for lp in out.logprobs) == out.output_text
+    assert [lp.logprob for lp in out.logprobs] == [lp.logprob for lp in logprobs]
+    assert [sorted(lp.top.values()) for lp in out.logprobs] == [
+        sorted(top.values()) for top in tops
+    ]
+    dump = repr(out.logprobs)
+    for secret in ("ali", "smith", "mith", "exa", "mple", "gmail", ".org", "4111", "4242",
+                   "1111", "1112", "cia", "myth"):  # fmt: skip
+        assert secret not in dump, secret
+    # tokens outside the redacted spans are as they were, alternatives included
+    for i in (0, 7, 11):
+        assert out.logprobs[i] == logprobs[i]
+    # each token's own entry among its alternatives follows its new text
+    for lp in out.logprobs:
+        assert lp.token in lp.top and lp.top[lp.token] == max(lp.top.values())
+    # margins still work on the redacted tokens: a pair diverging after the address
+    other = "Contact [EMAIL] and [CARD]."
+    assert side_margin(out.logprobs, out.output_text, other) == (pytest.approx(0.9), False)
 
 
 def test_none_capture_and_the_opt_out_header() -> None:
