@@ -10,6 +10,7 @@ from typing import Any
 
 import orjson
 import pytest
+from factories import exchange
 
 from mirror import body as mb
 from mirror.body import (
@@ -25,6 +26,16 @@ from mirror.body import (
     TOO_MANY_VALUES,
     inspect_body,
 )
+from mirror.privacy import (
+    OVER_BUDGET,
+    REDACTION_BUDGET,
+    REDACTION_STRING_COST,
+    REWRITE_OVER_BUDGET,
+    Privacy,
+    PrivacyConfig,
+)
+from mirror.rewrite import CandidateRewrite, candidate_request
+from shadow_ab.privacy import redact_text
 
 HEAD = b'{"model":"m","messages":[{"role":"user","content":"hi"}],"metadata":'
 
@@ -263,3 +274,65 @@ def test_the_scan_counts_what_a_walk_counts(seed: int, monkeypatch: pytest.Monke
         assert got.body == (value if expected is None else None)
         seen.add(expected)
     assert len(seen) >= 3  # the documents reach several limits, not only one
+
+
+# -- what walks the body on the mirror's path: any depth, bounded redaction ------------------------
+
+
+def deep(depth: int, bottom: dict[str, Any]) -> dict[str, Any]:
+    value: Any = bottom
+    for _ in range(depth // 2):
+        value = {"x": [value]}
+    return {"model": "m", "messages": [{"role": "user", "content": "hi"}], "metadata": value}
+
+
+def bottom_of(value: Any, depth: int) -> Any:
+    value = value["metadata"]
+    for _ in range(depth // 2):
+        value = value["x"][0]
+    return value
+
+
+def test_the_candidates_request_at_depth_5000() -> None:
+    body = deep(5000, {"password": "pw", "keep": 1})
+    out, rewrites = candidate_request(body, chat=True, rewrite=CandidateRewrite())
+    assert bottom_of(out, 5000) == {"keep": 1}
+    assert rewrites[0] == "credential:metadata." + ".".join(["x[0]"] * 2500) + ".password"
+
+
+def test_a_record_at_depth_5000_is_redacted_not_dropped() -> None:
+    record = exchange(request=deep(5000, {"api_key": "sk-1", "mail": "to a@b.example"}))
+    out = Privacy(PrivacyConfig()).apply(record, "full")  # raised RedactionError (recursion)
+    assert bottom_of(out.request, 5000) == {"mail": "to [EMAIL]"}
+
+
+def e_mails(n: int) -> dict[str, Any]:
+    return {"model": "m", "metadata": [f"u{i:06d}@e.io" for i in range(n)]}
+
+
+def test_the_redactor_works_within_a_budget_and_keeps_nothing_past_it() -> None:
+    # finding 2 at the function level: 520k distinct e-mail addresses, each a call of the
+    # redactor (1.3 s of CPU a record, three records a pair)
+    calls: list[int] = []
+
+    def counting(text: str) -> str:
+        calls.append(len(text))
+        return redact_text(text)
+
+    privacy = Privacy(PrivacyConfig())
+    privacy.redactor = counting
+    record = exchange(request=e_mails(520_000), output_text="mail me at x@y.example")
+    out = privacy.apply(record, "full")
+    assert sum(n + REDACTION_STRING_COST for n in calls) <= REDACTION_BUDGET + 2_000
+    kept = out.request["metadata"]
+    assert len(kept) == 520_000
+    assert not any("@" in s for s in kept)  # never kept unredacted
+    assert kept[0] == "[EMAIL]" and kept[-1] == OVER_BUDGET
+    assert out.output_text == "mail me at [EMAIL]"  # the answer is always redacted
+    assert out.rewrites[-1] == REWRITE_OVER_BUDGET
+
+
+def test_a_record_within_the_budget_is_redacted_whole() -> None:
+    out = Privacy(PrivacyConfig()).apply(exchange(request=e_mails(1000)), "full")
+    assert set(out.request["metadata"]) == {"[EMAIL]"}
+    assert REWRITE_OVER_BUDGET not in out.rewrites
