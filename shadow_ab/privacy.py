@@ -35,7 +35,8 @@ import re
 import secrets
 import traceback
 import unicodedata
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from itertools import compress
 from typing import Any
 
 import orjson
@@ -90,39 +91,72 @@ CREDENTIAL_KEYS = frozenset(
 """JSON keys (compared case-insensitively) whose values are credentials, at any depth."""
 
 
-def strip_credentials(value: Any, _path: str = "") -> tuple[Any, list[str]]:
+_CONTAINERS = frozenset({dict, list})
+_is_container_type = _CONTAINERS.__contains__
+
+
+def _is_container(value: object) -> bool:
+    return type(value) in _CONTAINERS
+
+
+def strip_credentials(value: Any) -> tuple[Any, list[str]]:
     """``value`` without :data:`CREDENTIAL_KEYS` keys at any depth (a copy where something
-    goes; the same object otherwise), and the dotted paths removed (``metadata.api_key``)."""
-    if isinstance(value, dict):
-        removed: list[str] = []
-        out: dict[str, Any] | None = None
-        for key, item in value.items():
-            path = f"{_path}.{key}" if _path else str(key)
-            if isinstance(key, str) and key.lower() in CREDENTIAL_KEYS:
-                removed.append(path)
-                if out is None:
-                    out = {k: v for k, v in value.items()}
-                del out[key]
-                continue
-            new, inner = strip_credentials(item, path)
-            if inner:
-                removed.extend(inner)
-                if out is None:
-                    out = {k: v for k, v in value.items()}
-                out[key] = new
-        return (value if out is None else out), removed
-    if isinstance(value, list):
-        removed = []
-        items = list(value)
-        changed = False
-        for i, item in enumerate(value):
-            new, inner = strip_credentials(item, f"{_path}[{i}]")
-            if inner:
-                removed.extend(inner)
-                items[i] = new
-                changed = True
-        return (items if changed else value), removed
-    return value, []
+    goes; the same object otherwise), and the dotted paths removed (``metadata.api_key``), in
+    document order.
+
+    Objects and arrays are plain ``dict`` and ``list`` (what JSON parsers make). Iterative, so
+    any depth (a body nested 990 deep made the recursive version raise RecursionError); a path
+    is spelled only for what is removed, and an array of scalars only (a prompt of a million
+    token ids) is passed over in C."""
+    removed: list[str] = []
+    if not _is_container(value):
+        return value, removed
+    # A frame: [node, (key, item) still to visit, node's copy or None, key in parent]. A
+    # child's copy goes into its parent's copy when the child is done; the stack's keys are
+    # the path.
+    root: list[Any] = [value, _items(value), None, None]
+    stack = [root]
+    while stack:
+        frame = stack[-1]
+        node, items = frame[0], frame[1]
+        is_dict = type(node) is dict
+        for key, item in items:
+            if is_dict and isinstance(key, str) and key.lower() in CREDENTIAL_KEYS:
+                removed.append(_path(stack, key))
+                if frame[2] is None:
+                    frame[2] = dict(node)
+                del frame[2][key]
+            elif type(item) is dict or (type(item) is list and not _scalars_only(item)):
+                stack.append([item, _items(item), None, key])
+                break
+        else:
+            stack.pop()
+            if frame[2] is not None and stack:
+                parent = stack[-1]
+                if parent[2] is None:
+                    parent[2] = dict(parent[0]) if type(parent[0]) is dict else list(parent[0])
+                parent[2][frame[3]] = frame[2]
+    return (value if root[2] is None else root[2]), removed
+
+
+def _path(stack: list[list[Any]], last: str) -> str:
+    """The dotted path of key ``last`` of the innermost frame (``tools[0].function.x``)."""
+    parts: list[str] = []
+    for frame, child in zip(stack, [*stack[1:], None], strict=True):
+        key = last if child is None else child[3]
+        if type(frame[0]) is list:
+            parts.append(f"[{key}]")
+        else:
+            parts.append(f".{key}" if parts else str(key))
+    return "".join(parts)
+
+
+def _items(node: dict[Any, Any] | list[Any]) -> Iterator[tuple[Any, Any]]:
+    """An object's (key, value) pairs; an array's (index, item) for its objects and arrays
+    only, the scalars skipped in C."""
+    if type(node) is dict:
+        return iter(node.items())
+    return compress(enumerate(node), map(_is_container_type, map(type, node)))
 
 
 # -- private text in strings ---------------------------------------------------------------------
@@ -450,27 +484,70 @@ def no_redaction(text: str) -> str:
 
 def redact_strings(value: Any, redactor: Redactor) -> Any:
     """``value`` (any JSON value) with ``redactor`` applied to every string in it, object
-    keys included (``{"alice@example.com": ...}`` is ``{"[EMAIL]": ...}``); a new object.
+    keys included (``{"alice@example.com": ...}`` is ``{"[EMAIL]": ...}``), in document order;
+    a new object for every object and array. Iterative: any depth.
 
     Keys that redact to one key keep every value: the first takes the key, each later one
     the key with `` (2)``, `` (3)``, ... (the first number not already a key of that object),
     in the object's order."""
     if isinstance(value, str):
         return redactor(value)
-    if isinstance(value, dict):
-        out: dict[Any, Any] = {}
-        for k, v in value.items():
-            key = redactor(k) if isinstance(k, str) else k
-            if key in out:
-                n = 2
-                while f"{key} ({n})" in out or f"{key} ({n})" in value:
-                    n += 1
-                key = f"{key} ({n})"
-            out[key] = redact_strings(v, redactor)
-        return out
-    if isinstance(value, list):
-        return [redact_strings(v, redactor) for v in value]
-    return value
+    if not _is_container(value):
+        return value
+    if type(value) is list and _scalars_only(value):
+        return list(value)
+    out: Any = {} if type(value) is dict else []
+    # (a copy being filled, its source, the source's items still to copy into it)
+    stack: list[tuple[Any, Any, Iterator[tuple[Any, Any]]]] = [
+        (out, value, iter(value.items()) if type(value) is dict else enumerate(value))
+    ]
+    while stack:
+        dst, src, items = stack[-1]
+        is_dict = type(dst) is dict
+        for key, item in items:
+            if is_dict:
+                key = _redacted_key(key, redactor, dst, src)
+            if isinstance(item, str):
+                item = redactor(item)
+            elif type(item) is dict or (type(item) is list and not _scalars_only(item)):
+                copy: Any = {} if type(item) is dict else []
+                if is_dict:
+                    dst[key] = copy
+                else:
+                    dst.append(copy)
+                items_of = iter(item.items()) if type(item) is dict else enumerate(item)
+                stack.append((copy, item, items_of))
+                break
+            elif type(item) is list:
+                item = list(item)  # numbers, booleans, nulls: copied in C
+            if is_dict:
+                dst[key] = item
+            else:
+                dst.append(item)
+        else:
+            stack.pop()
+    return out
+
+
+def _redacted_key(key: Any, redactor: Redactor, dst: dict[Any, Any], src: dict[Any, Any]) -> Any:
+    """``key`` redacted, numbered past the keys ``dst`` already has (see redact_strings)."""
+    if not isinstance(key, str):
+        return key
+    key = redactor(key)
+    if key in dst:
+        n = 2
+        while f"{key} ({n})" in dst or f"{key} ({n})" in src:
+            n += 1
+        key = f"{key} ({n})"
+    return key
+
+
+def _scalars_only(items: list[Any]) -> bool:
+    """Whether ``items`` holds no string, object or array (token ids, say): one C pass."""
+    return not any(issubclass(t, _WALKED) for t in set(map(type, items)))
+
+
+_WALKED = (str, dict, list)
 
 
 BUILTIN = "builtin"

@@ -7,6 +7,7 @@ import itertools
 import logging
 import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -112,6 +113,58 @@ def test_strip_credentials_at_any_depth() -> None:
     assert body["metadata"]["api_key"] == "sk-nested"  # input untouched
     same, none = strip_credentials({"a": [1, {"b": 2}]})
     assert none == [] and same == {"a": [1, {"b": 2}]}
+
+
+def nested(depth: int, bottom: dict[str, Any]) -> dict[str, Any]:
+    """``bottom`` under ``depth`` levels of alternating objects and arrays."""
+    value: Any = bottom
+    for i in range(depth // 2):
+        value = {"x": [value], "n": i}
+    return value  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("depth", [990, 5000])
+def test_strip_credentials_at_any_depth_without_recursion(depth: int) -> None:
+    # issue 26: a body nested 990 deep made the recursive version raise RecursionError (the
+    # client got a 500 and the incumbent never saw the request)
+    body = nested(depth, {"api_key": "sk-deep", "keep": "me"})
+    out, removed = strip_credentials(body)
+    assert removed == [".".join(["x[0]"] * (depth // 2)) + ".api_key"]
+    inner = out
+    for _ in range(depth // 2):
+        inner = inner["x"][0]
+    assert inner == {"keep": "me"}
+    assert strip_credentials(nested(depth, {"keep": "me"}))[1] == []
+
+
+def test_strip_credentials_in_document_order_and_shares_what_it_keeps() -> None:
+    tokens = list(range(100_000))
+    body = {"a": {"password": 1}, "api_key": 2, "prompt": tokens, "b": [[{"Cookie": 3}], 4]}
+    out, removed = strip_credentials(body)
+    assert removed == ["a.password", "api_key", "b[0][0].Cookie"]
+    assert out == {"a": {}, "prompt": tokens, "b": [[{}], 4]}
+    assert out["prompt"] is tokens  # not copied
+    assert body["b"] == [[{"Cookie": 3}], 4]  # input untouched
+    top, top_removed = strip_credentials([{"secret": 1}, 2])
+    assert top == [{}, 2] and top_removed == ["[0].secret"]
+
+
+def test_redact_strings_at_any_depth_without_recursion() -> None:
+    value = nested(5000, {"mail": "write to a@b.example", "n": 1})
+    out = redact_strings(value, redact_text)
+    for _ in range(2500):
+        assert out["x"] is not value["x"]  # a new object for every object and array
+        out, value = out["x"][0], value["x"][0]
+    assert out == {"mail": "write to [EMAIL]", "n": 1}
+
+
+def test_redact_strings_copies_arrays_of_scalars_and_reaches_strings_among_them() -> None:
+    tokens = list(range(1000))
+    value = {"prompt": tokens, "mixed": [1, "a@b.example", [2, "c@d.example"]]}
+    out = redact_strings(value, redact_text)
+    assert out == {"prompt": tokens, "mixed": [1, "[EMAIL]", [2, "[EMAIL]"]]}
+    assert out["prompt"] is not tokens
+    assert redact_strings([3, 4], redact_text) == [3, 4]
 
 
 # -- the built-in redactor -------------------------------------------------------------------------
