@@ -14,6 +14,7 @@ name they use is declared here (or in another part's ``metrics`` module).
 | shadow_ab_mirror_inflight_requests | gauge | role | requests in flight to each engine |
 | shadow_ab_mirror_shadow_decisions_total | counter | decision | sampled, skipped_sample, skipped_cap, skipped_guard, skipped_malformed, skipped_too_large, skipped_route, skipped_load_parity, skipped_overload |
 | shadow_ab_mirror_replays_total | counter | | sampled requests also replayed to the incumbent |
+| shadow_ab_mirror_shadow_answers_truncated_total | counter | role | shadow answers (candidate, replay) cut at mirror/shadow_client.py ANSWER_MAX_BYTES, as received or decompressed (recorded as connection_error, "answer truncated at N bytes") |
 | shadow_ab_mirror_guard_rate_ratio | gauge | | the guard's current multiplier of the shadow rate, 0..1 |
 | shadow_ab_mirror_guard_state | gauge | state | 1 for the guard's current state (steady, backoff, recovering, off_window), else 0 |
 | shadow_ab_mirror_guard_incumbent_p95_seconds | gauge | metric | the incumbent's rolling p95 the guard watches (ttft, e2e) |
@@ -119,6 +120,11 @@ SHADOW_DECISIONS = Counter(
 REPLAYS = Counter(
     "shadow_ab_mirror_replays_total",
     "Sampled requests also replayed to the incumbent to measure its own noise.",
+)
+SHADOW_TRUNCATED = Counter(
+    "shadow_ab_mirror_shadow_answers_truncated_total",
+    "Shadow answers cut at the most the mirror reads of one (ANSWER_MAX_BYTES), by role.",
+    ["role"],
 )
 GUARD_RATE = Gauge(
     "shadow_ab_mirror_guard_rate_ratio",
