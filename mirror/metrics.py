@@ -29,7 +29,7 @@ name they use is declared here (or in another part's ``metrics`` module).
 | shadow_ab_engine_restarts_total | counter | engine, role | restarts the health sampler saw (new process start time or down then up) |
 | shadow_ab_engine_version_changes_total | counter | engine, role | version changes the health sampler saw |
 | shadow_ab_health_scrape_seconds | histogram | engine | time to scrape one engine's /health, /version and /metrics |
-| shadow_ab_mirror_health_scrape_failures_total | counter | engine, role, reason | health scrapes that failed, by what failed (mirror/health.py FAILURE_REASONS: health_unreachable, health_timeout, health_status, version, metrics_unreachable, metrics_timeout, metrics_status, metrics_parse); also stored in the sample's error and logged once per run of failures |
+| shadow_ab_mirror_health_scrape_failures_total | counter | engine, role, reason | health scrapes that failed, by what failed (mirror/health.py FAILURE_REASONS: health_unreachable, health_timeout, health_status, version, metrics_unreachable, metrics_timeout, metrics_status, metrics_parse, health_too_large, version_too_large, metrics_too_large); also stored in the sample's error and logged once per run of failures |
 | shadow_ab_mirror_edge_rejections_total | counter | reason | client connections or requests the mirror refused before any engine saw them (connection_cap, header_too_large, header_timeout, header_timeout_idle, body_timeout, route_not_allowed, method_not_allowed) |
 | shadow_ab_mirror_send_timeouts_total | counter | | client connections closed because the client took none of its answer for `limits.send_timeout_s` (the engine's request is cancelled) |
 """  # noqa: E501 (a table reads better unwrapped)
