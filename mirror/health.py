@@ -22,6 +22,12 @@ It detects restarts -- a new ``process_start_time_seconds``, an engine seen down
 again, or TensorRT-LLM's iteration counter going back -- and version changes; each is counted
 (``shadow_ab_engine_restarts_total``, ``shadow_ab_engine_version_changes_total``) and logged.
 
+An engine is outside the trust boundary: each answer is read a piece at a time up to its cap
+(:data:`HEALTH_MAX_BYTES` for ``/health`` and ``/version``, :data:`METRICS_MAX_BYTES` for
+``/metrics``); a longer one is not read further (its connection is closed) and the scrape fails
+(``health_too_large``, ``version_too_large``, ``metrics_too_large``); the status of a long
+``/health`` still says whether the engine is up.
+
 Errors: none escape :meth:`HealthSampler.sample_once`. A scrape that fails is stored as such
 (``error`` says what failed; a down sample when ``/health`` did not answer 200), counted in
 ``shadow_ab_mirror_health_scrape_failures_total{engine,role,reason}`` (reasons:
@@ -73,10 +79,30 @@ FAILURE_REASONS = (
     "metrics_timeout",
     "metrics_status",
     "metrics_parse",
+    "health_too_large",
+    "version_too_large",
+    "metrics_too_large",
 )
 """Why a scrape failed (the ``reason`` label of the failures counter): ``/health`` refused or
 dropped the connection, timed out, or answered other than 200; ``/version`` did not give a
-version; ``/metrics`` refused, timed out, answered other than 200, or could not be parsed."""
+version; ``/metrics`` refused, timed out, answered other than 200, or could not be parsed; an
+answer longer than its cap (:data:`HEALTH_MAX_BYTES`, :data:`METRICS_MAX_BYTES`), not read
+further."""
+
+HEALTH_MAX_BYTES = 64 * 1024
+"""The most of a ``/health`` or ``/version`` answer the sampler reads: 64 KiB. vLLM's
+``/health`` is empty and its ``/version`` ~25 bytes (``{"version": "0.x.y"}``), TensorRT-LLM's
+as small; an engine (outside the trust boundary) sending more is not read further. A module
+constant, not a setting: nothing legitimate needs another value."""
+
+METRICS_MAX_BYTES = 4 * 1024 * 1024
+"""The most of a ``/metrics`` answer the sampler reads (as received, and after aiohttp's
+decompression): 4 MiB. vLLM's Prometheus text is tens of KB for one model and ~1 MB with many
+models, LoRA adapters and labels (each histogram is ~20 bucket lines per label set);
+TensorRT-LLM's JSON holds the iteration stats since the last read, ~1 KB each and 1,000 at most
+by default (``iter_stats_max_iterations``), ~1 MB. Reading and parsing 4 MiB costs the sampler
+a few times that (the text, its lines, the decoded copy) within its pod's 512 Mi, where a
+gzip bomb read whole would take gigabytes. A module constant, not a setting."""
 
 FLAVOR_NAMES = {"vllm": "vLLM's Prometheus text", "trtllm": "TensorRT-LLM's JSON list"}
 
@@ -337,10 +363,12 @@ class HealthSampler:
         try:
             async with self.session.get(base + "/health", timeout=timeout) as resp:
                 out.http_status = resp.status
-                await resp.read()
-                out.up = resp.status == 200
+                drained = await _read_capped(resp, HEALTH_MAX_BYTES)
+                out.up = resp.status == 200  # the status says it; the body says nothing
                 if not out.up:
                     out.fail("health_status", f"/health answered {resp.status}")
+                if drained is None:
+                    out.fail("health_too_large", _too_large("/health", HEALTH_MAX_BYTES))
         except TimeoutError as exc:  # before ClientError: aiohttp's timeouts are both
             out.fail("health_timeout", f"/health: {_describe(exc)}")
             return out
@@ -351,8 +379,11 @@ class HealthSampler:
         # report its memory). A /version that fails is counted, not the sample's error.
         try:
             async with self.session.get(base + "/version", timeout=timeout) as resp:
-                body = orjson.loads(await resp.read()) if resp.status == 200 else None
-            if isinstance(body, dict) and body.get("version") is not None:
+                raw = await _read_capped(resp, HEALTH_MAX_BYTES) if resp.status == 200 else b""
+            body = orjson.loads(raw) if raw else None
+            if raw is None:
+                out.fail("version_too_large", None)
+            elif isinstance(body, dict) and body.get("version") is not None:
                 out.version = str(body["version"])
             else:
                 out.fail("version", None)
@@ -360,7 +391,7 @@ class HealthSampler:
             out.fail("version", None)
         try:
             async with self.session.get(base + "/metrics", timeout=timeout) as resp:
-                payload = await resp.read()
+                read = await _read_capped(resp, METRICS_MAX_BYTES)
                 content_type = resp.content_type
                 status = resp.status
         except TimeoutError as exc:
@@ -372,6 +403,10 @@ class HealthSampler:
         if status != 200:
             out.fail("metrics_status", f"/metrics answered {status}")
             return out
+        if read is None:
+            out.fail("metrics_too_large", _too_large("/metrics", METRICS_MAX_BYTES))
+            return out
+        payload = read
         flavor = self._flavor(target, content_type, payload)
         out.flavor = flavor
         try:
@@ -518,6 +553,25 @@ def _mismatch(target: EngineTarget, used: Known, content_type: str, payload: byt
         f" (the answer looks like {FLAVOR_NAMES[looks]}, but flavor is {used}:"
         f" set flavor: {looks} or auto for engine {target.engine})"
     )
+
+
+async def _read_capped(resp: aiohttp.ClientResponse, cap: int) -> bytes | None:
+    """``resp``'s body, read a piece at a time (decompressed by aiohttp a bounded piece at a
+    time); None when it is longer than ``cap`` bytes: read no further, the connection closed."""
+    if resp.content_length is not None and resp.content_length > cap:
+        resp.close()
+        return None
+    body = bytearray()
+    async for piece in resp.content.iter_any():
+        if len(body) + len(piece) > cap:
+            resp.close()
+            return None
+        body += piece
+    return bytes(body)
+
+
+def _too_large(path: str, cap: int) -> str:
+    return f"{path} answered more than {cap} bytes: not read further"
 
 
 def _describe(exc: BaseException) -> str:

@@ -14,6 +14,7 @@ name they use is declared here (or in another part's ``metrics`` module).
 | shadow_ab_mirror_inflight_requests | gauge | role | requests in flight to each engine |
 | shadow_ab_mirror_shadow_decisions_total | counter | decision | sampled, skipped_sample, skipped_cap, skipped_guard, skipped_malformed, skipped_too_large, skipped_route, skipped_load_parity, skipped_overload |
 | shadow_ab_mirror_replays_total | counter | | sampled requests also replayed to the incumbent |
+| shadow_ab_mirror_shadow_answers_truncated_total | counter | role | shadow answers (candidate, replay) cut at mirror/shadow_client.py ANSWER_MAX_BYTES, as received or decompressed (recorded as connection_error, "answer truncated at N bytes") |
 | shadow_ab_mirror_guard_rate_ratio | gauge | | the guard's current multiplier of the shadow rate, 0..1 |
 | shadow_ab_mirror_guard_state | gauge | state | 1 for the guard's current state (steady, backoff, recovering, off_window), else 0 |
 | shadow_ab_mirror_guard_incumbent_p95_seconds | gauge | metric | the incumbent's rolling p95 the guard watches (ttft, e2e) |
@@ -28,7 +29,7 @@ name they use is declared here (or in another part's ``metrics`` module).
 | shadow_ab_engine_restarts_total | counter | engine, role | restarts the health sampler saw (new process start time or down then up) |
 | shadow_ab_engine_version_changes_total | counter | engine, role | version changes the health sampler saw |
 | shadow_ab_health_scrape_seconds | histogram | engine | time to scrape one engine's /health, /version and /metrics |
-| shadow_ab_mirror_health_scrape_failures_total | counter | engine, role, reason | health scrapes that failed, by what failed (mirror/health.py FAILURE_REASONS: health_unreachable, health_timeout, health_status, version, metrics_unreachable, metrics_timeout, metrics_status, metrics_parse); also stored in the sample's error and logged once per run of failures |
+| shadow_ab_mirror_health_scrape_failures_total | counter | engine, role, reason | health scrapes that failed, by what failed (mirror/health.py FAILURE_REASONS: health_unreachable, health_timeout, health_status, version, metrics_unreachable, metrics_timeout, metrics_status, metrics_parse, health_too_large, version_too_large, metrics_too_large); also stored in the sample's error and logged once per run of failures |
 | shadow_ab_mirror_edge_rejections_total | counter | reason | client connections or requests the mirror refused before any engine saw them (connection_cap, header_too_large, header_timeout, header_timeout_idle, body_timeout, route_not_allowed, method_not_allowed) |
 | shadow_ab_mirror_send_timeouts_total | counter | | client connections closed because the client took none of its answer for `limits.send_timeout_s` (the engine's request is cancelled) |
 """  # noqa: E501 (a table reads better unwrapped)
@@ -119,6 +120,11 @@ SHADOW_DECISIONS = Counter(
 REPLAYS = Counter(
     "shadow_ab_mirror_replays_total",
     "Sampled requests also replayed to the incumbent to measure its own noise.",
+)
+SHADOW_TRUNCATED = Counter(
+    "shadow_ab_mirror_shadow_answers_truncated_total",
+    "Shadow answers cut at the most the mirror reads of one (ANSWER_MAX_BYTES), by role.",
+    ["role"],
 )
 GUARD_RATE = Gauge(
     "shadow_ab_mirror_guard_rate_ratio",

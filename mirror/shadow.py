@@ -13,7 +13,12 @@ is the incumbent's run-to-run variation, not an echo of one batch (a replay canc
 waits was never sent and is not recorded). A shadow request ends within ``shadow.timeout_s``
 (a timeout is recorded, not raised); its answer is read whole (a stream's chunks are kept with
 their arrival times and parsed at the end, :func:`mirror.trace.stream_trace`) and becomes one
-record handed to the sink.
+record handed to the sink. Whole, up to :data:`mirror.shadow_client.ANSWER_MAX_BYTES` (the
+candidate is outside the trust boundary): a longer answer is cut there, its connection closed,
+and recorded as ``connection_error`` with the error "answer truncated at N bytes"
+(:data:`shadow_ab.records.ANSWER_TRUNCATED`) and nothing of what arrived (neither parsed nor
+kept: no text, logprobs or timings), counted in
+``shadow_ab_mirror_shadow_answers_truncated_total``.
 
 The requests go through this module's own raw connection pools (:mod:`mirror.shadow_client`:
 one per engine, plus the replays' own), not aiohttp: a chunk costs one parser callback instead
@@ -31,9 +36,16 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 import orjson
 
+from mirror.metrics import SHADOW_TRUNCATED
 from mirror.recording import ERROR_BODY_KEEP, Dispatch, error_text, status_of
 from mirror.rewrite import stored_request
-from mirror.shadow_client import ShadowAnswer, request_head
+from mirror.shadow_client import (
+    ANSWER_MAX_BYTES,
+    PIECE_COST,
+    AnswerTruncated,
+    ShadowAnswer,
+    request_head,
+)
 from mirror.trace import Outcome, parse_body, stream_trace
 from shadow_ab.records import Endpoint, Role, Status
 
@@ -154,6 +166,7 @@ class Shadows:
         )
         payload = orjson.dumps(body)
         answer: ShadowAnswer | None = None
+        truncated = False
         t0 = clock()
         try:
             async with asyncio.timeout(mirror.settings.shadow.timeout_s):
@@ -170,18 +183,29 @@ class Shadows:
                     ) as resp:
                         http_status = resp.status
                         status = status_of(resp.status)
-                        if resp.content_type == "text/event-stream":
-                            sse = True  # parsed when the stream ends (mirror.trace.stream_trace)
-                            async for chunk in resp.content.iter_any():
+                        sse = resp.content_type == "text/event-stream"
+                        parts: list[bytes] = []
+                        kept = 0  # charged as mirror.shadow_client does
+                        async for chunk in resp.content.iter_any():
+                            kept += len(chunk) + PIECE_COST
+                            if kept > ANSWER_MAX_BYTES:
+                                resp.close()  # the engine sees it go and stops generating
+                                raise AnswerTruncated(ANSWER_MAX_BYTES, "as kept")
+                            if sse:  # parsed when the stream ends (mirror.trace.stream_trace)
                                 stash.append((clock(), chunk))
-                        else:
-                            raw = await resp.read()
+                            else:
+                                parts.append(chunk)
+                        if not sse:
+                            raw = b"".join(parts)
                             last_t = clock()
         except TimeoutError:
             status, error = (
                 Status.TIMEOUT,
                 f"no complete answer within {mirror.settings.shadow.timeout_s}s",
             )
+        except AnswerTruncated as exc:
+            status, error, truncated = Status.CONNECTION_ERROR, str(exc), True
+            SHADOW_TRUNCATED.labels(role=role.value).inc()
         except (aiohttp.ClientError, OSError, ValueError) as exc:
             status, error = Status.CONNECTION_ERROR, repr(exc)
         except asyncio.CancelledError:
@@ -194,12 +218,14 @@ class Shadows:
                     if status is Status.OK:
                         status = status_of(answer.status)
                 sse, last_t = answer.sse, answer.last_t
-                if not sse:
+                if not sse and status in (Status.OK, Status.HTTP_ERROR):  # else never read
                     raw = b"".join(answer.parts)
             mirror._inflight[role] -= 1
             mirror._m_inflight[role].dec()
             self.inflight -= 1
-            if sse:
+            if truncated:  # what arrived is no answer: not parsed, not kept in the record
+                outcome = Outcome()
+            elif sse:
                 outcome = stream_trace(stash, t0, chat=chat).outcome()
             elif status is Status.OK and last_t is not None:
                 outcome = parse_body(raw, chat=chat, e2e_s=last_t - t0)

@@ -57,6 +57,13 @@ class Status(StrEnum):
     CANCELLED = "cancelled"
 
 
+ANSWER_TRUNCATED = "answer truncated"
+"""How an exchange's ``error`` begins when the mirror cut an engine's answer that outgrew the
+most it reads (mirror/shadow_client.py ``ANSWER_MAX_BYTES``; no real answer is that long). Its
+status is ``connection_error`` (the mirror closed the connection before the answer ended): a
+failure of the engine, which the evaluator does not take for a sign of a crash."""
+
+
 class Endpoint(StrEnum):
     CHAT = "chat"
     COMPLETIONS = "completions"

@@ -3,11 +3,13 @@
 memory series), and crashes seen only through connection errors.
 
 - **crash** without health samples: a cluster of ``connection_error`` exchanges; with health
-  samples, the ``connection_error`` exchanges around a restart are its evidence.
-- **error_burst**: failed exchanges (``http_error``, and ``connection_error`` no restart
-  explains) whose count in a ``burst_window_s`` window is far above the engine's baseline share
-  (exact binomial tail below ``burst_alpha``, at least ``burst_min_errors`` and
-  ``burst_factor`` times the baseline).
+  samples, the ``connection_error`` exchanges around a restart are its evidence. Not those
+  whose error says the mirror cut an answer past its cap (:data:`ANSWER_TRUNCATED`): the engine
+  answered, too much; a failure, never a sign of a crash.
+- **error_burst**: failed exchanges (``http_error``, answers the mirror cut, and
+  ``connection_error`` no restart explains) whose count in a ``burst_window_s`` window is far
+  above the engine's baseline share (exact binomial tail below ``burst_alpha``, at least
+  ``burst_min_errors`` and ``burst_factor`` times the baseline).
 - **hang**: ``timeout`` exchanges, streams that stalled (TTFT or one inter-token gap of at least
   ``hang_stall_s``), ``/health`` slower than ``hang_health_latency_s``.
 - **leak**: ``gpu_mem_bytes`` and ``cpu_mem_bytes``, cut at every process start.
@@ -37,6 +39,7 @@ from evaluator.incidents.model import (
     unix_s,
     utc_at,
 )
+from shadow_ab.records import ANSWER_TRUNCATED
 
 
 def merge_findings(
@@ -129,7 +132,8 @@ def detect_exchange_incidents(
         for e in evs:
             t = unix_s(e.sent_at)
             in_crash = _inside(t, crash_spans, config.crash_margin_s)
-            if e.status == "connection_error":
+            cut = e.status == "connection_error" and (e.error or "").startswith(ANSWER_TRUNCATED)
+            if e.status == "connection_error" and not cut:
                 if in_crash:
                     for c in crashes:
                         a = unix_s(c.started_at) - config.crash_margin_s
@@ -144,7 +148,7 @@ def detect_exchange_incidents(
                     unexplained_conn.append(e)
             elif in_crash:
                 continue
-            elif e.status == "http_error":
+            elif e.status == "http_error" or cut:  # cut: an answer past the mirror's cap
                 failures.append(e)
             elif e.status == "timeout" or e.stalled(config.hang_stall_s):
                 hang_events.append(e)

@@ -17,6 +17,7 @@ from evaluator.incidents.model import (
     SentCounts,
 )
 from evaluator.incidents.restarts import detect_restarts, warmup_windows
+from shadow_ab.records import ANSWER_TRUNCATED
 
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 PST = 1_796_000_000.0
@@ -187,6 +188,16 @@ def test_without_health_samples_connection_errors_make_a_crash() -> None:
     events = [ev(900 + k, "connection_error", error="refused") for k in range(0, 40, 4)]
     found = detect_incidents(DetectionInput(health=[], events=events, sent=sent_every(1.0, 3000)))
     assert kinds(found) == ["crash"] and found[0].evidence["connection_errors"] == 10
+
+
+def test_answers_the_mirror_truncated_are_failures_not_a_crash() -> None:
+    """A candidate whose answers outgrew the mirror's cap (status connection_error: the mirror
+    closed the connection) is failing, not crashing: an error burst, never a crash, even when
+    no health samples watch it."""
+    error = f"{ANSWER_TRUNCATED} at 67108864 bytes (as kept; ...)"
+    events = [ev(1800 + k, "connection_error", error=error) for k in range(25)]
+    found = detect_incidents(DetectionInput(health=[], events=events, sent=sent_every(1.0, 3600)))
+    assert kinds(found) == ["error_burst"] and found[0].evidence["failed"] == 25
 
 
 def test_leak_of_known_rate_within_20_percent_and_warmup_after_crash() -> None:

@@ -6,6 +6,8 @@ import asyncio
 import contextlib
 import logging
 import time
+import tracemalloc
+import zlib
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -15,6 +17,8 @@ from mirror_helpers import ListSink
 from prometheus_client import REGISTRY
 
 from mirror.health import (
+    HEALTH_MAX_BYTES,
+    METRICS_MAX_BYTES,
     EngineTarget,
     Flavor,
     HealthConfig,
@@ -451,3 +455,91 @@ def test_a_kept_alive_connection_the_engine_closes_is_not_a_down_sample() -> Non
     assert all(s.up and s.error is None for s in seen), [s.error for s in seen]
     assert [s.version for s in seen] == ["0.32.0"] * 3
     assert all(s.flavor == "vllm" and s.process_start_time == 1.7e9 for s in seen)
+
+
+# -- hostile answers: an engine's /health, /version or /metrics too large to read (issue 26) ------
+
+
+def _gzip_bomb(zeros: int) -> bytes:
+    """``zeros`` zero bytes gzipped a megabyte at a time (~1 KB per MB)."""
+    z = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    mb = bytes(1024 * 1024)
+    return b"".join([*(z.compress(mb) for _ in range(zeros // len(mb))), z.flush()])
+
+
+HUGE = 64 * 1024 * 1024
+"""A huge answer: 64 MiB of well-formed metric lines (or padding), sent whole."""
+
+
+@pytest.mark.parametrize(
+    ("hostile", "reason"),
+    [
+        ("metrics-huge", "metrics_too_large"),
+        ("metrics-bomb", "metrics_too_large"),
+        ("health-huge", "health_too_large"),
+        ("version-huge", "version_too_large"),
+    ],
+)
+def test_an_answer_past_its_cap_is_not_read_and_is_a_failed_scrape(
+    hostile: str, reason: str
+) -> None:
+    """An engine (outside the trust boundary) answering a scrape with more than its cap: the
+    sampler reads no further (memory stays near the cap), stores a failed scrape saying why,
+    and counts it; the engine still reads as up (its /health said 200)."""
+    line = b"vllm:num_requests_running 1.0\n"
+    metrics = b"process_start_time_seconds 1.7e9\n"
+    version = b'{"version":"0.32.0"}'
+    health = b""
+    encoding = b""
+    if hostile == "metrics-huge":
+        metrics = line * (HUGE // len(line))
+    elif hostile == "metrics-bomb":
+        metrics, encoding = _gzip_bomb(200 * 1024 * 1024), b"content-encoding: gzip\r\n"
+    elif hostile == "health-huge":
+        health = b" " * HUGE
+    else:
+        version = b'{"version":"0.32.0","pad":"' + b" " * HUGE + b'"}'
+    engine = f"{hostile}@cand"
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                path = head.split(b" ", 2)[1]
+                body = {b"/version": version, b"/metrics": metrics}.get(path, health)
+                extra = encoding if path == b"/metrics" else b""
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\n" + extra
+                    + b"content-length: " + str(len(body)).encode() + b"\r\n\r\n"
+                )  # fmt: skip
+                for i in range(0, len(body), 1024 * 1024):
+                    writer.write(body[i : i + 1024 * 1024])
+                    await writer.drain()
+        writer.close()
+
+    async def go(session: aiohttp.ClientSession) -> tuple[HealthSample, int]:
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        target = EngineTarget(engine, Role.CANDIDATE, f"http://127.0.0.1:{port}")
+        async with server:
+            hs = HealthSampler(
+                [target], ListSink(), session, "health-test", HealthConfig(timeout_s=30.0)
+            )
+            tracemalloc.start()
+            try:
+                (sample,) = await hs.sample_once()
+                peak = tracemalloc.get_traced_memory()[1]
+            finally:
+                tracemalloc.stop()
+            return sample, peak
+
+    before = failures(engine, reason)
+    sample, peak = run(go)
+    assert failures(engine, reason) == before + 1
+    assert peak < 3 * METRICS_MAX_BYTES, peak  # before: the whole answer, twice or more
+    assert sample.up and sample.http_status == 200
+    if reason == "version_too_large":
+        assert sample.version is None and sample.error is None  # /version: counted only
+    else:
+        cap = METRICS_MAX_BYTES if reason == "metrics_too_large" else HEALTH_MAX_BYTES
+        assert f"answered more than {cap} bytes" in (sample.error or ""), sample.error
