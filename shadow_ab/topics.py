@@ -69,14 +69,13 @@ def _admin(bootstrap: str) -> Any:
     """A confluent-kafka admin client (librdkafka; its log lines go to Python's logging)."""
     from confluent_kafka.admin import AdminClient
 
-    return AdminClient(
-        {
-            "bootstrap.servers": bootstrap,
-            "client.id": "shadow-ab-topics",
-            "logger": logging.getLogger("shadow_ab.topics.librdkafka"),
-            **librdkafka_security(),
-        }
-    )
+    config: dict[str, Any] = {
+        "bootstrap.servers": bootstrap,
+        "client.id": "shadow-ab-topics",
+        "logger": logging.getLogger("shadow_ab.topics.librdkafka"),
+        **librdkafka_security(),
+    }
+    return AdminClient(config)
 
 
 def _code(exc: Exception) -> int | None:

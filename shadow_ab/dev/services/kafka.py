@@ -20,6 +20,7 @@ import time
 import uuid
 from collections.abc import Callable
 from importlib import resources
+from typing import Any
 
 from shadow_ab.dev.services.base import (
     LOOPBACK,
@@ -224,13 +225,12 @@ class LocalKafka:
         from confluent_kafka import KafkaException
         from confluent_kafka.admin import AdminClient
 
-        admin = AdminClient(
-            {
-                "bootstrap.servers": self.bootstrap,
-                "client.id": "shadow-ab",
-                "logger": logging.getLogger("shadow_ab.services.librdkafka"),
-            }
-        )
+        config: dict[str, Any] = {
+            "bootstrap.servers": self.bootstrap,
+            "client.id": "shadow-ab",
+            "logger": logging.getLogger("shadow_ab.services.librdkafka"),
+        }
+        admin = AdminClient(config)
         try:
             admin.list_topics(timeout=5.0)
             return True
