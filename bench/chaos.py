@@ -159,10 +159,29 @@ def kafka_mirror(ctx: Ctx, bootstrap: str, home: Path, **kafka: Any) -> Iterator
         yield m
 
 
+def _from_the_start(bootstrap: str, topic: str) -> Any:
+    """A confluent-kafka consumer of ``topic`` from its start (a group of its own, no commits)."""
+    from confluent_kafka import Consumer
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"chaos-reader-{uuid.uuid4().hex[:8]}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
+    consumer.subscribe([topic])
+    return consumer
+
+
+def _poll(consumer: Any, timeout_s: float) -> list[Any]:
+    """The messages that came within ``timeout_s`` (errors such as end of partition left out)."""
+    return [m for m in consumer.consume(num_messages=1000, timeout=timeout_s) if m.error() is None]
+
+
 def too_large(ctx: Ctx) -> Row:
     """Finding 1: one record over the topic's max.message.bytes between small ones."""
-    from kafka import KafkaConsumer
-
     from shadow_ab.topics import TopicSpec, delete_topics, ensure_topics
 
     assert ctx.kafka, "too_large needs SHADOW_AB_KAFKA_BOOTSTRAP (the running Kafka)"
@@ -174,7 +193,11 @@ def too_large(ctx: Ctx) -> Row:
         [TopicSpec(exchanges, 1, {"max.message.bytes": str(limit)}), TopicSpec(health, 1)],
     )
     n = ctx.n(20, 200)
-    topics = {"topic_exchanges": exchanges, "topic_health": health, "max_request_size": limit}
+    topics = {
+        "topic_exchanges": exchanges,
+        "topic_health": health,
+        "client": {"message.max.bytes": limit},
+    }
     got: list[Any] = []
     try:
         with kafka_mirror(ctx, ctx.kafka, ctx.tmp / f"home-{tag}", **topics) as m:
@@ -184,12 +207,10 @@ def too_large(ctx: Ctx) -> Row:
             total = len(statuses)
             wait_for(lambda: handed(m, "kafka") >= total and dropped_total(m) >= 1)
             dropped, rss, healthy = dropped_total(m), peak_rss_mb(m.pid), m.healthy()
-        consumer = KafkaConsumer(
-            exchanges, bootstrap_servers=ctx.kafka, auto_offset_reset="earliest", group_id=None
-        )
+        consumer = _from_the_start(ctx.kafka, exchanges)
 
         def read_more() -> bool:
-            got.extend(r for rs in consumer.poll(timeout_ms=500).values() for r in rs)
+            got.extend(_poll(consumer, 0.5))
             return len(got) + dropped >= total
 
         wait_for(read_more, 60)
@@ -325,8 +346,6 @@ def sigterm(ctx: Ctx) -> Row:
 def poison(ctx: Ctx) -> Row:
     """Finding 3: one schema-valid record dated 9999-12-31 among good ones, through a real
     ``shadow-ab ingest`` (real Kafka, a migrated SQLite store)."""
-    from kafka import KafkaConsumer
-
     from ingester.clients import make_producer
     from ingester.settings import IngestSettings
     from shadow_ab.dev.processes import ManagedProcess
@@ -356,16 +375,14 @@ def poison(ctx: Ctx) -> Row:
     proc = ManagedProcess(cmd, ctx.tmp / f"ingest-{tag}.log", merge_stdout=True)
     store = sqlite3.connect(url.removeprefix("sqlite:///"), timeout=30)
     letters: list[Any] = []
-    consumer = KafkaConsumer(
-        names[2], bootstrap_servers=ctx.kafka, auto_offset_reset="earliest", group_id=None
-    )
+    consumer = _from_the_start(ctx.kafka, names[2])
     try:
 
         def stored() -> int:
             return int(store.execute("SELECT count(*) FROM exchanges").fetchone()[0])
 
         def done() -> bool:
-            letters.extend(r for rs in consumer.poll(timeout_ms=200).values() for r in rs)
+            letters.extend(_poll(consumer, 0.2))
             return stored() >= n and len(letters) >= 1
 
         wait_for(done, 120)

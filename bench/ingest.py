@@ -2,7 +2,6 @@
 
     eval "$(shadow-ab services env)"
     python bench/ingest.py [--records N] [--batch-sizes 100,1000,5000] [--workers 1,2]
-                           [--kafka-client kafka-python,confluent]
                            [--decoder pydantic,msgspec,rows] [--inflight 1,2]
                            [--gc tuned|default|both] [--fetch-partition-kb 8192] [--repeat R]
                            [--top-logprobs K] [--no-parts] [--profile]
@@ -24,14 +23,13 @@ KB without logprobs: about 2.6 KB of text, the rest mostly ITL floats and field 
 
 They are produced to a fresh 6-partition topic (as ``shadow.exchanges``); then, for each batch
 size and worker count, ``--workers`` processes each run the real ingester exactly as
-``shadow-ab ingest --workers N`` does (the ``--kafka-client`` consumer, decode + validation,
+``shadow-ab ingest --workers N`` does (the confluent-kafka consumer, decode + validation,
 binary COPY into PostgreSQL, offset commit after the store commit; ``tune_gc`` unless
 ``--gc default``) in one fresh consumer group, into a fresh database, until every offset is
 committed; the row count is then checked to be exactly N.
 
-``--kafka-client``, ``--decoder`` and ``--inflight`` compare the ingester's Kafka client
-libraries (``SHADOW_AB_INGEST_KAFKA_CLIENT``: kafka-python, or confluent-kafka's librdkafka),
-decoders (``SHADOW_AB_INGEST_DECODER``) and batches in flight per worker
+``--decoder``, ``--inflight`` and ``--fetch-partition-kb`` compare the ingester's decoders
+(``SHADOW_AB_INGEST_DECODER``) and batches in flight per worker
 (``SHADOW_AB_INGEST_INFLIGHT_BATCHES``) side by side; the
 "vs first" column is each row's rate over the first row's (list the old configuration first:
 ``--decoder msgspec,rows --inflight 1,2``), measured in the same run on the same records. The
@@ -51,7 +49,7 @@ work on a shared machine shows there ("other" is the change in the CPU of every 
 at the end: processes that end within the run make it low, or even negative).
 
 Then (unless ``--no-parts``) it measures the floors, each part alone on the same records, one
-after the other in the same run: fetching from Kafka (each client's consumer poll through the
+after the other in the same run: fetching from Kafka (the consumer's poll through the
 ingester's adapter, ``ingester.clients``, for each ``--fetch-partition-kb``; the process's CPU
 counts every thread, librdkafka's too), decode + validation (each decoder; ``rows`` includes
 making the row values), and the store write (storage.write.write_exchanges) split into
@@ -97,7 +95,6 @@ from storage.write import WIRE, ExchangeRow, exchange_values, write_exchanges
 GOAL = 10_000
 PARTITIONS = 6  # as shadow.exchanges
 CPU_GROUPS = ("ingester", "postgres", "pg db", "kafka", "other", "idle")
-CLIENTS = ("kafka-python", "confluent")
 DECODERS = ("pydantic", "msgspec", "rows")
 WORDS = (
     "the of and to in is that for it as with was on be by this are or at from an which have"
@@ -231,22 +228,37 @@ class FreshDatabases:
 
 
 def produce(bootstrap: str, topic: str, values: list[tuple[bytes, bytes]]) -> float:
-    from kafka import KafkaProducer
+    from confluent_kafka import Producer
 
-    producer = KafkaProducer(
-        bootstrap_servers=bootstrap,
-        acks="all",
-        linger_ms=20,
-        batch_size=1024 * 1024,
-        max_request_size=16 * 1024 * 1024,
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "acks": "all",
+            "linger.ms": 20,
+            "batch.size": 1024 * 1024,
+            "message.max.bytes": 16 * 1024 * 1024,
+            "queue.buffering.max.kbytes": 1024 * 1024,
+        }
     )
+    failed: list[Any] = []
+
+    def delivered(err: Any, _msg: Any) -> None:
+        if err is not None:
+            failed.append(err)
+
     start = time.perf_counter()
-    futures = [producer.send(topic, key=k, value=v) for k, v in values]
-    producer.flush(timeout=600)
-    for f in futures[-10:]:
-        f.get(timeout=0)
+    for k, v in values:
+        while True:
+            try:
+                producer.produce(topic, key=k, value=v, on_delivery=delivered)
+                break
+            except BufferError:  # librdkafka's queue is full: let it send
+                producer.poll(0.05)
+        producer.poll(0)
+    left = producer.flush(600)
     elapsed = time.perf_counter() - start
-    producer.close(timeout=30)
+    if left or failed:
+        raise SystemExit(f"producing the records failed: {left} unsent, {failed[:3]}")
     return elapsed
 
 
@@ -594,49 +606,32 @@ def ingest_once(
 # -- parts, each alone -------------------------------------------------------------------------
 
 
-def _fetch_consumer(client: str, bootstrap: str, topic: str, fetch_kb: int) -> Any:
+def _fetch_consumer(bootstrap: str, topic: str, fetch_kb: int) -> Any:
     """The ingester's adapter (ingester.clients) over a group-less consumer assigned every
     partition of ``topic`` from the start: the fetch alone, no group join."""
-    if client == "confluent":
-        from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
-        from ingester.confluent_client import ConfluentConsumer
+    from ingester.confluent_client import ConfluentConsumer
 
-        raw = Consumer(
-            {
-                "bootstrap.servers": bootstrap,
-                "group.id": f"bench-fetch-{uuid.uuid4().hex[:8]}",  # never joined
-                "enable.auto.commit": False,
-                "max.partition.fetch.bytes": fetch_kb * 1024,
-                "fetch.max.bytes": 64 * 1024 * 1024,
-            }
-        )
-        raw.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(PARTITIONS)])
-        return ConfluentConsumer(raw, bootstrap)
-    from kafka import KafkaConsumer
-
-    from ingester.kafka_python_client import KafkaPythonConsumer
-
-    raw = KafkaConsumer(
-        topic,
-        bootstrap_servers=bootstrap,
-        group_id=None,
-        auto_offset_reset="earliest",
-        enable_auto_commit=False,
-        max_poll_records=5000,
-        max_partition_fetch_bytes=fetch_kb * 1024,
-        fetch_max_bytes=64 * 1024 * 1024,
+    raw = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"bench-fetch-{uuid.uuid4().hex[:8]}",  # never joined
+            "enable.auto.commit": False,
+            "max.partition.fetch.bytes": fetch_kb * 1024,
+            "fetch.max.bytes": 64 * 1024 * 1024,
+        }
     )
-    raw.partitions_for_topic(topic)  # metadata first: not part of the fetch
-    return KafkaPythonConsumer(raw)
+    raw.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(PARTITIONS)])
+    return ConfluentConsumer(raw, bootstrap)
 
 
 def time_consume_only(
-    bootstrap: str, topic: str, n: int, fetch_kb: int = 8192, client: str = "kafka-python"
+    bootstrap: str, topic: str, n: int, fetch_kb: int = 8192
 ) -> tuple[float, float]:
     """(wall, CPU) seconds to fetch ``n`` records through the ingester's adapter; the CPU is
-    the whole process's (every thread: kafka-python's IO thread, librdkafka's threads)."""
-    consumer = _fetch_consumer(client, bootstrap, topic, fetch_kb)
+    the whole process's (every thread: librdkafka's too)."""
+    consumer = _fetch_consumer(bootstrap, topic, fetch_kb)
     got = 0
     first, cpu = time.perf_counter(), time.process_time()
     while got < n:
@@ -647,14 +642,14 @@ def time_consume_only(
 
 
 def time_poll_with_pauses(
-    bootstrap: str, topic: str, n: int, client: str, pause: bool, work_s: float = 0.05
+    bootstrap: str, topic: str, n: int, pause: bool, work_s: float = 0.05
 ) -> float:
     """Seconds a record spent in the consumer's poll, polls of 1,000 with ``work_s`` of other
     work (a sleep: the batch's decoding) between them, and with ``pause``: every partition
     paused and resumed after each poll, as the ingester's back-pressure did while its writers
     were busy (librdkafka drops the prefetched messages of a paused partition, and fetches
     them again after the resume)."""
-    consumer = _fetch_consumer(client, bootstrap, topic, 8192)
+    consumer = _fetch_consumer(bootstrap, topic, 8192)
     got, polling = 0, 0.0
     while got < n:
         t = time.perf_counter()
@@ -782,11 +777,6 @@ def main() -> None:
             " messages) or pause (before: pause the partitions at once), e.g. pause,wait"
         ),
     )
-    parser.add_argument(
-        "--kafka-client",
-        default="confluent",
-        help="SHADOW_AB_INGEST_KAFKA_CLIENT values, e.g. kafka-python,confluent",
-    )
     parser.add_argument("--repeat", type=int, default=1, help="run each configuration N times")
     parser.add_argument(
         "--top-logprobs",
@@ -816,10 +806,6 @@ def main() -> None:
     backpressures = args.backpressure.split(",")
     if set(backpressures) - {"wait", "pause"}:
         raise SystemExit(f"--backpressure: {backpressures}; choose from wait, pause")
-    clients = args.kafka_client.split(",")
-    unknown = [c for c in clients if c not in CLIENTS]
-    if unknown:
-        raise SystemExit(f"--kafka-client: unknown {unknown}; choose from {', '.join(CLIENTS)}")
 
     common = CommonSettings()
     bootstrap = common.kafka_bootstrap
@@ -843,36 +829,33 @@ def main() -> None:
         print(
             f"{n} records, mean {mean_bytes:,.0f} bytes of JSON each ({mean_text:,.0f} bytes of"
             f" prompt + output text); generated in {gen_s:.1f}s,"
-            f" produced in {produce_s:.1f}s ({n / produce_s:,.0f}/s, kafka-python acks=all)"
+            f" produced in {produce_s:.1f}s ({n / produce_s:,.0f}/s, acks=all)"
         )
         print()
         print(
-            "| batch size | workers | client | decoder | in flight | back-pressure | gc | fetch KiB"
+            "| batch size | workers | decoder | in flight | back-pressure | gc | fetch KiB"
             " | records measured | startup s | seconds | records/s | vs first"
             " | to the last: records, s, records/s"
             f" | vs {decoders[0]} | ratio to 10,000/s"
             " | CPU us/record: ingester / postgres (pg db) / kafka / other / idle"
             " | load avg mean / max |"
         )
-        print(
-            "|---:|---:|---|---|---:|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---|---|"
-        )
+        print("|---:|---:|---|---:|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---|---|")
         # The decoders innermost: the old and the new one run back to back on each setting.
         runs = [
-            (rep, size, workers, client, decoder, inflight, gc_mode, fetch_kb, bp)
+            (rep, size, workers, decoder, inflight, gc_mode, fetch_kb, bp)
             for rep in range(args.repeat)
             for size in sizes
             for workers in worker_counts
             for inflight in inflights
             for gc_mode in gcs
             for fetch_kb in fetch_kbs
-            for client in clients
             for bp in backpressures
             for decoder in decoders
         ]
         first_rate: float | None = None
         old_rate: dict[tuple[Any, ...], float] = {}
-        for i, (rep, size, workers, client, decoder, inflight, gc_mode, fetch_kb, bp) in enumerate(
+        for i, (rep, size, workers, decoder, inflight, gc_mode, fetch_kb, bp) in enumerate(
             runs if args.runs else []
         ):
             settings = IngestSettings(
@@ -885,10 +868,9 @@ def main() -> None:
                 ingest_topic_health=health,
                 ingest_topic_dlq=dlq,
                 ingest_create_topics=False,
-                ingest_fetch_partition_kb=fetch_kb,
+                ingest_kafka_consumer={"max.partition.fetch.bytes": fetch_kb * 1024},
                 ingest_decoder=decoder,
                 ingest_inflight_batches=inflight,
-                ingest_kafka_client=client,
             )
             startup, measured, seconds = ingest_once(
                 settings,
@@ -902,12 +884,12 @@ def main() -> None:
             dbs.drop_all()
             rate = measured / seconds
             first_rate = first_rate or rate
-            setting = (rep, size, workers, client, inflight, gc_mode, fetch_kb, bp)
+            setting = (rep, size, workers, inflight, gc_mode, fetch_kb, bp)
             old = old_rate.setdefault(setting, rate)  # the first decoder's, on this setting
             us = {k: f"{LAST_CPU[k] * 1e6:.0f}" for k in CPU_GROUPS}
             last_n, last_s = LAST_TO_END
             print(
-                f"| {size:,} | {workers} | {client} | {decoder} | {inflight} | {bp} | {gc_mode}"
+                f"| {size:,} | {workers} | {decoder} | {inflight} | {bp} | {gc_mode}"
                 f" | {fetch_kb:,} | {measured:,} | {startup:.2f} | {seconds:.2f} | {rate:,.0f}"
                 f" | {rate / first_rate:.2f}"
                 f" | {last_n:,.0f}, {last_s:.2f}, {last_n / last_s:,.0f}"
@@ -924,13 +906,11 @@ def main() -> None:
         print()
         load0 = _load()
         consume = []
-        for client in clients:
-            for kb in fetch_kbs:
-                wall, cpu = time_consume_only(bootstrap, topic, n, kb, client)
-                consume.append((client, kb, (wall / n, cpu / n)))
+        for kb in fetch_kbs:
+            wall, cpu = time_consume_only(bootstrap, topic, n, kb)
+            consume.append((kb, (wall / n, cpu / n)))
         polls = [
-            (client, pause, time_poll_with_pauses(bootstrap, topic, min(n, 20_000), client, pause))
-            for client in clients
+            (pause, time_poll_with_pauses(bootstrap, topic, min(n, 20_000), pause))
             for pause in (True, False)
         ]
         if "tuned" in gcs:
@@ -982,10 +962,7 @@ def main() -> None:
         engine.dispose()
         write_us, pg_us = writes["records"]
         parts = [
-            *(
-                (f"fetch: {client}, {kb:,} KiB a partition (consumer poll only)", s)
-                for client, kb, s in consume
-            ),
+            *((f"fetch: {kb:,} KiB a partition (consumer poll only)", s) for kb, s in consume),
             *(
                 (
                     "decode + validate + rows (rows: msgspec straight to the row values)"
@@ -1008,9 +985,9 @@ def main() -> None:
                 ("store write of the rows decoder's rows (copy only)", writes["rows"][0]),
                 ("postgres: the backend's CPU for that write", (writes["rows"][1],) * 2),
             ]
-        for client, pause, per_record in polls:
+        for pause, per_record in polls:
             print(
-                f"poll wall, {client}, polls of 1,000 with 50 ms of work between them,"
+                f"poll wall, polls of 1,000 with 50 ms of work between them,"
                 f" {'a pause and resume after each' if pause else 'no pause'}:"
                 f" {per_record * 1e6:,.0f} us a record ({per_record * 1e3 * 1000:,.0f} ms a poll)"
             )
@@ -1029,21 +1006,21 @@ def main() -> None:
             rate = 1 / max(cpu_s, 1e-9)
             print(f"| {name} | {wall_s * 1e6:,.0f} | {cpu_s * 1e6:,.0f} | {rate:,.0f} |")
         totals: dict[str, float] = {}
-        for client, kb, (_, fetch_cpu) in consume:
+        for kb, (_, fetch_cpu) in consume:
             for name, (_, cpu_s) in decodes:
                 if name not in decoders:
                     continue
                 (_, write_cpu), pg = writes["rows" if name == "rows" else "records"]
                 total = fetch_cpu + cpu_s + write_cpu
-                totals[f"{client}, {kb:,} KiB, {name}"] = total
+                totals[f"{kb:,} KiB, {name}"] = total
                 print(
-                    f"| ingester CPU, {client} ({kb:,} KiB) + {name}: fetch + decode + rows +"
+                    f"| ingester CPU ({kb:,} KiB) + {name}: fetch + decode + rows +"
                     f" copy (PostgreSQL's own CPU not included) | | {total * 1e6:,.0f}"
                     f" | {1 / total:,.0f} |"
                 )
                 both = total + pg
                 print(
-                    f"| the same + postgres: what 2 cores give ({client}, {name})"
+                    f"| the same + postgres: what 2 cores give ({kb:,} KiB, {name})"
                     f" | | {both * 1e6:,.0f} | {2 / both:,.0f} for 2 cores |"
                 )
         decode_cpu = {name: s[1] for name, s in decodes}

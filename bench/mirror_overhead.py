@@ -3,7 +3,7 @@
     python bench/mirror_overhead.py [--duration 24 | --requests N] [--concurrency 4,32]
         [--repeat 3] [--max-tokens 32] [--quick] [--database-url URL] [--json PATH]
         [--paths direct,nginx,nginx-mirror,mirror] [--no-install-nginx]
-        [--kafka HOST:PORT] [--kafka-clients confluent,kafka-python]
+        [--kafka HOST:PORT]
 
 Engines (``shadow-ab sim`` subprocesses, real HTTP on 127.0.0.1):
 
@@ -46,10 +46,7 @@ would measure it):
 4. at 32 streams, the mirror's CPU per shadowed request at most 2x nginx ``mirror``'s (healthy
    candidate).
 
-With ``--kafka``, records go to the production Kafka sink (topics of the run) in the sink's
-default client library; ``--kafka-clients confluent,kafka-python`` runs every mirror path once
-per client library (``kafka.kafka_client``), side by side in the same rounds: ``mirror@confluent``,
-``mirror@kafka-python``, ... (``--paths`` takes such names too).
+With ``--kafka``, records go to the production Kafka sink (topics of the run).
 
 nginx is installed with ``apt-get install -y nginx-light`` when absent (the bench says so
 first; when it cannot be installed, or with ``--no-install-nginx``, the nginx paths are left
@@ -202,33 +199,6 @@ LABELS = {
 }
 
 
-KAFKA_CLIENTS = ("confluent", "kafka-python")
-
-
-def split_path(path: str) -> tuple[str, str | None]:
-    """``mirror@confluent`` -> (``mirror``, ``confluent``); ``mirror`` -> (``mirror``, None)."""
-    base, _, client = path.partition("@")
-    return base, client or None
-
-
-def with_clients(wanted: list[str], clients: list[str]) -> list[str]:
-    """Each mirror path of ``wanted`` once per Kafka client (``mirror@confluent``, ...),
-    labelled."""
-    out: list[str] = []
-    for path in wanted:
-        base, client = split_path(path)
-        if base not in MIRRORS or client is not None or not clients:
-            out.append(path)
-            continue
-        out += [f"{path}@{c}" for c in clients]
-    for path in out:
-        base, client = split_path(path)
-        if client is not None:
-            MIRRORS[path] = MIRRORS[base]
-            LABELS[path] = f"{LABELS[base]}, sink {client}"
-    return out
-
-
 class BenchError(ProcessError):
     """A piece of the benchmark did not start."""
 
@@ -359,17 +329,15 @@ def running_mirror(
     name: str,
     rate: float = 1.0,
     kafka: str | None = None,
-    kafka_client: str | None = None,
     shed: bool = False,
     workers: int = 1,
 ) -> Iterator[Proxy]:
     """``shadow-ab mirror`` as a subprocess: shadow ``rate`` of requests (default every one),
     guard off, overload shedding as ``shed`` says; records to the Kafka sink at ``kafka``
-    (topics of this run, deleted after; its producer on ``kafka_client``, default the sink's),
-    else to the direct sink; ``workers`` mirror processes on the port."""
+    (topics of this run, deleted after), else to the direct sink; ``workers`` mirror processes
+    on the port."""
     sink: dict[str, Any] = {}
     topics: list[str] = []
-    name = name.replace("@", "-")  # mirror@confluent: topic and deployment names take no @
     if kafka is not None:
         run = f"bench-mirror-{name}-{uuid.uuid4().hex[:8]}"
         topics = [f"{run}.exchanges", f"{run}.health"]
@@ -379,8 +347,6 @@ def running_mirror(
             "topic_health": topics[1],
             "spool_dir": str(workdir / f"spool-{name}"),
         }
-        if kafka_client is not None:
-            sink["kafka_client"] = kafka_client
     db = None if kafka is not None else database_url or f"sqlite:///{workdir / (name + '.db')}"
     with contextlib.ExitStack() as cleanup:
         if kafka is not None:
@@ -841,9 +807,8 @@ def not_measured(paths: str, levels: str) -> str:
 
 
 def variants(cells: dict[tuple[str, int], Cell], path: str, conc: int) -> list[Cell]:
-    """The cells of ``path`` at ``conc``, one per Kafka client when ``--kafka-clients`` ran it
-    under several (``mirror@confluent``, ...)."""
-    return [c for (p, k), c in cells.items() if k == conc and split_path(p)[0] == path]
+    """The cells of ``path`` at ``conc`` (none when it did not run)."""
+    return [c for (p, k), c in cells.items() if k == conc and p == path]
 
 
 def own_verdict(hist: dict[float, float], q: float, goal_s: float) -> tuple[bool, str]:
@@ -1024,12 +989,6 @@ def main() -> None:
         help="records to the Kafka sink there (the production sink; topics of the run, deleted"
         " after) instead of the direct sink",
     )
-    ap.add_argument(
-        "--kafka-clients",
-        default="",
-        help="with --kafka: run each mirror path once per Kafka client library, of"
-        f" {', '.join(KAFKA_CLIENTS)} (comma-separated; default: the sink's default only)",
-    )
     ap.add_argument("--json", type=Path, default=None, help="also write the cells' summaries")
     ap.add_argument("--quick", action="store_true", help="a short smoke run")
     ap.add_argument(
@@ -1048,26 +1007,15 @@ def main() -> None:
         args.duration, args.repeat = 3.0, 1
     levels = [int(c) for c in args.concurrency.split(",")]
     wanted = [p for p in args.paths.split(",") if p]
-    clients = [c for c in args.kafka_clients.split(",") if c]
-    if bad := set(clients) - set(KAFKA_CLIENTS):
-        ap.error(f"unknown Kafka clients {sorted(bad)}; choose from {', '.join(KAFKA_CLIENTS)}")
-    if (clients or any("@" in p for p in wanted)) and args.kafka is None:
-        ap.error("Kafka clients apply to the Kafka sink: add --kafka HOST:PORT")
-    unknown = {p for p in wanted if split_path(p)[0] not in PATHS}
-    unknown |= {p for p in wanted if (c := split_path(p)[1]) and c not in KAFKA_CLIENTS}
-    unknown |= {p for p in wanted if split_path(p)[1] and split_path(p)[0] not in MIRRORS}
+    unknown = {p for p in wanted if p not in PATHS}
     if unknown:
-        ap.error(
-            f"unknown paths {sorted(unknown)}; choose from {', '.join(PATHS)} (a mirror path may"
-            f" name its Kafka client: mirror@{KAFKA_CLIENTS[0]})"
-        )
-    wanted = with_clients(wanted, clients)
+        ap.error(f"unknown paths {sorted(unknown)}; choose from {', '.join(PATHS)}")
     if "direct" not in wanted:
         wanted.insert(0, "direct")
     notes: list[str] = []
-    if set(MIRROR_PATHS) & {split_path(p)[0] for p in wanted} and (why := mirror_available()):
+    if set(MIRROR_PATHS) & {p for p in wanted} and (why := mirror_available()):
         notes.append(f"shadow-ab mirror paths skipped: {why}")
-        wanted = [p for p in wanted if split_path(p)[0] not in MIRROR_PATHS]
+        wanted = [p for p in wanted if p not in MIRROR_PATHS]
 
     if set(NGINX_PATHS) & set(wanted):
         _, why = nginx_binary(install=not args.no_install_nginx)
@@ -1117,7 +1065,6 @@ def main() -> None:
                     path,
                     how.rate,
                     args.kafka,
-                    split_path(path)[1],
                     shed=how.shed,
                     workers=how.workers,
                 )
@@ -1134,7 +1081,7 @@ def main() -> None:
                 if path in wanted:
                     proxy = proxies[path]
                     targets[path] = Target(path, proxy.base_url, proxy.pid, None, settles[path])
-        order = sorted(targets, key=lambda p: (PATHS.index(split_path(p)[0]), wanted.index(p)))
+        order = sorted(targets, key=lambda p: (PATHS.index(p), wanted.index(p)))
         targets = {p: targets[p] for p in order}
         if pin_proxy is not None:
             for target in targets.values():

@@ -1,8 +1,7 @@
 """The mirror's CPU per shadow request: the candidate and replay requests, the record, the sink.
 
     python bench/shadow_cost.py [--requests 400] [--concurrency 8] [--tokens 20] [--rounds 3]
-        [--sink-rate 300] [--sink-seconds 4] [--kafka-clients confluent,kafka-python]
-        [--sink-before]
+        [--sink-rate 300] [--sink-seconds 4]
 
 A fake engine in another process streams a chat completion of ``--tokens`` SSE events (one
 token each, then the usage event and ``[DONE]``), as vLLM does. In this process a real
@@ -20,26 +19,23 @@ The second splits one request into its parts, each timed alone on the same data 
 (the rest of the whole is aiohttp's request and stream machinery and the event loop):
 rewriting the candidate's body, the stored request, the trace of the kept chunks, building the
 record, privacy, the sink hand-off (``KafkaSink.submit``), and the sink thread's encoding of the
-record (``to_json``, before and after the change to encode it straight from its fields; and
-kafka-python's ``send`` into its buffer, when ``SHADOW_AB_KAFKA_BOOTSTRAP`` names a Kafka).
+record (``to_json``, before and after the change to encode it straight from its fields).
 
-With ``SHADOW_AB_KAFKA_BOOTSTRAP`` set, the Kafka sink is also measured whole, per client
-library (``kafka.kafka_client``): a real :class:`~mirror.kafka_sink.KafkaSink` with its
-defaults (``linger_ms`` 100, acks=all, idempotent) takes the record at ``--sink-rate`` records a
-second for ``--sink-seconds`` (the pace of a mirror at a few dozen streams), then flushes; CPU
-per record of this process (the submit, the sink's thread, the client's I/O threads: Python for
-kafka-python, C for librdkafka; the pacing loop's own CPU, measured alone, taken off), clients
-alternated over ``--rounds``. ``--sink-before`` adds
-the sink as it was before its thread ran in rounds (kafka-python, woken at every record and
-every acknowledgement), for the trim's old and new figures side by side. Then, per client,
-what the sink leaves a busy Python thread beside it (a stand-in for the mirror's event loop:
-pure-Python work that submits the records at the same rate), as a share of that thread's work
-just before with the sink idle: the GIL and the CPU the sink's threads take from the loop.
+With ``SHADOW_AB_KAFKA_BOOTSTRAP`` set, the Kafka sink is also measured whole: a real
+:class:`~mirror.kafka_sink.KafkaSink` with its defaults (``linger.ms`` 100, acks=all,
+idempotent) takes the record at ``--sink-rate`` records a second for ``--sink-seconds`` (the
+pace of a mirror at a few dozen streams), then flushes; CPU per record of this process (the
+submit, the sink's thread, librdkafka's C threads; the pacing loop's own CPU, measured alone,
+taken off), over ``--rounds``. (kafka-python, the client before, took about twice as much:
+bench/results/2026-12-03-kafka-clients.md.) Then what the sink leaves a busy Python thread
+beside it (a stand-in for the mirror's event loop: pure-Python work that submits the records at
+the same rate), as a share of that thread's work just before with the sink idle: the GIL and
+the CPU the sink's threads take from the loop.
 
 The last table states each piece of the shadow side once, from the figures above: the
 candidate request and the replay request (whole, raw pools), the record building (trace,
 ``build_record``, privacy) and the sink hand-off (``KafkaSink.submit`` on the request path, and
-the sink's whole per-record cost with each client).
+the sink's whole per-record cost).
 """
 
 from __future__ import annotations
@@ -61,8 +57,6 @@ from typing import Any
 import orjson
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
-BEFORE = "kafka-python, before"
-"""The Kafka sink as it was: kafka-python, its thread woken at every record and acknowledgement."""
 WHOLE = {
     "candidate, raw": "candidate, raw pool (mirror/shadow_client.py, now)",
     "candidate, aiohttp": "candidate, aiohttp session (before)",
@@ -227,60 +221,6 @@ async def _stash(url: str) -> tuple[list[tuple[float, bytes]], float]:
     return stash, t0
 
 
-def _kafka_send_cost(records: list[Any], n: int) -> float | None:
-    bootstrap = os.environ.get("SHADOW_AB_KAFKA_BOOTSTRAP")
-    if not bootstrap:
-        return None
-    from kafka import KafkaProducer
-
-    from shadow_ab.topics import TopicSpec, delete_topics, ensure_topics
-
-    topic = f"bench-shadow-{uuid.uuid4().hex[:8]}"
-    ensure_topics(bootstrap, [TopicSpec(topic, 6)])
-    try:
-        producer = KafkaProducer(
-            bootstrap_servers=bootstrap,
-            acks="all",
-            enable_idempotence=True,
-            linger_ms=5,
-            batch_size=256 * 1024,
-        )
-        frames = [(str(r.pair_id).encode(), r.to_json()) for r in records]
-        for key, value in frames:  # metadata and connections
-            producer.send(topic, key=key, value=value)
-        producer.flush(30)
-        start = time.process_time()
-        for i in range(n):
-            key, value = frames[i % len(frames)]
-            producer.send(topic, key=key, value=value)
-        producer.flush(30)
-        spent = time.process_time() - start
-        producer.close(10)
-        return spent / n
-    finally:
-        delete_topics(bootstrap, [topic])
-
-
-def _waking_sink() -> Any:
-    """The Kafka sink as it was before its thread ran in rounds: woken at every record handed
-    in and every acknowledgement (kafka-python only: the confluent producer came after)."""
-    from mirror.kafka_sink import KafkaSink
-
-    class WakingSink(KafkaSink):
-        def submit(self, record: Any) -> bool:
-            with self._cond:
-                if not self._queue:
-                    self._cond.notify_all()
-            return super().submit(record)
-
-        def _report(self, outcome: Any) -> None:
-            super()._report(outcome)
-            with self._cond:
-                self._cond.notify_all()
-
-    return WakingSink
-
-
 def _paced(fn: Callable[[], Any], rate: float, total: int) -> float:
     """Call ``fn`` ``total`` times at ``rate`` a second (in 10 ms ticks); the CPU seconds spent."""
     tick = 0.01
@@ -315,13 +255,12 @@ def _busy(fn: Callable[[], Any], rate: float, seconds: float) -> float:
 
 
 def _sink_cost(
-    client: str, bootstrap: str, record: Any, rate: float, seconds: float
+    bootstrap: str, record: Any, rate: float, seconds: float
 ) -> tuple[float, int, float]:
-    """CPU seconds per record of a real Kafka sink on ``client`` fed ``rate`` records a second
-    for ``seconds`` (submit to acknowledgement, every thread of this process), and the records
+    """CPU seconds per record of a real Kafka sink fed ``rate`` records a second for
+    ``seconds`` (submit to acknowledgement, every thread of this process), and the records
     Kafka acknowledged, and the work a busy thread beside it does (:func:`_busy`), as a share of
-    what it does with the sink idle, measured just before.
-    ``client`` ``kafka-python, before``: the sink woken per record."""
+    what it does with the sink idle, measured just before."""
     from mirror.kafka_sink import KafkaSink, KafkaSinkConfig
     from shadow_ab.topics import TopicSpec, delete_topics, ensure_topics
 
@@ -335,13 +274,12 @@ def _sink_cost(
             topic_exchanges=topics[0],
             topic_health=topics[1],
             spool_dir=Path(spool),
-            kafka_client=client.split(",")[0],
         )
-        sink = (_waking_sink() if client.endswith("before") else KafkaSink)(config)
+        sink = KafkaSink(config)
         for _ in range(50):  # connections, metadata
             sink.submit(record)
         if not sink.flush(30):
-            raise SystemExit(f"the {client} sink did not deliver to Kafka at {bootstrap}")
+            raise SystemExit(f"the sink did not deliver to Kafka at {bootstrap}")
         sent0 = sink.stats().sent
         total = int(rate * seconds)
         pacing = _paced(lambda: None, rate, total)  # the pacing loop's own CPU, taken off
@@ -354,7 +292,7 @@ def _sink_cost(
         busy = _busy(lambda: sink.submit(record), rate, seconds) / alone
         sink.close(10)
         if not ok or sent < total:
-            raise SystemExit(f"the {client} sink acknowledged {sent} of {total} records")
+            raise SystemExit(f"the sink acknowledged {sent} of {total} records")
         return spent / total, sent, busy
     finally:
         delete_topics(bootstrap, list(topics))
@@ -369,16 +307,6 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--sink-rate", type=float, default=300.0, help="records/s to the sink")
     parser.add_argument("--sink-seconds", type=float, default=4.0)
-    parser.add_argument(
-        "--sink-before",
-        action="store_true",
-        help="also the sink as it was: kafka-python, its thread woken at every record",
-    )
-    parser.add_argument(
-        "--kafka-clients",
-        default="confluent,kafka-python",
-        help="the Kafka sink's client libraries to measure (needs SHADOW_AB_KAFKA_BOOTSTRAP)",
-    )
     args = parser.parse_args()
 
     from mirror.app import Mirror
@@ -523,22 +451,13 @@ def main() -> None:
         ]
         kafka.close(1)
         shutil.rmtree(spool_dir, ignore_errors=True)
-        send = _kafka_send_cost([rec] * 50, n)
-        if send is not None:
-            parts.append(("sink thread: kafka-python send + its I/O thread (acks=all)", send))
         bootstrap = os.environ.get("SHADOW_AB_KAFKA_BOOTSTRAP")
-        clients = [c for c in args.kafka_clients.split(",") if c] if bootstrap else []
-        if args.sink_before and "kafka-python" in clients:
-            clients.append(BEFORE)
-        sink_rounds: dict[str, list[float]] = {c: [] for c in clients}
-        loop_rounds: dict[str, list[float]] = {c: [] for c in clients}
-        for _ in range(args.rounds if clients else 0):
-            for client in clients:  # alternated, so drift in the load hits both
-                cost, _sent, busy = _sink_cost(
-                    client, bootstrap or "", rec, args.sink_rate, args.sink_seconds
-                )
-                sink_rounds[client].append(cost)
-                loop_rounds[client].append(busy)
+        sink_rounds: list[float] = []
+        loop_rounds: list[float] = []
+        for _ in range(args.rounds if bootstrap else 0):
+            cost, _sent, busy = _sink_cost(bootstrap or "", rec, args.sink_rate, args.sink_seconds)
+            sink_rounds.append(cost)
+            loop_rounds.append(busy)
 
         print(
             f"{args.requests} shadow requests per role, {args.concurrency} at a time, streamed chat"
@@ -585,40 +504,34 @@ def main() -> None:
             ),
             ("sink hand-off on the request path (KafkaSink.submit)", handoff, "inside each"),
         ]
-        for client, costs in sink_rounds.items():
+        if sink_rounds:
             pieces.append(
                 (
-                    f"Kafka sink, whole, per record: {client}",
-                    statistics.median(costs),
-                    "rounds " + ", ".join(f"{c * 1e6:,.0f}" for c in costs),
+                    "Kafka sink, whole, per record",
+                    statistics.median(sink_rounds),
+                    "rounds " + ", ".join(f"{c * 1e6:,.0f}" for c in sink_rounds),
                 )
             )
         print()
-        if clients:
+        if sink_rounds:
             print(
                 f"Kafka sink at {args.sink_rate:g} records/s for {args.sink_seconds:g} s per"
-                f" round (submit, sink thread, client I/O threads; acks=all, linger_ms 100)."
+                f" round (submit, sink thread, librdkafka's threads; acks=all, linger.ms 100)."
             )
             print()
         else:
-            print("(Kafka sink whole: set SHADOW_AB_KAFKA_BOOTSTRAP to measure it per client)")
+            print("(Kafka sink whole: set SHADOW_AB_KAFKA_BOOTSTRAP to measure it)")
             print()
         print("| shadow-side piece | CPU us/request | note |")
         print("|---|---:|---|")
         for name, sec, note in pieces:
             print(f"| {name} | {sec * 1e6:,.1f} | {note} |")
-        medians = {c: statistics.median(v) for c, v in sink_rounds.items() if v}
-        for client, shares in loop_rounds.items():
-            if shares:
-                rounds = ", ".join(f"{x:.2f}" for x in shares)
-                print(
-                    f"| a busy Python thread's work beside the sink, {client} (1.00: sink idle)"
-                    f" | {statistics.median(shares):.2f}x | rounds {rounds} |"
-                )
-        pairs = (("confluent", "kafka-python"), ("kafka-python", BEFORE), ("confluent", BEFORE))
-        for now, old in pairs:
-            if now in medians and old in medians:
-                print(f"| Kafka sink: {now} / {old} | {medians[now] / medians[old]:.2f}x | |")
+        if loop_rounds:
+            rounds = ", ".join(f"{x:.2f}" for x in loop_rounds)
+            print(
+                "| a busy Python thread's work beside the sink (1.00: sink idle)"
+                f" | {statistics.median(loop_rounds):.2f}x | rounds {rounds} |"
+            )
     finally:
         for engine in engines:
             engine.terminate()

@@ -18,8 +18,8 @@ class Partition(NamedTuple):
 
 
 class Message(Protocol):
-    """The part of a Kafka message the ingester reads (kafka-python's ``ConsumerRecord``, or
-    :class:`ingester.confluent_client.Record`)."""
+    """The part of a Kafka message the ingester reads (:class:`ingester.confluent_client.Record`;
+    the tests' fakes)."""
 
     @property
     def topic(self) -> str: ...

@@ -41,12 +41,6 @@ def load_settings(**overrides: Any) -> IngestSettings:
     help="Batches each worker writes at once while fetching the next (1: inline).",
 )
 @click.option(
-    "--kafka-client",
-    "ingest_kafka_client",
-    type=click.Choice(["kafka-python", "confluent"]),
-    help="Kafka client library: confluent (librdkafka, C; the default) or kafka-python.",
-)
-@click.option(
     "--metrics-port", "ingest_metrics_port", type=int, help="Prometheus port on 127.0.0.1 (0=off)."
 )
 @click.option("--exchanges-topic", "ingest_topic_exchanges", help="Topic of exchange records.")
@@ -81,7 +75,6 @@ _FLAGS = {
     "ingest_batch_timeout_ms": "--batch-timeout-ms",
     "ingest_workers": "--workers",
     "ingest_inflight_batches": "--inflight-batches",
-    "ingest_kafka_client": "--kafka-client",
     "ingest_metrics_port": "--metrics-port",
     "ingest_topic_exchanges": "--exchanges-topic",
     "ingest_topic_health": "--health-topic",

@@ -2,19 +2,13 @@
 
 The steps and the processor see only :class:`Consumer` and :class:`Producer` (partitions are
 :class:`~ingester.batch.Partition`, offsets plain ints, messages anything with the
-:class:`~ingester.batch.Message` attributes), so they do not care which client library is
-underneath. Two are built here, chosen by ``SHADOW_AB_INGEST_KAFKA_CLIENT`` /
-``--kafka-client``:
-
-- ``confluent`` (:mod:`ingester.confluent_client`, the default): confluent-kafka, librdkafka
-  in C: the fetch, the decompression and the protocol parsing run in C threads, outside the
-  GIL (``bench/ingest.py``: about a fifth of kafka-python's CPU per record fetched);
-- ``kafka-python`` (:mod:`ingester.kafka_python_client`): pure Python.
-
-Both take the same settings and the same TLS / SASL variables
-(:mod:`shadow_ab.kafka_security`), commit only the offsets they are given, never on their
-own, and join the group with the same eager assignors (``range``, ``roundrobin``), so
-ingesters of both kinds can share a group during a switch from one to the other.
+:class:`~ingester.batch.Message` attributes). Both are confluent-kafka's
+(:mod:`ingester.confluent_client`): librdkafka in C, the fetch, the decompression and the
+protocol parsing on its own threads, outside the GIL (bench/results/2026-12-03-kafka-clients.md).
+The consumer's librdkafka properties are :data:`ingester.settings.CONSUMER_DEFAULTS` with
+``SHADOW_AB_INGEST_KAFKA_CONSUMER`` laid over them; TLS and SASL come from
+:mod:`shadow_ab.kafka_security`. It commits only the offsets it is given, never on its own, and
+joins the group with the eager assignors (``range``, ``roundrobin``).
 """
 
 from __future__ import annotations
@@ -102,25 +96,17 @@ def unreachable(bootstrap: str, exc: Exception) -> SettingsError:
 
 
 def make_consumer(settings: IngestSettings, *, client_id: str = "shadow-ab-ingester") -> Consumer:
-    """The consumer of ``settings.ingest_kafka_client``: manual commits, eager assignors."""
-    if settings.ingest_kafka_client == "confluent":
-        from ingester.confluent_client import confluent_consumer
+    """The consumer: manual commits, eager assignors."""
+    from ingester.confluent_client import confluent_consumer
 
-        return confluent_consumer(settings, client_id=client_id)
-    from ingester.kafka_python_client import kafka_python_consumer
-
-    return kafka_python_consumer(settings, client_id=client_id)
+    return confluent_consumer(settings, client_id=client_id)
 
 
 def make_producer(
     settings: IngestSettings, *, client_id: str = "shadow-ab-ingester-dlq"
 ) -> Producer:
-    """The dead-letter producer of ``settings.ingest_kafka_client`` (the same library as the
-    consumer: one client library, one connection set-up and one TLS stack per process)."""
-    if settings.ingest_kafka_client == "confluent":
-        from ingester.confluent_client import confluent_producer
+    """The dead-letter producer (the same library as the consumer: one connection set-up and
+    one TLS stack per process)."""
+    from ingester.confluent_client import confluent_producer
 
-        return confluent_producer(settings, client_id=client_id)
-    from ingester.kafka_python_client import kafka_python_producer
-
-    return kafka_python_producer(settings, client_id=client_id)
+    return confluent_producer(settings, client_id=client_id)

@@ -7,7 +7,7 @@ What the ingester relies on, and how it is kept here:
 - **Offsets**: ``enable.auto.commit`` and ``enable.auto.offset.store`` are off: the only
   commits are the synchronous ones :class:`~ingester.steps.CommitOffsets` makes after the
   store's commit and the dead letters' acknowledgement.
-- **Rebalances**: the eager ``range,roundrobin`` assignors, as the kafka-python consumer: on a
+- **Rebalances**: the eager ``range,roundrobin`` assignors: on a
   rebalance every partition is revoked and read again from its committed offset. librdkafka
   calls the rebalance callbacks inside ``consume``, on the processor's thread; they log, and
   librdkafka then (un)assigns. Messages librdkafka fetched for a revoked partition are dropped
@@ -19,8 +19,10 @@ What the ingester relies on, and how it is kept here:
 - **Errors**: librdkafka retries on its own what can be retried (a broker away, a leader
   moving): those are logged. A fatal error (``error.fatal()``) raises
   :class:`~ingester.errors.IngestError`, which stops the ingester without committing.
-- **Security**: :func:`shadow_ab.kafka_security.librdkafka_security`, from the same
-  ``SHADOW_AB_KAFKA_*`` variables as the kafka-python clients.
+- **Properties**: :data:`ingester.settings.CONSUMER_DEFAULTS`, ``SHADOW_AB_INGEST_KAFKA_CONSUMER``
+  over them, and what the ingester sets itself (:data:`ingester.settings.CONSUMER_OWNED`).
+- **Security**: :func:`shadow_ab.kafka_security.librdkafka_security`, from the
+  ``SHADOW_AB_KAFKA_*`` variables.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from ingester.batch import Message, Partition
 from ingester.clients import PartitionsCallback, unreachable
 from ingester.errors import IngestError, SettingsError
 from ingester.settings import IngestSettings
+from shadow_ab.kafka_config import lookup
 from shadow_ab.kafka_security import librdkafka_security
 from shadow_ab.topics import DLQ_MAX_MESSAGE_BYTES
 
@@ -237,24 +240,26 @@ class ConfluentProducer:
         self.flush(timeout)
 
 
+def consumer_properties(settings: IngestSettings, *, client_id: str) -> dict[str, Any]:
+    """The consumer's librdkafka properties (secrets left out)."""
+    props: dict[str, Any] = {"client.id": client_id, **settings.consumer_config()}
+    if lookup(props, "heartbeat.interval.ms") is None:
+        props["heartbeat.interval.ms"] = min(3000, int(props["session.timeout.ms"]) // 3)
+    return props | {
+        "bootstrap.servers": settings.kafka_bootstrap or "",
+        "group.id": settings.ingest_group,
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "partition.assignment.strategy": "range,roundrobin",
+    }
+
+
 def confluent_consumer(settings: IngestSettings, *, client_id: str) -> ConfluentConsumer:
     from confluent_kafka import Consumer, KafkaException
 
     bootstrap = settings.kafka_bootstrap or ""
-    config: dict[str, Any] = {
-        "bootstrap.servers": bootstrap,
-        "client.id": client_id,
-        "group.id": settings.ingest_group,
-        "enable.auto.commit": False,
-        "enable.auto.offset.store": False,
-        "auto.offset.reset": settings.ingest_auto_offset_reset,
-        "session.timeout.ms": settings.ingest_session_timeout_ms,
-        "heartbeat.interval.ms": min(3000, settings.ingest_session_timeout_ms // 3),
-        # As the kafka-python consumer: larger fetches, eager assignors, every record read.
-        "max.partition.fetch.bytes": settings.ingest_fetch_partition_kb * 1024,
-        "fetch.max.bytes": 64 * 1024 * 1024,
-        "partition.assignment.strategy": "range,roundrobin",
-        "isolation.level": "read_uncommitted",
+    config: dict[str, Any] = consumer_properties(settings, client_id=client_id)
+    config |= {
         "error_cb": _on_error,
         "logger": logging.getLogger("ingester.librdkafka"),
         **_security(),
@@ -269,7 +274,7 @@ def confluent_consumer(settings: IngestSettings, *, client_id: str) -> Confluent
 
 
 def _check_reachable(client: Any, bootstrap: str) -> None:
-    """Fail at start, as kafka-python does, when no broker answers."""
+    """Fail at start when no broker answers."""
     from confluent_kafka import KafkaException
 
     try:

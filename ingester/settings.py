@@ -4,10 +4,38 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
+from shadow_ab.kafka_config import Value, client_config
 from shadow_ab.settings import CommonSettings
 from shadow_ab.topics import TOPIC_DLQ, TOPIC_EXCHANGES, TOPIC_HEALTH
+
+CONSUMER_DEFAULTS: dict[str, Value] = {
+    # A new group reads the topics from their start: what the mirror sent before the first
+    # ingester ran is ingested too.
+    "auto.offset.reset": "earliest",
+    # How soon a dead ingester's partitions move to the others (heartbeats every 3 s, at most a
+    # third of it, unless heartbeat.interval.ms is given).
+    "session.timeout.ms": 45_000,
+    # Larger fetches: records are 1-5 KB, librdkafka's 1 MiB a partition is ~300 of them
+    # (bench/ingest.py --fetch-partition-kb compares sizes).
+    "max.partition.fetch.bytes": 8 * 1024 * 1024,
+    "fetch.max.bytes": 64 * 1024 * 1024,
+    # Every record the mirror produced (it writes no transactions).
+    "isolation.level": "read_uncommitted",
+}
+"""The ingester's consumer properties; ``ingest_kafka_consumer`` is laid over them."""
+CONSUMER_OWNED = {
+    "bootstrap.servers": "set --kafka / SHADOW_AB_KAFKA_BOOTSTRAP",
+    "group.id": "set --group / SHADOW_AB_INGEST_GROUP",
+    "enable.auto.commit": "offsets are committed only after the store committed the batch",
+    "enable.auto.offset.store": "offsets are committed only after the store committed the batch",
+    "partition.assignment.strategy": (
+        "the eager assignors (range,roundrobin): on a rebalance the processor drops its unwritten"
+        " batch and reads again from the committed offsets"
+    ),
+}
+"""Consumer properties the ingester sets itself."""
 
 
 class IngestSettings(CommonSettings):
@@ -30,12 +58,6 @@ class IngestSettings(CommonSettings):
         ge=1,
         le=64,
         description="consumer processes in the group (the partitions are spread across them)",
-    )
-    ingest_fetch_partition_kb: int = Field(
-        default=8192,
-        ge=64,
-        le=1024 * 1024,
-        description="most a Kafka fetch brings per partition (KiB); see ingester.clients",
     )
     ingest_inflight_batches: int = Field(
         default=2,
@@ -61,32 +83,39 @@ class IngestSettings(CommonSettings):
     ingest_topic_exchanges: str = Field(default=TOPIC_EXCHANGES, min_length=1)
     ingest_topic_health: str = Field(default=TOPIC_HEALTH, min_length=1)
     ingest_topic_dlq: str = Field(default=TOPIC_DLQ, min_length=1)
-    ingest_auto_offset_reset: Literal["earliest", "latest"] = Field(
-        default="earliest", description="where a new group starts reading"
-    )
     ingest_retry_initial_ms: int = Field(default=200, ge=1, description="first retry delay")
     ingest_retry_max_ms: int = Field(default=10_000, ge=1, description="longest retry delay")
     ingest_shutdown_timeout_s: float = Field(
         default=30.0, ge=0, description="on SIGTERM, how long to keep trying to write the batch"
     )
-    ingest_session_timeout_ms: int = Field(
-        default=45_000,
-        ge=6_000,
-        le=300_000,
-        description="consumer group session timeout: how soon a dead ingester's partitions move",
-    )
     ingest_poll_timeout_ms: int = Field(default=500, ge=1, le=10_000)
     ingest_create_topics: bool = Field(
         default=True, description="create the topics at start if they are missing"
     )
-    ingest_kafka_client: Literal["kafka-python", "confluent"] = Field(
-        default="confluent",
+    ingest_kafka_consumer: dict[str, Value] = Field(
+        default_factory=dict,
         description=(
-            "the Kafka client library of the consumer and the dead-letter producer:"
-            " confluent (confluent-kafka, librdkafka in C; a fifth of kafka-python's fetch CPU,"
-            " bench/ingest.py) or kafka-python (pure Python)"
+            "librdkafka consumer properties laid over the ingester's defaults"
+            " (ingester.clients.CONSUMER_DEFAULTS), as JSON in the environment, e.g."
+            " SHADOW_AB_INGEST_KAFKA_CONSUMER='{\"session.timeout.ms\": 10000}'"
         ),
     )
+
+    @field_validator("ingest_kafka_consumer")
+    @classmethod
+    def _known_properties(cls, given: dict[str, Value]) -> dict[str, Value]:
+        client_config(given, defaults={}, client="consumer", owned=CONSUMER_OWNED)
+        return given
+
+    def consumer_config(self) -> dict[str, Value]:
+        """The consumer's librdkafka properties: :data:`CONSUMER_DEFAULTS`, then
+        ``ingest_kafka_consumer`` over them (the group, offsets and security are set apart)."""
+        return client_config(
+            self.ingest_kafka_consumer,
+            defaults=CONSUMER_DEFAULTS,
+            client="consumer",
+            owned=CONSUMER_OWNED,
+        )
 
     @model_validator(mode="after")
     def _usable(self) -> IngestSettings:

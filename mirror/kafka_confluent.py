@@ -1,34 +1,33 @@
-"""The Kafka sink's producer on confluent-kafka (librdkafka, in C): ``kafka_client: confluent``.
+"""The Kafka sink's producer: confluent-kafka (librdkafka, in C).
 
-kafka-python does its network I/O, batching and CRCs in a Python thread that takes the GIL from
-the mirror's event loop; librdkafka does all of it in C threads. This module gives the sink
-(:mod:`mirror.kafka_sink`) the same :class:`~mirror.kafka_sink.Producer` it has from
-kafka-python, so the sink's guarantees (bounded queue, spool, replay, delivery confirmed before
-a record counts as sent, flush on close) are kept by the same code for both clients:
+librdkafka does the network I/O, batching and CRCs in C threads, outside the GIL (kafka-python,
+the client before, did them in a Python thread that took the GIL from the mirror's event loop:
+about twice the CPU per record, bench/results/2026-12-03-kafka-clients.md). This module gives
+the sink (:mod:`mirror.kafka_sink`) the :class:`~mirror.kafka_sink.Producer` it uses, so the
+sink's guarantees (bounded queue, spool, replay, delivery confirmed before a record counts as
+sent, flush on close) are kept by the sink's code:
 
 - ``send`` hands the record to librdkafka (``produce`` never blocks). Delivery reports are
   served by :meth:`ConfluentProducer.poll`, which the sink's thread calls at each of its rounds:
-  no other Python thread takes the GIL for them (kafka-python's I/O thread does, for every
-  request). Every message gets a delivery report within ``message.timeout.ms``
-  (``delivery_timeout_ms``): an acknowledgement (``acks=all``, idempotent) or an error.
-- a broker away at start: as with kafka-python, building the producer fails (no broker accepts a
-  connection, or no metadata within ``bootstrap_timeout_ms``), and the sink spools.
-- **too large**: a record above ``message.max.bytes`` (``max_request_size``) is refused by
-  ``produce`` with :class:`MessageSizeTooLargeError`, the class name the sink knows. A broker
-  that refuses a batch for its size (a topic's ``max.message.bytes`` lowered) fails the whole
-  batch in librdkafka (kafka-python splits it): the batch's largest record, when it is larger
-  than the rest of the batch together, is the one reported as too large (first, so the sink
-  replaces the producer and sends the others again); the others fail as
-  :class:`BatchRefusedError`. Batches are at most ``max_request_size`` bytes (``batch.size``),
-  and the sink builds a new producer with the topics' limit once it knows it, so a batch of
-  records that each fit is not refused.
+  no other Python thread takes the GIL for them. Every message gets a delivery report within
+  ``message.timeout.ms``: an acknowledgement (``acks=all``, idempotent) or an error.
+- a broker away at start: building the producer fails (no broker accepts a connection, or no
+  metadata within :data:`~mirror.kafka_sink.BOOTSTRAP_TIMEOUT_S`), and the sink spools.
+- **too large**: a record above ``message.max.bytes`` is refused by ``produce`` with
+  :class:`MessageSizeTooLargeError`, the class name the sink knows. A broker that refuses a
+  batch for its size (a topic's ``max.message.bytes`` lowered) fails the whole batch in
+  librdkafka: the batch's largest record, when it is larger than the rest of the batch
+  together, is the one reported as too large (first, so the sink replaces the producer and
+  sends the others again); the others fail as :class:`BatchRefusedError`. Batches are at most
+  ``message.max.bytes`` bytes (``batch.size``), and the sink builds a new producer with the
+  topics' limit once it knows it, so a batch of records that each fit is not refused.
 - a fatal librdkafka error (the idempotent producer's state lost) makes ``send`` raise and sets
   :attr:`ConfluentProducer.fatal`: the sink then builds a new producer.
 - ``close(timeout)`` flushes until the timeout, then purges what is left (the sink has spooled
   those records already).
 
-Security: :func:`shadow_ab.kafka_security.librdkafka_security`, from the same
-``SHADOW_AB_KAFKA_*`` variables as the kafka-python producer.
+Properties: :func:`producer_properties`. Security:
+:func:`shadow_ab.kafka_security.librdkafka_security`, from the ``SHADOW_AB_KAFKA_*`` variables.
 """
 
 from __future__ import annotations
@@ -57,7 +56,7 @@ class DeliveryError(Exception):
 
 
 class _Future:
-    """A send's outcome, as kafka-python's future: its callbacks run in ``poll``."""
+    """A send's outcome: its callbacks run in ``poll``."""
 
     __slots__ = ("_callbacks", "_errbacks", "size")
 
@@ -162,7 +161,7 @@ class ConfluentProducer:
         """A batch the broker refused for its size: its largest record, if larger than the
         others together, is the one too large (reported first); the others were refused with
         it. Without such a record the batch itself was too large: every record fails as
-        refused (sent again; a batch is at most ``max_request_size`` bytes, so set it to the
+        refused (sent again; a batch is at most ``message.max.bytes`` bytes, so set it to the
         topics' ``max.message.bytes``)."""
         refused, self._refused = self._refused, []
         batches: dict[tuple[str, int], list[_Future]] = {}
@@ -176,8 +175,8 @@ class ConfluentProducer:
             else:
                 log.error(
                     "Kafka refused a batch of %d records for its size on %s/%d although no"
-                    " record in it is much larger than the others: set kafka.max_request_size"
-                    " to the topics' max.message.bytes",
+                    " record in it is much larger than the others: set kafka.client's"
+                    " message.max.bytes to the topics' max.message.bytes",
                     len(futures),
                     topic,
                     partition,
@@ -200,38 +199,39 @@ def _on_error(holder: list[ConfluentProducer]) -> Callable[[Any], None]:
     return on_error
 
 
+def producer_properties(config: KafkaSinkConfig) -> dict[str, Any]:
+    """The producer's librdkafka properties (secrets left out): ``kafka.client`` over
+    :data:`~mirror.kafka_sink.PRODUCER_DEFAULTS`, with what the sink fixes."""
+    from shadow_ab.kafka_config import lookup
+
+    props: dict[str, Any] = config.producer_config()
+    max_bytes = config.max_request_size
+    # A batch never larger than a record may be: a batch of records that each fit is taken.
+    batch = lookup(props, "batch.size")
+    if batch is not None and int(batch) > max_bytes:
+        props = {k: v for k, v in props.items() if k != "batch.size"} | {"batch.size": max_bytes}
+    # The sink keeps at most max_in_flight direct sends and as many from the spool; in bytes,
+    # 32 MiB at least. Past it produce() refuses (BufferError): the sink spools.
+    if lookup(props, "queue.buffering.max.messages") is None:
+        props["queue.buffering.max.messages"] = max(100_000, 2 * config.max_in_flight + 1000)
+    if lookup(props, "queue.buffering.max.kbytes") is None:
+        props["queue.buffering.max.kbytes"] = max(32 * 1024, 2 * max_bytes // 1024)
+    # mirror.kafka_sink.OWNED_PROPERTIES: the sink's own, never from kafka.client.
+    fixed = {"bootstrap.servers": config.bootstrap, "acks": "all", "enable.idempotence": True}
+    return {**fixed, **props}
+
+
 def make_confluent_producer(config: KafkaSinkConfig) -> ConfluentProducer:
     """A confluent-kafka producer as the sink wants it: acks=all, idempotent, batches of at most
-    ``max_request_size`` bytes; raises when no broker answers within ``bootstrap_timeout_ms``."""
+    ``message.max.bytes``; raises when no broker answers within ``BOOTSTRAP_TIMEOUT_S``."""
     from confluent_kafka import KafkaException, Producer
 
-    from mirror.kafka_sink import any_reachable
+    from mirror.kafka_sink import BOOTSTRAP_TIMEOUT_S, any_reachable
     from shadow_ab.kafka_security import librdkafka_security
 
-    if not any_reachable(config.bootstrap, config.bootstrap_timeout_ms / 1000):
+    if not any_reachable(config.bootstrap, BOOTSTRAP_TIMEOUT_S):
         raise ConnectionError(f"no Kafka broker accepts connections at {config.bootstrap}")
-    props: dict[str, Any] = {
-        "bootstrap.servers": config.bootstrap,
-        "client.id": config.client_id,
-        "acks": "all",
-        "enable.idempotence": True,
-        # The key's partition as kafka-python and the Java clients pick it (librdkafka's own
-        # default hashes differently): a switch of client keeps a pair on its partition.
-        "partitioner": "murmur2_random",
-        "linger.ms": config.linger_ms,
-        "batch.size": min(config.batch_size, config.max_request_size),
-        "message.max.bytes": config.max_request_size,
-        "compression.type": config.compression_type or "none",
-        "request.timeout.ms": config.request_timeout_ms,
-        "message.timeout.ms": config.delivery_timeout_ms,
-        "reconnect.backoff.max.ms": config.reconnect_backoff_max_ms,
-        # The sink keeps at most max_in_flight direct sends and as many from the spool; in
-        # bytes, the bound kafka-python's producer had (buffer_memory, 32 MiB). Past it
-        # produce() refuses (BufferError): the sink spools, as when kafka-python's send waits
-        # max_block_ms for room in vain.
-        "queue.buffering.max.messages": max(100_000, 2 * config.max_in_flight + 1000),
-        "queue.buffering.max.kbytes": max(32 * 1024, 2 * config.max_request_size // 1024),
-    }
+    props = producer_properties(config)
     holder: list[ConfluentProducer] = []
     try:
         producer = Producer(
@@ -244,7 +244,7 @@ def make_confluent_producer(config: KafkaSinkConfig) -> ConfluentProducer:
         )
     except KafkaException as exc:
         raise ValueError(f"Kafka producer settings refused: {exc}") from exc
-    timeout_s = config.bootstrap_timeout_ms / 1000
+    timeout_s = BOOTSTRAP_TIMEOUT_S
     wrapped = ConfluentProducer(producer, props, metadata_timeout_s=timeout_s)
     holder.append(wrapped)
     # Metadata now, so the first sends do not wait for it; no answer in time: Kafka is away.

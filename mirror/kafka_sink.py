@@ -6,11 +6,11 @@ background thread does the rest, in rounds every ``poll_s`` (it is not woken per
 
 - **direct**: while Kafka answers and the spool is empty, each record is encoded
   (``record.to_json()``; key = ``pair_id`` for exchanges, ``engine`` for health samples) and
-  handed to the producer of ``kafka_client`` (acks=all, idempotent, ``linger_ms`` batching):
-  ``confluent`` (:mod:`mirror.kafka_confluent`: librdkafka, its I/O in C threads, outside the
-  GIL) or ``kafka-python`` (``KafkaProducer``, ``max_block_ms`` small; its I/O thread is Python).
-  Send futures are resolved with callbacks, which only queue the
-  outcome for the thread; at most ``max_in_flight`` records are unacknowledged at once.
+  handed to the producer (:mod:`mirror.kafka_confluent`: confluent-kafka, librdkafka; its I/O
+  in C threads, outside the GIL; acks=all, idempotent, ``linger.ms`` batching; its properties
+  are :data:`PRODUCER_DEFAULTS` with ``kafka.client`` laid over them). Delivery reports are
+  served by the sink's thread at each round and only queue the outcome for the thread; at
+  most ``max_in_flight`` records are unacknowledged at once.
 - **spooling**: when a send fails (the broker is unreachable, a delivery timed out, the producer
   cannot even be built), Kafka is marked away and every record -- the failed ones and all new
   ones -- goes to the on-disk spool (:mod:`mirror.spool`, bounded by bytes; a full spool, or a
@@ -24,13 +24,15 @@ background thread does the rest, in rounds every ``poll_s`` (it is not woken per
   are sent again. Delivery is at least once: the ingester is idempotent on (pair_id, role,
   sent_at) and on (engine, ts).
 - a watchdog: a send the producer has not resolved ``STUCK_GRACE_S`` after the delivery
-  timeout (kafka-python was seen to keep such sends for ever after a broker restart) makes the
+  timeout (kafka-python, the client before, was seen to keep such sends for ever after a
+  broker restart) makes the
   sink abandon that producer, spool its unacknowledged records again and build a new one.
-- a record too large for Kafka fails alone: one whose key and value exceed ``max_request_size``
-  (set it to the topics' ``max.message.bytes``) is dropped before it is sent, and one the
-  producer or the broker refuses for its size (``MessageSizeTooLargeError``) is dropped when
-  refused, from the spool too (its entry is acked, so the spool's head moves on); both are
-  counted (reason ``too_large``) and logged with their key. Never an outage, never stuck.
+- a record too large for Kafka fails alone: one whose key and value exceed the producer's
+  ``message.max.bytes`` (set it to the topics' ``max.message.bytes``) is dropped before it
+  is sent, and one the producer or the broker refuses for its size
+  (``MessageSizeTooLargeError``) is dropped when refused, from the spool too (its entry is
+  acked, so the spool's head moves on); both are counted (reason ``too_large``) and logged
+  with their key. Never an outage, never stuck.
 - :meth:`KafkaSink.close` sends what is queued (to Kafka, or to the spool), waits for the
   producer's acknowledgements until its timeout, and closes the spool; records still spooled
   are sent by the next process started on the same ``spool_dir``. It returns False when a
@@ -60,13 +62,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from mirror.errors import KafkaSinkError, SpoolError
 from mirror.metrics import RECORDS, RECORDS_DROPPED, SINK_ERRORS
 from mirror.spool import Spool
+from shadow_ab.kafka_config import Value, client_config, lookup
 from shadow_ab.records import ExchangeRecord, HealthSample, Record
 from shadow_ab.settings import state_dir
 from shadow_ab.topics import TOPIC_EXCHANGES, TOPIC_HEALTH
@@ -93,12 +96,11 @@ process ~0.1-0.2 ms of CPU per record in thread switches and GIL hand-offs (benc
 a queue reaching this many records wakes it at once."""
 RECORD_OVERHEAD_BYTES = 128
 """What Kafka adds to a record's key and value (batch and record headers), rounded up: a record
-whose key and value exceed ``max_request_size`` minus this is dropped before it is sent."""
-_TOO_LARGE_ERRORS = frozenset({"MessageSizeTooLargeError", "RecordListTooLargeError"})
-"""The errors for one record too large for the producer or the topic, never an outage:
-kafka-python's (the producer splits a batch the broker finds too large, so these name one
-record), and :mod:`mirror.kafka_confluent`'s ``MessageSizeTooLargeError`` (the refused batch's
-record larger than the rest of it together)."""
+whose key and value exceed ``message.max.bytes`` minus this is dropped before it is sent."""
+_TOO_LARGE_ERRORS = frozenset({"MessageSizeTooLargeError"})
+"""The error for one record too large for the producer or the topic, never an outage
+(:class:`mirror.kafka_confluent.MessageSizeTooLargeError`: refused by ``send``, or the refused
+batch's record larger than the rest of it together)."""
 DROP_LOG_INTERVAL_S = 10.0
 
 _FRAME = struct.Struct("<HH")
@@ -106,6 +108,49 @@ _FRAME = struct.Struct("<HH")
 
 def _default_spool_dir() -> Path:
     return state_dir() / "mirror-spool"
+
+
+PRODUCER_DEFAULTS: dict[str, Value] = {
+    # The mirror in the brokers' logs and quotas.
+    "client.id": "shadow-ab-mirror",
+    # Records wait up to this long to share a request: 5 ms sent about one record a request
+    # and cost the mirror ~0.9 ms of CPU per shadowed request more than 100 ms
+    # (bench/mirror_overhead.py --kafka); reviews read them through hourly rollups, so the delay
+    # costs nothing downstream.
+    "linger.ms": 100,
+    # A batch's bytes: at 100 ms of linger, room for a few dozen ~5 KB records a partition
+    # (capped at message.max.bytes, so a batch of records that each fit is never refused).
+    "batch.size": 256 * 1024,
+    # The largest record sent: the topics' max.message.bytes (k8s/base/kafka.yaml). A larger
+    # record is dropped alone before it is sent (too_large); the sink lowers it to the topics'
+    # limit when it reads a lower one.
+    "message.max.bytes": 1024**2,
+    # librdkafka's default, kept: gzip, lz4 or zstd trade the mirror's CPU for the network's
+    # bytes, and that trade was not measured.
+    "compression.type": "none",
+    # A broker that does not answer a request within 5 s is taken as away soon enough for the
+    # delivery timeout below to spool the record.
+    "request.timeout.ms": 5_000,
+    # A record not acknowledged by then fails and goes to the spool (and the sink's watchdog
+    # replaces a producer that leaves sends unresolved STUCK_GRACE_S past it). At least
+    # linger.ms + request.timeout.ms.
+    "message.timeout.ms": 15_000,
+    # A broker back from a restart is reached again within a second.
+    "reconnect.backoff.max.ms": 1_000,
+    # The key's partition as the Java clients pick it (librdkafka's own default hashes
+    # differently): a pair's records stay on the partition they had before the switch.
+    "partitioner": "murmur2_random",
+}
+"""The producer's librdkafka properties; ``kafka.client`` is laid over them. Also set, unless
+``kafka.client`` sets them: ``queue.buffering.max.messages`` and ``queue.buffering.max.kbytes``
+(from ``max_in_flight`` and ``message.max.bytes``; :func:`mirror.kafka_confluent.
+producer_properties`)."""
+OWNED_PROPERTIES = {
+    "bootstrap.servers": "set kafka.bootstrap (or --kafka, SHADOW_AB_KAFKA_BOOTSTRAP)",
+    "acks": "the spool deletes a record only once every in-sync replica has it (acks=all)",
+    "enable.idempotence": "a record sent again after a failed request must not be written twice",
+}
+"""Producer properties the sink sets itself: ``kafka.client`` may not set them."""
 
 
 class KafkaSinkConfig(BaseModel):
@@ -116,7 +161,6 @@ class KafkaSinkConfig(BaseModel):
     bootstrap: str = Field(min_length=1, description="Kafka bootstrap servers, HOST:PORT[,...]")
     topic_exchanges: str = Field(default=TOPIC_EXCHANGES, min_length=1)
     topic_health: str = Field(default=TOPIC_HEALTH, min_length=1)
-    client_id: str = Field(default="shadow-ab-mirror", min_length=1)
     spool_dir: Path = Field(
         default_factory=_default_spool_dir,
         description="spool folder (one per mirror process; survives restarts)",
@@ -128,49 +172,57 @@ class KafkaSinkConfig(BaseModel):
     queue_max_bytes: int = Field(
         default=256 * 1024**2, ge=1024, description="bytes of records held in memory, at most"
     )
-    max_request_size: int = Field(
-        default=1024**2,
-        ge=1024,
-        description="largest record sent, bytes; at most the topics' max.message.bytes",
-    )
-    linger_ms: int = Field(
-        default=100,
-        ge=0,
-        description="producer batching delay: records wait up to this long to share a request"
-        " (5 ms sent about one record a request and cost the mirror ~0.9 ms of CPU per shadowed"
-        " request more than 100 ms: bench/mirror_overhead.py --kafka); reviews read them"
-        " through hourly rollups, so the delay costs nothing downstream",
-    )
-    batch_size: int = Field(default=256 * 1024, ge=1024, description="producer batch bytes")
-    compression_type: str | None = Field(default=None, description="gzip, lz4, zstd or none")
     max_in_flight: int = Field(
         default=10_000, ge=1, description="records sent and not yet acknowledged, at most"
     )
-    request_timeout_ms: int = Field(default=5_000, ge=100)
-    delivery_timeout_ms: int = Field(
-        default=15_000, ge=200, description="a record not acknowledged by then is spooled"
-    )
-    max_block_ms: int = Field(default=200, ge=1, description="longest a send may wait")
-    bootstrap_timeout_ms: int = Field(default=2_000, ge=100, description="producer start")
-    reconnect_backoff_max_ms: int = Field(default=1_000, ge=50)
     retry_backoff_s: float = Field(default=1.0, gt=0, description="first wait to retry Kafka")
     retry_backoff_max_s: float = Field(default=10.0, gt=0, description="longest wait")
-    kafka_client: Literal["confluent", "kafka-python"] = Field(
-        default="confluent",
-        description="the producer's client library: confluent (confluent-kafka, librdkafka: its"
-        " network I/O in C threads, outside the GIL; ~0.5x kafka-python's CPU per record,"
-        " bench/shadow_cost.py) or kafka-python (pure Python, its I/O thread competes with the"
-        " event loop for the GIL); same guarantees, mirror/README.md",
+    client: dict[str, Value] = Field(
+        default_factory=dict,
+        description="librdkafka producer properties laid over the sink's defaults"
+        " (mirror.kafka_sink.PRODUCER_DEFAULTS), e.g. {linger.ms: 20, compression.type: zstd}",
     )
+
+    @field_validator("client")
+    @classmethod
+    def _known_properties(cls, client: dict[str, Value]) -> dict[str, Value]:
+        client_config(client, defaults={}, client="producer", owned=OWNED_PROPERTIES)
+        return client
 
     @model_validator(mode="after")
     def _timeouts(self) -> KafkaSinkConfig:
-        if self.delivery_timeout_ms < self.linger_ms + self.request_timeout_ms:
+        props = self.producer_config()
+        names = ("linger.ms", "request.timeout.ms", "message.timeout.ms")
+        try:
+            linger, request, delivery = (int(lookup(props, k) or 0) for k in names)
+        except ValueError:
+            return self  # not a number: librdkafka refuses it when the producer is built
+        if delivery < linger + request:
             raise ValueError(
-                f"kafka delivery_timeout_ms ({self.delivery_timeout_ms}) must be at least"
-                f" linger_ms + request_timeout_ms ({self.linger_ms + self.request_timeout_ms})"
+                f"kafka.client: message.timeout.ms ({delivery}) must be at least"
+                f" linger.ms + request.timeout.ms ({linger + request})"
             )
         return self
+
+    def producer_config(self) -> dict[str, Value]:
+        """The producer's properties: :data:`PRODUCER_DEFAULTS`, ``client`` over them."""
+        return client_config(
+            self.client, defaults=PRODUCER_DEFAULTS, client="producer", owned=OWNED_PROPERTIES
+        )
+
+    @property
+    def max_request_size(self) -> int:
+        """The largest record sent, bytes (``message.max.bytes``)."""
+        return int(lookup(self.producer_config(), "message.max.bytes") or 0)
+
+    @property
+    def delivery_timeout_s(self) -> float:
+        """How long the producer may take to acknowledge a record (``message.timeout.ms``)."""
+        return int(lookup(self.producer_config(), "message.timeout.ms") or 0) / 1000
+
+    def with_max_request_size(self, limit: int) -> KafkaSinkConfig:
+        """These settings with ``message.max.bytes`` lowered to ``limit``."""
+        return self.model_copy(update={"client": {**self.client, "message.max.bytes": limit}})
 
 
 @dataclass
@@ -217,17 +269,16 @@ def any_reachable(bootstrap: str, timeout_s: float) -> bool:
 
 
 class SendFuture(Protocol):
-    """A send's outcome, as kafka-python's ``FutureRecordMetadata``: callbacks run on the
-    producer's I/O thread, or in the producer's ``poll`` when it has one."""
+    """A send's outcome: its callbacks run in the producer's ``poll``."""
 
     def add_callback(self, fn: Callable[[Any], Any]) -> Any: ...
     def add_errback(self, fn: Callable[[Exception], Any]) -> Any: ...
 
 
 class Producer(Protocol):
-    """What the sink uses of kafka-python's ``KafkaProducer`` (tests hand in fakes). A producer
-    with a ``poll(timeout)`` method (:class:`mirror.kafka_confluent.ConfluentProducer`) has its
-    delivery reports served by the sink's thread calling it at each round."""
+    """What the sink uses of :class:`mirror.kafka_confluent.ConfluentProducer` (tests hand in
+    fakes). A producer with a ``poll(timeout)`` method has its delivery reports served by the
+    sink's thread calling it at each round."""
 
     def send(self, topic: str, *, key: bytes | None, value: bytes) -> SendFuture: ...
     def partitions_for(self, topic: str) -> set[int] | None: ...
@@ -235,89 +286,41 @@ class Producer(Protocol):
 
 
 def make_producer(config: KafkaSinkConfig) -> Producer:
-    """A kafka-python producer as the sink wants it (raises kafka's errors when unreachable)."""
-    from kafka import KafkaProducer
-    from kafka.errors import KafkaTimeoutError
+    """The confluent-kafka producer as the sink wants it (raises when Kafka is unreachable)."""
+    from mirror.kafka_confluent import make_confluent_producer
 
-    from shadow_ab.kafka_security import kafka_security
-
-    # kafka-python leaks its client's sockets when a producer cannot bootstrap: check first.
-    if not any_reachable(config.bootstrap, config.bootstrap_timeout_ms / 1000):
-        raise ConnectionError(f"no Kafka broker accepts connections at {config.bootstrap}")
-    producer = KafkaProducer(
-        bootstrap_servers=config.bootstrap,
-        client_id=config.client_id,
-        acks="all",
-        enable_idempotence=True,
-        linger_ms=config.linger_ms,
-        batch_size=config.batch_size,
-        compression_type=config.compression_type,
-        max_block_ms=config.max_block_ms,
-        request_timeout_ms=config.request_timeout_ms,
-        delivery_timeout_ms=config.delivery_timeout_ms,
-        bootstrap_timeout_ms=config.bootstrap_timeout_ms,
-        reconnect_backoff_max_ms=config.reconnect_backoff_max_ms,
-        max_request_size=config.max_request_size,
-        **kafka_security(),
-    )
-    # Fetch the topics' metadata now, so the first sends do not wait for it (a send waits at
-    # most max_block_ms, then the record takes the detour through the spool).
-    deadline = time.monotonic() + config.bootstrap_timeout_ms / 1000
-    for topic in (config.topic_exchanges, config.topic_health):
-        while True:
-            try:
-                producer.partitions_for(topic)
-                break
-            except KafkaTimeoutError:
-                if time.monotonic() >= deadline:
-                    log.warning("no metadata for Kafka topic %s yet (does it exist?)", topic)
-                    break
-    return producer
-
-
-def producer_for(config: KafkaSinkConfig) -> Producer:
-    """The producer of ``config.kafka_client`` (raises when Kafka is unreachable)."""
-    if config.kafka_client == "confluent":
-        from mirror.kafka_confluent import make_confluent_producer
-
-        return make_confluent_producer(config)
-    return make_producer(config)
+    return make_confluent_producer(config)
 
 
 def fetch_topic_limit(config: KafkaSinkConfig) -> int | None:
     """The smallest ``max.message.bytes`` set on the sink's topics, or None when none is set
     (or Kafka cannot say): records above it are refused by the broker."""
-    from kafka import KafkaAdminClient
-    from kafka.admin import ConfigResource, ConfigResourceType
+    from confluent_kafka.admin import AdminClient, ConfigResource
 
-    from shadow_ab.kafka_security import kafka_security
+    from shadow_ab.kafka_security import librdkafka_security
 
     try:
-        admin = KafkaAdminClient(
-            bootstrap_servers=config.bootstrap,
-            client_id=config.client_id + "-limits",
-            request_timeout_ms=config.bootstrap_timeout_ms,
-            **kafka_security(),
+        admin = AdminClient(
+            {
+                "bootstrap.servers": config.bootstrap,
+                "client.id": f"{lookup(config.producer_config(), 'client.id')}-limits",
+                **librdkafka_security(),
+            }
         )
-    except Exception as exc:
-        log.info("cannot read the topics' max.message.bytes: %s", exc)
-        return None
-    try:
         topics = (config.topic_exchanges, config.topic_health)
-        answer = admin.describe_configs(
-            [ConfigResource(ConfigResourceType.TOPIC, t) for t in topics]
+        futures = admin.describe_configs(
+            [ConfigResource(ConfigResource.Type.TOPIC, t) for t in topics],
+            request_timeout=BOOTSTRAP_TIMEOUT_S,
         )
-        limits = [
-            int(entries["max.message.bytes"]["value"])
-            for entries in answer.get("topic", {}).values()
-            if "max.message.bytes" in entries
-        ]
+        limits = []
+        for future in futures.values():
+            entry = future.result(timeout=BOOTSTRAP_TIMEOUT_S).get("max.message.bytes")
+            if entry is not None and entry.value is not None:
+                limits.append(int(entry.value))
         return min(limits) if limits else None
     except Exception as exc:
         log.info("cannot read the topics' max.message.bytes: %s", exc)
         return None
-    finally:
-        admin.close()
 
 
 def _no_limit(config: KafkaSinkConfig) -> int | None:
@@ -331,16 +334,18 @@ SENT, REFUSED, DROPPED = object(), object(), object()
 # (what, producer generation, spool generation, number, error)
 _Outcome = tuple[str, int, int, int, BaseException | None]
 STUCK_GRACE_S = 5.0
-"""A send not resolved this long after delivery_timeout_ms is taken as lost by the producer."""
+"""A send not resolved this long after message.timeout.ms is taken as lost by the producer."""
+BOOTSTRAP_TIMEOUT_S = 2.0
+"""How long the producer's start may wait for a broker to accept a connection and for the
+topics' metadata (then Kafka is taken as away, and the records are spooled)."""
 
 
 class KafkaSink:
     """Records to Kafka from a background thread, through an on-disk spool while Kafka is away.
 
-    ``producer_factory`` builds the producer (default :func:`producer_for`: the client of
-    ``config.kafka_client``); it is called on the sink's thread, again after a failure to build
-    one or after a producer was abandoned, with ``max_request_size`` lowered to the topics'
-    limit once the sink knows it.
+    ``producer_factory`` builds the producer (default :func:`make_producer`); it is called on
+    the sink's thread, again after a failure to build one or after a producer was abandoned,
+    with ``message.max.bytes`` lowered to the topics' limit once the sink knows it.
     """
 
     label = SINK
@@ -356,12 +361,14 @@ class KafkaSink:
     ) -> None:
         self.config = config
         real = producer_factory is None or producer_factory is make_producer
-        self._factory = producer_for if producer_factory is None else producer_factory
+        self._factory = make_producer if producer_factory is None else producer_factory
         if topic_limit is None:
             topic_limit = fetch_topic_limit if real else _no_limit
         self._topic_limit = topic_limit
-        self._limit = config.max_request_size
-        """Largest record sent: max_request_size, or the topics' max.message.bytes if lower."""
+        self._max_request_size = config.max_request_size
+        self._limit = self._max_request_size
+        """Largest record sent: message.max.bytes, or the topics' max.message.bytes if lower."""
+        self._delivery_timeout_s = config.delivery_timeout_s
         self._clock = clock
         self._poll_s = poll_s
         try:
@@ -599,8 +606,8 @@ class KafkaSink:
         if self._producer is not None:
             return True
         config = self.config
-        if self._limit < config.max_request_size:  # batches must fit the topics' limit too
-            config = config.model_copy(update={"max_request_size": self._limit})
+        if self._limit < self._max_request_size:  # batches must fit the topics' limit too
+            config = config.with_max_request_size(self._limit)
         try:
             self._producer = self._factory(config)
         except Exception as exc:
@@ -617,9 +624,9 @@ class KafkaSink:
             return False
         log.warning(
             "Kafka topics take records up to %d bytes (max.message.bytes), below"
-            " kafka.max_request_size %d: larger records are dropped (too_large)",
+            " the producer's message.max.bytes %d: larger records are dropped (too_large)",
             learned,
-            self.config.max_request_size,
+            self._max_request_size,
         )
         self._limit = learned
         return True
@@ -694,7 +701,7 @@ class KafkaSink:
     def _drop_too_large(self, topic: str, key: bytes, why: str) -> None:
         log.error(
             "dropping a record too large for Kafka (topic %s, key %s): %s; to keep such records"
-            " raise the topics' max.message.bytes and kafka.max_request_size together",
+            " raise the topics' max.message.bytes and kafka.client's message.max.bytes together",
             topic,
             key.decode(errors="replace"),
             why,
@@ -801,10 +808,10 @@ class KafkaSink:
         self._abandon_producer()
 
     def _check_stuck(self) -> None:
-        """A send the producer never resolves (seen with kafka-python when a restarted broker
-        left partitions without a leader) would hold the sink up for ever: past the delivery
+        """A send the producer never resolves (seen with kafka-python, before, when a restarted
+        broker left partitions without a leader) would hold the sink up for ever: past the delivery
         timeout, abandon the producer, spool its direct sends again and build a new one."""
-        limit = self.config.delivery_timeout_ms / 1000 + STUCK_GRACE_S
+        limit = self._delivery_timeout_s + STUCK_GRACE_S
         now = self._clock()
         first_direct = next(iter(self._direct_frames.values()), None)
         first_spool = next(iter(self._spool_sent.values()), None)
@@ -957,18 +964,9 @@ class KafkaSink:
 
 
 def _close_producer(producer: Producer, timeout: float) -> None:
-    """Close a kafka-python producer within ``timeout`` even when sends are pending.
-
-    ``KafkaProducer.close(t)`` first flushes and raises KafkaTimeoutError when that does not
-    finish in ``t``, leaving the producer open; then its sender thread is force-closed (the
-    pending records were spooled by the caller).
-    """
+    """Close a producer within ``timeout`` even when sends are pending (their records were
+    spooled by the caller; :meth:`mirror.kafka_confluent.ConfluentProducer.close` purges them)."""
     try:
         producer.close(timeout=min(timeout, 5.0))
-        return
     except Exception as exc:
-        log.info("Kafka producer did not flush before closing (%s); force-closing it", exc)
-    sender = getattr(producer, "_sender", None)  # no public force-close in kafka-python 3
-    if sender is not None:
-        sender.force_close()
-        sender.join(1.0)
+        log.info("closing the Kafka producer failed: %s", exc)

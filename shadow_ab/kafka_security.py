@@ -17,8 +17,9 @@ same way by all of them:
 - ``SHADOW_AB_KAFKA_SSL_CERTFILE`` and ``SHADOW_AB_KAFKA_SSL_KEYFILE``: a client certificate and
   key (mutual TLS), optional.
 
-:func:`kafka_security` turns them into kafka-python's keyword arguments,
-:func:`librdkafka_security` into librdkafka's (confluent-kafka's) configuration properties.
+:func:`kafka_security` reads and checks them (keyword-style names, kafka-python's, the client
+before), :func:`librdkafka_security` turns them into librdkafka's (confluent-kafka's)
+configuration properties, which every Kafka client of the project is built with.
 
 Errors: :class:`ValueError` with a sentence naming the variable to fix.
 """

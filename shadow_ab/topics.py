@@ -10,10 +10,12 @@ Errors::
 
 from __future__ import annotations
 
-import contextlib
+import logging
+import time
 from dataclasses import dataclass, field
+from typing import Any
 
-from shadow_ab.kafka_security import kafka_security
+from shadow_ab.kafka_security import librdkafka_security
 
 TOPIC_EXCHANGES = "shadow.exchanges"
 """Exchange records (:class:`shadow_ab.records.ExchangeRecord`), keyed by ``pair_id``."""
@@ -63,6 +65,25 @@ DLQ_MAX_MESSAGE_BYTES = 2 * 1024 * 1024
 """The dead-letter topic's max.message.bytes (the ingester's producer may send this much)."""
 
 
+def _admin(bootstrap: str) -> Any:
+    """A confluent-kafka admin client (librdkafka; its log lines go to Python's logging)."""
+    from confluent_kafka.admin import AdminClient
+
+    config: dict[str, Any] = {
+        "bootstrap.servers": bootstrap,
+        "client.id": "shadow-ab-topics",
+        "logger": logging.getLogger("shadow_ab.topics.librdkafka"),
+        **librdkafka_security(),
+    }
+    return AdminClient(config)
+
+
+def _code(exc: Exception) -> int | None:
+    err = exc.args[0] if exc.args else None
+    code = getattr(err, "code", None)
+    return code() if callable(code) else None
+
+
 def ensure_topics(
     bootstrap: str,
     specs: list[TopicSpec] | None = None,
@@ -75,63 +96,74 @@ def ensure_topics(
     configs are not changed). Waits until every topic has a leader for each partition, so a
     producer or consumer started right after does not race the broker's metadata.
     """
-    from kafka import KafkaAdminClient
-    from kafka.errors import KafkaError, TopicAlreadyExistsError
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka.admin import NewTopic
 
     specs = default_topics() if specs is None else specs
-    timeout_ms = int(timeout_s * 1000)
+    deadline = time.monotonic() + timeout_s
+    admin = _admin(bootstrap)
     try:
-        admin = KafkaAdminClient(
-            bootstrap_servers=bootstrap,
-            client_id="shadow-ab-topics",
-            request_timeout_ms=timeout_ms,
-            **kafka_security(),
-        )
-    except KafkaError as exc:
+        existing = set(admin.list_topics(timeout=timeout_s).topics)
+    except KafkaException as exc:
         raise TopicError(
             f"cannot reach Kafka at {bootstrap} to create topics ({exc}); is it running?"
             " (`shadow-ab services status`)"
         ) from exc
-    try:
-        existing = set(admin.list_topics())
-        missing = [s for s in specs if s.name not in existing]
-        created: list[str] = []
-        for spec in missing:
+    missing = [s for s in specs if s.name not in existing]
+    created: list[str] = []
+    if missing:
+        new = [
+            # replication_factor -1: the broker's default.replication.factor
+            NewTopic(s.name, num_partitions=s.partitions, replication_factor=-1, config=s.configs)
+            for s in missing
+        ]
+        futures = admin.create_topics(new, operation_timeout=timeout_s, request_timeout=timeout_s)
+        for name, future in futures.items():
             try:
-                admin.create_topics(
-                    {
-                        spec.name: {
-                            "num_partitions": spec.partitions,
-                            "replication_factor": -1,  # the broker's default.replication.factor
-                            "configs": spec.configs,
-                        }
-                    },
-                    timeout_ms=timeout_ms,
-                )
-                created.append(spec.name)
-            except TopicAlreadyExistsError:
-                pass  # another process created it between list and create: fine
-        admin.wait_for_topics([s.name for s in specs], timeout_ms=timeout_ms)
-        return created
-    except KafkaError as exc:
-        raise TopicError(f"creating topics on {bootstrap} failed: {exc}") from exc
-    finally:
-        admin.close()
+                future.result()
+                created.append(name)
+            except KafkaException as exc:
+                if _code(exc) != KafkaError.TOPIC_ALREADY_EXISTS:  # created meanwhile: fine
+                    raise TopicError(f"creating topic {name} on {bootstrap} failed: {exc}") from exc
+    _wait_for_leaders(admin, bootstrap, [s.name for s in specs], deadline)
+    return created
+
+
+def _wait_for_leaders(admin: Any, bootstrap: str, names: list[str], deadline: float) -> None:
+    from confluent_kafka import KafkaException
+
+    waiting = list(names)
+    while waiting:
+        try:
+            metadata = admin.list_topics(timeout=max(0.5, deadline - time.monotonic()))
+        except KafkaException as exc:
+            raise TopicError(f"no metadata from Kafka at {bootstrap}: {exc}") from exc
+        waiting = [
+            name
+            for name in waiting
+            if (topic := metadata.topics.get(name)) is None
+            or topic.error is not None
+            or not topic.partitions
+            or any(p.leader < 0 for p in topic.partitions.values())
+        ]
+        if waiting and time.monotonic() >= deadline:
+            raise TopicError(f"topics {', '.join(waiting)} have no leader yet on {bootstrap}")
+        if waiting:
+            time.sleep(0.1)
 
 
 def delete_topics(bootstrap: str, names: list[str], *, timeout_s: float = 30.0) -> None:
     """Delete topics (tests and benchmarks clean up after themselves); missing ones are fine."""
-    from kafka import KafkaAdminClient
-    from kafka.errors import UnknownTopicOrPartitionError
+    from confluent_kafka import KafkaError, KafkaException
 
-    admin = KafkaAdminClient(
-        bootstrap_servers=bootstrap, client_id="shadow-ab-topics", **kafka_security()
-    )
-    try:
-        existing = set(admin.list_topics())
-        present = [n for n in names if n in existing]
-        if present:
-            with contextlib.suppress(UnknownTopicOrPartitionError):  # deleted meanwhile
-                admin.delete_topics(present, timeout_ms=int(timeout_s * 1000))
-    finally:
-        admin.close()
+    admin = _admin(bootstrap)
+    present = [n for n in names if n in admin.list_topics(timeout=timeout_s).topics]
+    if not present:
+        return
+    futures = admin.delete_topics(present, operation_timeout=timeout_s, request_timeout=timeout_s)
+    for future in futures.values():
+        try:
+            future.result()
+        except KafkaException as exc:
+            if _code(exc) != KafkaError.UNKNOWN_TOPIC_OR_PART:  # deleted meanwhile: fine
+                raise

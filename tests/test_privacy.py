@@ -359,24 +359,3 @@ def test_kafka_security_from_the_environment(tmp_path: Path) -> None:
         kafka_security({**env, "SHADOW_AB_KAFKA_SSL_CAFILE": str(tmp_path / "missing.crt")})
     with pytest.raises(ValueError, match="both"):
         kafka_security({**env, "SHADOW_AB_KAFKA_SSL_CERTFILE": str(ca)})
-
-
-def test_kafka_python_accepts_the_settings(tmp_path: Path) -> None:
-    """kafka-python knows every keyword kafka_security gives (a typo would only show against a
-    secured cluster)."""
-    from kafka import KafkaConsumer, KafkaProducer
-
-    ca = tmp_path / "ca.crt"
-    ca.write_text("---")
-    env = {
-        "SHADOW_AB_KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
-        "SHADOW_AB_KAFKA_SASL_USERNAME": "u",
-        "SHADOW_AB_KAFKA_SASL_PASSWORD": "p",
-        "SHADOW_AB_KAFKA_SSL_CAFILE": str(ca),
-        "SHADOW_AB_KAFKA_SSL_CERTFILE": str(ca),
-        "SHADOW_AB_KAFKA_SSL_KEYFILE": str(ca),
-    }
-    kwargs = kafka_security(env)
-    for cls in (KafkaConsumer, KafkaProducer):
-        assert set(kwargs) <= set(cls.DEFAULT_CONFIG), cls.__name__
-    assert kwargs["sasl_mechanism"] == "SCRAM-SHA-512"

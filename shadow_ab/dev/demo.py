@@ -207,7 +207,7 @@ def _ingester(
     """``shadow-ab ingest`` as a subprocess on the run's topics, stopped (SIGTERM) at exit."""
     from shadow_ab.dev.processes import ManagedProcess, ProcessError
 
-    env = {**os.environ, "SHADOW_AB_INGEST_AUTO_OFFSET_RESET": "earliest"}
+    env = {**os.environ, "SHADOW_AB_INGEST_KAFKA_CONSUMER": '{"auto.offset.reset": "earliest"}'}
     cmd = [
         sys.executable,
         "-m",

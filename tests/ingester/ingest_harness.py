@@ -52,19 +52,28 @@ def settings_for(
 
 def produce(bootstrap: str, topic: str, messages: Iterable[tuple[bytes | None, bytes]]) -> int:
     """Send (key, value) pairs with acks=all; return how many were sent."""
-    from kafka import KafkaProducer
+    from confluent_kafka import Producer
 
-    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
-    n = 0
-    try:
-        futures = [producer.send(topic, key=k, value=v) for k, v in messages]
-        producer.flush(timeout=60)
-        for f in futures:
-            f.get(timeout=0)
-            n += 1
-    finally:
-        producer.close(timeout=10)
-    return n
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 5})
+    errors: list[Any] = []
+    acked = 0
+
+    def delivered(err: Any, _msg: Any) -> None:
+        nonlocal acked
+        if err is not None:
+            errors.append(err)
+        else:
+            acked += 1
+
+    sent = 0
+    for k, v in messages:
+        producer.produce(topic, key=k, value=v, on_delivery=delivered)
+        producer.poll(0)
+        sent += 1
+    left = producer.flush(60)
+    assert left == 0 and not errors, f"{left} messages unsent, errors: {errors[:3]}"
+    assert acked == sent
+    return acked
 
 
 def count_rows(engine: Engine, table: str, deployment: str) -> int:
@@ -79,17 +88,21 @@ def count_rows(engine: Engine, table: str, deployment: str) -> int:
 def committed_total(bootstrap: str, group: str) -> int:
     """Sum of the group's committed offsets over all its partitions (0 if none yet; -1 while
     the broker's group coordinator is still loading, so callers just ask again)."""
-    from kafka import KafkaAdminClient
-    from kafka.errors import CoordinatorLoadInProgressError, NotCoordinatorError
+    from confluent_kafka import ConsumerGroupTopicPartitions, KafkaError, KafkaException
+    from confluent_kafka.admin import AdminClient
 
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    futures = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)])
     try:
-        offsets = admin.list_group_offsets(group).get(group, {})
-    except (NotCoordinatorError, CoordinatorLoadInProgressError):
-        return -1
-    finally:
-        admin.close()
-    return sum(max(0, om.offset) for om in offsets.values())
+        answer = futures[group].result(timeout=30)
+    except KafkaException as exc:
+        code = exc.args[0].code() if exc.args else None
+        if code in (KafkaError.COORDINATOR_LOAD_IN_PROGRESS, KafkaError.NOT_COORDINATOR):
+            return -1
+        if code == KafkaError.GROUP_ID_NOT_FOUND:
+            return 0
+        raise
+    return sum(max(0, tp.offset) for tp in answer.topic_partitions or [])
 
 
 def wait_for(
@@ -178,7 +191,7 @@ class IngestProcess:
         env["SHADOW_AB_HOME"] = str(log_path.parent)  # no env file there: flags only
         env["SHADOW_AB_INGEST_RETRY_MAX_MS"] = "1000"
         # A killed ingester's partitions move to its successor after this long.
-        env["SHADOW_AB_INGEST_SESSION_TIMEOUT_MS"] = "6000"
+        env["SHADOW_AB_INGEST_KAFKA_CONSUMER"] = '{"session.timeout.ms": 6000}'
         self.log_path = log_path
         self._log = log_path.open("ab")
         self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, env=env)

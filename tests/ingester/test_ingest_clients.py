@@ -1,6 +1,6 @@
-"""The Kafka client choice (ingester.clients): the setting, and the security settings both
-client libraries are built with. The clients against the real Kafka are in
-test_ingest_services.py."""
+"""The ingester's Kafka client settings (``SHADOW_AB_INGEST_KAFKA_CONSUMER``: librdkafka
+properties over its defaults) and the security settings its clients are built with. The clients
+against the real Kafka are in test_ingest_services.py."""
 
 from __future__ import annotations
 
@@ -8,20 +8,75 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from pydantic import ValidationError
 
-from ingester.settings import IngestSettings
+from ingester.confluent_client import consumer_properties
+from ingester.settings import CONSUMER_DEFAULTS, IngestSettings
 from shadow_ab.cli import main
 from shadow_ab.kafka_security import kafka_security, librdkafka_security
 
 
-def test_the_client_is_chosen_by_flag_or_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("SHADOW_AB_INGEST_KAFKA_CLIENT", "confluent")
-    assert IngestSettings(kafka_bootstrap="h:1").ingest_kafka_client == "confluent"
-    with pytest.raises(ValidationError, match="kafka-python"):
-        IngestSettings(kafka_bootstrap="h:1", ingest_kafka_client="librdkafka")  # type: ignore[arg-type]
-    result = CliRunner().invoke(main, ["ingest", "--help"])
-    assert "--kafka-client [kafka-python|confluent]" in result.output
+def test_an_unknown_consumer_property_is_refused_with_the_closest_names(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("SHADOW_AB_KAFKA_BOOTSTRAP", "h:1")
+    monkeypatch.setenv("SHADOW_AB_INGEST_KAFKA_CONSUMER", '{"session.timeout": 10000}')
+    result = CliRunner().invoke(main, ["ingest"])
+    assert result.exit_code == 2
+    assert "SHADOW_AB_INGEST_KAFKA_CONSUMER: 'session.timeout' is not a librdkafka" in result.output
+    assert "did you mean 'session.timeout.ms'" in result.output
+    # A producer's property is no consumer's; what the ingester sets itself is refused too.
+    monkeypatch.delenv("SHADOW_AB_INGEST_KAFKA_CONSUMER")
+    refused = {
+        "linger.ms": "not a librdkafka consumer property",
+        "enable.auto.commit": "only after the store committed",
+        "group.id": "--group",
+        "ssl.key.password": "SHADOW_AB_KAFKA_",
+    }
+    for key, why in refused.items():
+        with pytest.raises(ValueError, match=why):
+            IngestSettings(kafka_bootstrap="h:1", ingest_kafka_consumer={key: "x"})
+
+
+def test_a_consumer_property_overrides_the_default_and_reaches_the_consumer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import confluent_kafka
+
+    from ingester.clients import make_consumer
+
+    built: list[dict[str, object]] = []
+
+    class Built(Exception):
+        pass
+
+    def consumer(props: dict[str, object]) -> object:
+        built.append(props)
+        raise Built  # stop there: only what librdkafka is handed matters
+
+    monkeypatch.setattr(confluent_kafka, "Consumer", consumer)
+    monkeypatch.setenv(
+        "SHADOW_AB_INGEST_KAFKA_CONSUMER",
+        '{"session.timeout.ms": 10000, "fetch.message.max.bytes": 1048576}',
+    )
+    settings = IngestSettings(kafka_bootstrap="h:1", ingest_group="g1")
+    with pytest.raises(Built):
+        make_consumer(settings, client_id="c1")
+    (props,) = built
+    assert props["session.timeout.ms"] == 10000 != CONSUMER_DEFAULTS["session.timeout.ms"]
+    assert props["heartbeat.interval.ms"] == 3000  # follows the session timeout
+    # Given under librdkafka's other name for max.partition.fetch.bytes: it replaces the default.
+    assert props["fetch.message.max.bytes"] == 1048576
+    assert "max.partition.fetch.bytes" not in props
+    assert props["auto.offset.reset"] == CONSUMER_DEFAULTS["auto.offset.reset"]
+    assert (props["group.id"], props["client.id"], props["bootstrap.servers"]) == (
+        "g1",
+        "c1",
+        "h:1",
+    )
+    assert props["enable.auto.commit"] is False and props["enable.auto.offset.store"] is False
+    assert consumer_properties(settings, client_id="c1") == {
+        k: v for k, v in props.items() if k not in ("error_cb", "logger")
+    }
 
 
 def test_librdkafka_gets_the_same_tls_and_sasl_settings(tmp_path: Path) -> None:

@@ -1,13 +1,15 @@
 """The ingester against the real Kafka and PostgreSQL from `shadow-ab services up`.
 
 The tests that exercise the Kafka client (group membership, commits, pause and resume, the
-dead-letter producer, rebalances, shutdown) run with each client library
-(``--kafka-client``, :mod:`ingester.clients`)."""
+dead-letter producer, rebalances, shutdown) run with the ingester's confluent-kafka clients
+(:mod:`ingester.clients`)."""
 
 from __future__ import annotations
 
 import signal
+import uuid
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import orjson
@@ -30,8 +32,6 @@ from shadow_ab.records import Role
 
 pytestmark = pytest.mark.slow
 
-CLIENTS = pytest.mark.parametrize("client", ["kafka-python", "confluent"])
-
 
 def _exchanges(deployment: str, start: int, stop: int) -> list[tuple[bytes, bytes]]:
     out = []
@@ -41,9 +41,8 @@ def _exchanges(deployment: str, start: int, stop: int) -> list[tuple[bytes, byte
     return out
 
 
-@CLIENTS
 def test_n_records_make_n_rows_and_a_replay_adds_none(
-    kafka_bootstrap: str, ingest_db_url: str, ingest_engine: Engine, topics: Topics, client: str
+    kafka_bootstrap: str, ingest_db_url: str, ingest_engine: Engine, topics: Topics
 ) -> None:
     n, h = 500, 40
     produce(kafka_bootstrap, topics.exchanges, _exchanges(topics.deployment, 0, n))
@@ -51,9 +50,7 @@ def test_n_records_make_n_rows_and_a_replay_adds_none(
     first = int(topics.group[-6:], 16) * 100
     samples = [numbered_health(topics.deployment, first + i) for i in range(h)]
     produce(kafka_bootstrap, topics.health, [(b"vllm@incumbent", s.to_json()) for s in samples])
-    settings = settings_for(
-        topics, kafka_bootstrap, ingest_db_url, ingest_batch_size=128, ingest_kafka_client=client
-    )
+    settings = settings_for(topics, kafka_bootstrap, ingest_db_url, ingest_batch_size=128)
     run_until_committed(settings, n + h, "the first group to commit every offset")
     assert committed_total(kafka_bootstrap, topics.group) == n + h
     assert count_rows(ingest_engine, "exchanges", topics.deployment) == n
@@ -70,7 +67,6 @@ def test_n_records_make_n_rows_and_a_replay_adds_none(
         ingest_db_url,
         group=replay_group,
         ingest_batch_size=1000,
-        ingest_kafka_client=client,
     )
     run_until_committed(replay, n + h, "the replay group to commit every offset")
     assert committed_total(kafka_bootstrap, replay_group) == n + h
@@ -78,9 +74,8 @@ def test_n_records_make_n_rows_and_a_replay_adds_none(
     assert count_rows(ingest_engine, "health_samples", topics.deployment) == h
 
 
-@CLIENTS
 def test_poison_goes_to_the_dlq_with_its_reason_and_the_rest_is_stored(
-    kafka_bootstrap: str, ingest_db_url: str, ingest_engine: Engine, topics: Topics, client: str
+    kafka_bootstrap: str, ingest_db_url: str, ingest_engine: Engine, topics: Topics
 ) -> None:
     good = _exchanges(topics.deployment, 0, 30)
     wrong_shape = orjson.loads(good[0][1])
@@ -100,9 +95,7 @@ def test_poison_goes_to_the_dlq_with_its_reason_and_the_rest_is_stored(
     produce(kafka_bootstrap, topics.exchanges, messages)
 
     run_until_committed(
-        settings_for(
-            topics, kafka_bootstrap, ingest_db_url, ingest_batch_size=7, ingest_kafka_client=client
-        ),
+        settings_for(topics, kafka_bootstrap, ingest_db_url, ingest_batch_size=7),
         len(messages),
         "every offset, poison included, to be committed",
     )
@@ -165,21 +158,31 @@ def test_a_year_9999_record_is_dead_lettered_once_and_its_batch_is_written(
 
 
 def _read_all(bootstrap: str, topic: str, expected: int) -> list[Any]:
-    from kafka import KafkaConsumer
+    from confluent_kafka import Consumer
 
-    consumer = KafkaConsumer(
-        topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest", group_id=None
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"dlq-reader-{uuid.uuid4().hex[:8]}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
     )
+    consumer.subscribe([topic])
     got: list[Any] = []
 
     def read_more() -> bool:
-        got.extend(m for ms in consumer.poll(timeout_ms=500).values() for m in ms)
+        got.extend(
+            SimpleNamespace(key=m.key(), value=m.value(), headers=m.headers() or [])
+            for m in consumer.consume(num_messages=100, timeout=0.5)
+            if not m.error()
+        )
         return len(got) >= expected
 
     try:
         wait_for(read_more, f"{expected} dead letters on {topic}")
         # Nothing beyond the expected ones.
-        extra = [m for ms in consumer.poll(timeout_ms=1000).values() for m in ms]
+        extra = [m for m in consumer.consume(num_messages=100, timeout=1.0) if not m.error()]
         assert extra == []
     finally:
         consumer.close()
@@ -189,8 +192,6 @@ def _read_all(bootstrap: str, topic: str, expected: int) -> list[Any]:
 def test_two_workers_share_the_partitions_and_n_records_make_exactly_n_rows(
     kafka_bootstrap: str, ingest_db_url: str, ingest_engine: Engine, topics: Topics, tmp_path: Path
 ) -> None:
-    # The default client only (CI time: 45-60 s each on a loaded machine); a group of one
-    # kafka-python and one confluent ingester was checked by hand (ingester/README.md).
     n = 600
     settings = settings_for(topics, kafka_bootstrap, ingest_db_url, ingest_batch_size=50)
     proc = IngestProcess(settings, tmp_path / "ingest.log", "--workers", "2")
@@ -222,14 +223,12 @@ def test_two_workers_share_the_partitions_and_n_records_make_exactly_n_rows(
     assert "all 2 workers stopped cleanly" in proc.log()
 
 
-@CLIENTS
 def test_sigterm_with_a_pending_batch_writes_it_commits_and_exits_0(
     kafka_bootstrap: str,
     ingest_db_url: str,
     ingest_engine: Engine,
     topics: Topics,
     tmp_path: Path,
-    client: str,
 ) -> None:
     n = 120
     settings = settings_for(
@@ -239,7 +238,7 @@ def test_sigterm_with_a_pending_batch_writes_it_commits_and_exits_0(
         ingest_batch_size=100_000,
         ingest_batch_timeout_ms=600_000,  # the batch would wait 10 minutes on its own
     )
-    proc = IngestProcess(settings, tmp_path / "ingest.log", "--kafka-client", client)
+    proc = IngestProcess(settings, tmp_path / "ingest.log")
     try:
         produce(kafka_bootstrap, topics.exchanges, _exchanges(topics.deployment, 0, n))
         wait_for(
@@ -261,9 +260,6 @@ def test_sigterm_with_a_pending_batch_writes_it_commits_and_exits_0(
 def test_kill_9_mid_stream_then_restart_gives_exactly_n_rows(
     kafka_bootstrap: str, ingest_db_url: str, ingest_engine: Engine, topics: Topics, tmp_path: Path
 ) -> None:
-    # The default client only (CI time): with kafka-python, commits only after the store are
-    # held by the SIGTERM test (nothing committed while the batch is pending), and the
-    # restarts of the other tests.
     first, second = 1500, 500
     settings = settings_for(
         topics, kafka_bootstrap, ingest_db_url, ingest_batch_size=50, ingest_batch_timeout_ms=200
@@ -297,9 +293,8 @@ def test_kill_9_mid_stream_then_restart_gives_exactly_n_rows(
     assert count_rows(ingest_engine, "exchanges", topics.deployment) == first + second
 
 
-@CLIENTS
 def test_postgres_stopped_while_records_flow_loses_nothing(
-    kafka_bootstrap: str, topics: Topics, tmp_path: Path, private_pg_root: Path, client: str
+    kafka_bootstrap: str, topics: Topics, tmp_path: Path, private_pg_root: Path
 ) -> None:
     """A private throwaway PostgreSQL cluster, so the shared server other tests use stays up."""
     from shadow_ab.dev.processes import free_port
@@ -319,7 +314,7 @@ def test_postgres_stopped_while_records_flow_loses_nothing(
         settings = settings_for(
             topics, kafka_bootstrap, pg.url, ingest_batch_size=50, ingest_batch_timeout_ms=200
         )
-        proc = IngestProcess(settings, tmp_path / "ingest.log", "--kafka-client", client)
+        proc = IngestProcess(settings, tmp_path / "ingest.log")
         produce(kafka_bootstrap, topics.exchanges, _exchanges(topics.deployment, 0, first))
         wait_for(
             lambda: count_rows(engine, "exchanges", topics.deployment) >= 100,
@@ -358,7 +353,7 @@ def test_postgres_stopped_while_records_flow_loses_nothing(
         pg.down()
 
 
-def test_a_rebalance_with_batches_in_flight_writes_every_record_once_confluent(
+def test_a_rebalance_with_batches_in_flight_writes_every_record_once(
     kafka_bootstrap: str, ingest_db_url: str, ingest_engine: Engine, topics: Topics
 ) -> None:
     """A second ingester joins while the first has batches in flight (eager rebalance: the
@@ -366,8 +361,8 @@ def test_a_rebalance_with_batches_in_flight_writes_every_record_once_confluent(
     their offsets committed only for partitions it kept, the moved ones read again by the
     second from the committed offsets: every record stored once, every offset committed.
 
-    Both run in this thread, stepped in turn (confluent's clients are C: two in one process
-    do not disturb each other's group protocol, as kafka-python 3's were seen to)."""
+    Both run in this thread, stepped in turn (librdkafka's clients: two in one process do not
+    disturb each other's group protocol)."""
     import time
 
     from ingester.app import build_processor
@@ -382,7 +377,6 @@ def test_a_rebalance_with_batches_in_flight_writes_every_record_once_confluent(
         ingest_db_url,
         ingest_batch_size=50,
         ingest_inflight_batches=2,
-        ingest_kafka_client="confluent",
     )
     consumers: list[Any] = []
     producers: list[Any] = []

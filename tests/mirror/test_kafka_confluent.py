@@ -1,7 +1,6 @@
 """The confluent-kafka producer of the Kafka sink (mirror/kafka_confluent.py), on a stand-in
 librdkafka producer: which record a size refusal names, and a fatal error. The sink's
-behaviour on a real broker with this producer is tests/mirror/test_kafka_sink.py (every test
-there runs with both clients)."""
+behaviour on a real broker with this producer is tests/mirror/test_kafka_sink.py."""
 
 from __future__ import annotations
 

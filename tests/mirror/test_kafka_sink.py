@@ -1,5 +1,6 @@
 """The Kafka sink against the shared local broker (never stopped here: an unreachable broker is
-a closed port; the real outage test is test_mirror_kafka_outage.py with a private broker)."""
+a closed port; the real outage test is test_mirror_kafka_outage.py with a private broker), and
+its settings (``kafka.client``: librdkafka properties over the sink's defaults)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from mirror.kafka_sink import (
     decode_frame,
     encode_frame,
     fetch_topic_limit,
-    producer_for,
+    make_producer,
 )
 from mirror.spool import Spool
 from shadow_ab.dev.processes import free_port
@@ -32,6 +33,13 @@ from shadow_ab.records import (
 from shadow_ab.topics import TopicSpec, delete_topics, ensure_topics
 
 DEP = "sink-test"
+
+
+@dataclass(frozen=True)
+class Message:
+    partition: int
+    key: bytes | None
+    value: bytes | None
 
 
 @dataclass(frozen=True)
@@ -49,43 +57,39 @@ def topics(kafka_bootstrap: str) -> Iterator[Topics]:
     delete_topics(kafka_bootstrap, [t.exchanges, t.health])
 
 
-@pytest.fixture(params=["confluent", "kafka-python"])
-def client(request: pytest.FixtureRequest) -> str:
-    """The Kafka client library of the sink's producer: every test against the broker runs
-    with both (``kafka.kafka_client``)."""
-    return str(request.param)
-
-
-def config(bootstrap: str, topics: Topics, spool_dir: Path, **extra: Any) -> KafkaSinkConfig:
+def config(bootstrap: str, topics: Topics, spool_dir: Path, **client: int | str) -> KafkaSinkConfig:
     return KafkaSinkConfig(
         bootstrap=bootstrap,
         topic_exchanges=topics.exchanges,
         topic_health=topics.health,
         spool_dir=spool_dir,
         retry_backoff_s=0.2,
-        bootstrap_timeout_ms=1000,
-        **extra,
+        client=client,
     )
 
 
 def consume(bootstrap: str, topic: str, expected: int, timeout_s: float = 60.0) -> list[Any]:
     """Every message of ``topic`` (from the start) once ``expected`` arrived, plus whatever
     follows within a short grace period (so duplicates would be seen)."""
-    from kafka import KafkaConsumer
+    from confluent_kafka import Consumer
 
-    consumer = KafkaConsumer(
-        topic,
-        bootstrap_servers=bootstrap,
-        auto_offset_reset="earliest",
-        enable_auto_commit=False,
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"mirror-sink-test-{uuid.uuid4().hex[:8]}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
     )
+    consumer.subscribe([topic])
     messages: list[Any] = []
     try:
         deadline = time.monotonic() + timeout_s
         grace_until: float | None = None
         while time.monotonic() < deadline:
-            for batch in consumer.poll(timeout_ms=200).values():
-                messages.extend(batch)
+            for m in consumer.consume(num_messages=1000, timeout=0.2):
+                assert m.error() is None, m.error()
+                messages.append(Message(m.partition(), m.key(), m.value()))
             if len(messages) >= expected and grace_until is None:
                 grace_until = time.monotonic() + 1.0
             if grace_until is not None and time.monotonic() >= grace_until:
@@ -107,9 +111,11 @@ def test_frame_round_trip() -> None:
 
 
 def test_config_rejects_delivery_timeout_below_request_timeout(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="delivery_timeout_ms"):
+    with pytest.raises(ValueError, match=r"message.timeout.ms \(1000\) must be at least"):
         KafkaSinkConfig(
-            bootstrap="x:1", spool_dir=tmp_path, request_timeout_ms=5000, delivery_timeout_ms=1000
+            bootstrap="x:1",
+            spool_dir=tmp_path,
+            client={"request.timeout.ms": 5000, "delivery.timeout.ms": 1000},  # an alias
         )
 
 
@@ -121,9 +127,9 @@ def test_unusable_spool_folder_fails_at_start(tmp_path: Path) -> None:
 
 
 def test_records_reach_their_topics_with_their_keys(
-    client: str, kafka_bootstrap: str, topics: Topics, tmp_path: Path
+    kafka_bootstrap: str, topics: Topics, tmp_path: Path
 ) -> None:
-    sink = KafkaSink(config(kafka_bootstrap, topics, tmp_path / "spool", kafka_client=client))
+    sink = KafkaSink(config(kafka_bootstrap, topics, tmp_path / "spool"))
     records = [numbered_exchange(DEP, i) for i in range(200)]
     samples = [numbered_health(DEP, i, "candidate") for i in range(5)]
     for r in records:
@@ -145,10 +151,10 @@ def test_records_reach_their_topics_with_their_keys(
 
 
 def test_unreachable_broker_spools_then_next_process_drains(
-    client: str, kafka_bootstrap: str, topics: Topics, tmp_path: Path
+    kafka_bootstrap: str, topics: Topics, tmp_path: Path
 ) -> None:
     spool_dir = tmp_path / "spool"
-    away = KafkaSink(config(closed_port(), topics, spool_dir, kafka_client=client))
+    away = KafkaSink(config(closed_port(), topics, spool_dir))
     records = [numbered_exchange(DEP, i) for i in range(300)]
     assert all(away.submit(r) for r in records)
     assert not away.flush(30.0)  # nothing can be acknowledged: returns once all is spooled
@@ -158,7 +164,7 @@ def test_unreachable_broker_spools_then_next_process_drains(
 
     # A new mirror process on the same spool folder, Kafka reachable: everything goes out,
     # spooled records first.
-    back = KafkaSink(config(kafka_bootstrap, topics, spool_dir, kafka_client=client))
+    back = KafkaSink(config(kafka_bootstrap, topics, spool_dir))
     later = [numbered_exchange(DEP, i) for i in range(300, 350)]
     for r in later:
         back.submit(r)
@@ -222,27 +228,19 @@ def test_full_spool_drops_counts_and_close_reports_it(tmp_path: Path) -> None:
         assert left.size_bytes <= 4096
 
 
-def test_the_producer_is_idempotent_acks_all(
-    client: str, kafka_bootstrap: str, topics: Topics
-) -> None:
+def test_the_producer_is_idempotent_acks_all(kafka_bootstrap: str, topics: Topics) -> None:
     cfg = KafkaSinkConfig(
         bootstrap=kafka_bootstrap,
         spool_dir=Path("unused"),
         topic_exchanges=topics.exchanges,
         topic_health=topics.health,
-        kafka_client=client,
     )
-    producer: Any = producer_for(cfg)
+    producer: Any = make_producer(cfg)
     try:
-        if client == "confluent":
-            assert type(producer).__name__ == "ConfluentProducer"
-            assert producer.config["acks"] == "all"
-            assert producer.config["enable.idempotence"] is True
-            assert producer.config["message.timeout.ms"] == cfg.delivery_timeout_ms
-        else:
-            assert type(producer).__name__ == "KafkaProducer"
-            assert producer.config["acks"] in (-1, "all")
-            assert producer.config["enable_idempotence"] is True
+        assert type(producer).__name__ == "ConfluentProducer"
+        assert producer.config["acks"] == "all"
+        assert producer.config["enable.idempotence"] is True
+        assert producer.config["message.timeout.ms"] == 15_000
         assert producer.partitions_for(topics.exchanges) == {0, 1, 2}
     finally:
         producer.close(timeout=5)
@@ -293,7 +291,6 @@ def _limit_after_start() -> Any:
     ],
 )
 def test_a_record_too_large_for_kafka_fails_alone(
-    client: str,
     kafka_bootstrap: str,
     small_topics: Topics,
     tmp_path: Path,
@@ -303,11 +300,7 @@ def test_a_record_too_large_for_kafka_fails_alone(
     """Issue 14, finding 1: one record over the topic's limit was taken for an outage, sat at
     the spool's head for ever with every later record behind it, and close() said True."""
     cfg = config(
-        kafka_bootstrap,
-        small_topics,
-        tmp_path / "spool",
-        max_request_size=max_request_size,
-        kafka_client=client,
+        kafka_bootstrap, small_topics, tmp_path / "spool", **{"message.max.bytes": max_request_size}
     )
     sink = KafkaSink(cfg, topic_limit=topic_limit() if topic_limit else None)
     before = [numbered_exchange(DEP, i) for i in range(20)]
@@ -325,7 +318,7 @@ def test_a_record_too_large_for_kafka_fails_alone(
 
 
 def test_a_too_large_record_at_the_spools_head_is_dropped_and_the_rest_drains(
-    client: str, kafka_bootstrap: str, small_topics: Topics, tmp_path: Path
+    kafka_bootstrap: str, small_topics: Topics, tmp_path: Path
 ) -> None:
     """A spool left by a process whose records were too large (or spooled while Kafka was away
     before the limit was set) does not stay stuck: a restart drains it."""
@@ -335,13 +328,7 @@ def test_a_too_large_record_at_the_spools_head_is_dropped_and_the_rest_drains(
         for r in [_big(100), *records[:15], _big(101), *records[15:]]:
             spool.append(encode_frame(small_topics.exchanges, str(r.pair_id).encode(), r.to_json()))
     sink = KafkaSink(
-        config(
-            kafka_bootstrap,
-            small_topics,
-            spool_dir,
-            max_request_size=SMALL_TOPIC_BYTES,
-            kafka_client=client,
-        )
+        config(kafka_bootstrap, small_topics, spool_dir, **{"message.max.bytes": SMALL_TOPIC_BYTES})
     )
     assert sink.flush(60)
     assert not sink.close(10)  # two records were dropped: close() says so
@@ -387,19 +374,67 @@ def test_close_is_false_when_records_are_stuck_in_the_spool_while_kafka_answers(
         assert len(left) == 5  # spooled at close: not lost, but not reported as delivered
 
 
-def test_the_client_library_is_a_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+URLS: dict[str, Any] = {
+    "incumbent": {"url": "http://127.0.0.1:1"},
+    "candidate": {"url": "http://127.0.0.1:2"},
+}
+
+
+def test_an_unknown_client_property_is_refused_with_the_closest_names() -> None:
     from mirror.config import load_settings
     from mirror.errors import MirrorConfigError
 
-    urls: dict[str, Any] = {
-        "incumbent": {"url": "http://127.0.0.1:1"},
-        "candidate": {"url": "http://127.0.0.1:2"},
+    with pytest.raises(MirrorConfigError) as caught:
+        load_settings(None, **URLS, kafka={"bootstrap": "h:1", "client": {"linger_ms": 20}})
+    assert "kafka.client: 'linger_ms' is not a librdkafka producer property" in str(caught.value)
+    assert "did you mean 'linger.ms'" in str(caught.value)
+    # A consumer's property is no producer's; the sink's own and the secrets are refused too.
+    refused = {
+        "group.id": "not a librdkafka producer property",
+        "acks": "acks=all",
+        "bootstrap.servers": "set kafka.bootstrap",
+        "sasl.password": "SHADOW_AB_KAFKA_",
     }
-    settings = load_settings(None, **urls, kafka={"bootstrap": "h:1"})
-    assert settings.kafka is not None and settings.kafka.kafka_client == "confluent"
-    monkeypatch.setenv("SHADOW_AB_MIRROR_KAFKA__KAFKA_CLIENT", "kafka-python")
-    settings = load_settings(None, **urls, kafka={"bootstrap": "h:1"})
-    assert settings.kafka is not None and settings.kafka.kafka_client == "kafka-python"
-    monkeypatch.delenv("SHADOW_AB_MIRROR_KAFKA__KAFKA_CLIENT")
-    with pytest.raises(MirrorConfigError, match="'confluent' or 'kafka-python'"):
-        load_settings(None, **urls, kafka={"bootstrap": "h:1", "kafka_client": "librdkafka"})
+    for key, why in refused.items():
+        with pytest.raises(MirrorConfigError, match=why):
+            load_settings(None, **URLS, kafka={"bootstrap": "h:1", "client": {key: "x"}})
+
+
+def test_a_client_property_overrides_the_default_and_reaches_the_producer(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``kafka.client`` from the environment (JSON), laid over the defaults, is what
+    librdkafka's producer is built with; the defaults it does not name stay."""
+    import confluent_kafka
+
+    from mirror.config import load_settings
+    from mirror.kafka_sink import PRODUCER_DEFAULTS
+
+    built: list[dict[str, Any]] = []
+
+    class Built(Exception):
+        pass
+
+    def producer(props: dict[str, Any]) -> Any:
+        built.append(props)
+        raise Built  # stop there: only what librdkafka is handed matters
+
+    monkeypatch.setattr(confluent_kafka, "Producer", producer)
+    monkeypatch.setattr("mirror.kafka_sink.any_reachable", lambda *_a: True)
+    monkeypatch.setenv(
+        "SHADOW_AB_MIRROR_KAFKA__CLIENT",
+        '{"linger.ms": 20, "compression.type": "zstd", "delivery.timeout.ms": 30000}',
+    )
+    settings = load_settings(None, **URLS, kafka={"bootstrap": "h:1", "spool_dir": str(tmp_path)})
+    assert settings.kafka is not None
+    with pytest.raises(Built):
+        make_producer(settings.kafka)
+    (props,) = built
+    assert props["linger.ms"] == 20 != PRODUCER_DEFAULTS["linger.ms"]
+    assert props["compression.type"] == "zstd"
+    assert props["delivery.timeout.ms"] == 30000
+    assert "message.timeout.ms" not in props  # the default under the other name is replaced
+    assert props["client.id"] == PRODUCER_DEFAULTS["client.id"]
+    assert props["acks"] == "all" and props["enable.idempotence"] is True
+    assert props["bootstrap.servers"] == settings.kafka.bootstrap
+    assert settings.kafka.delivery_timeout_s == 30.0  # the sink's watchdog follows it

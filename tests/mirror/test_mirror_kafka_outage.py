@@ -27,6 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import orjson
 import pytest
 from kafka_throwaway import PrivateKafka, private_kafka
 from mirror_helpers import MODEL
@@ -138,8 +139,9 @@ def test_kafka_outage_loses_and_doubles_nothing(
         "SHADOW_AB_MIRROR_KAFKA__TOPIC_HEALTH": health,
         "SHADOW_AB_MIRROR_KAFKA__SPOOL_DIR": str(spool_dir),
         # Notice the outage quickly and probe often, so the test is short.
-        "SHADOW_AB_MIRROR_KAFKA__REQUEST_TIMEOUT_MS": "1500",
-        "SHADOW_AB_MIRROR_KAFKA__DELIVERY_TIMEOUT_MS": "3000",
+        "SHADOW_AB_MIRROR_KAFKA__CLIENT": orjson.dumps(
+            {"request.timeout.ms": 1500, "message.timeout.ms": 3000}
+        ).decode(),
         "SHADOW_AB_MIRROR_KAFKA__RETRY_BACKOFF_S": "0.5",
         "SHADOW_AB_MIRROR_KAFKA__RETRY_BACKOFF_MAX_S": "2",
     }

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from kafka import KafkaAdminClient
+from confluent_kafka.admin import AdminClient
 
 from shadow_ab.dev.services.base import PortTakenError, ServicesSettings
 from shadow_ab.dev.services.kafka import LocalKafka
@@ -56,11 +56,8 @@ def test_postgres_accepts_connections(pg_server_url: str) -> None:
 
 
 def test_kafka_has_the_contract_topics(kafka_bootstrap: str) -> None:
-    admin = KafkaAdminClient(bootstrap_servers=kafka_bootstrap, request_timeout_ms=10000)
-    try:
-        topics = set(admin.list_topics())
-    finally:
-        admin.close()
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    topics = set(admin.list_topics(timeout=10).topics)
     assert {TOPIC_EXCHANGES, TOPIC_HEALTH, TOPIC_DLQ} <= topics
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import logging
 import os
 import shutil
 import signal
@@ -19,6 +20,7 @@ import time
 import uuid
 from collections.abc import Callable
 from importlib import resources
+from typing import Any
 
 from shadow_ab.dev.services.base import (
     LOOPBACK,
@@ -219,22 +221,21 @@ class LocalKafka:
             raise ServiceError(f"Kafka exited during start-up; see {self.logs}\n{tail}")
         if not port_open(self.port):
             return False
-        from kafka import KafkaAdminClient  # imported late: only `up` needs it
-        from kafka.errors import KafkaError
+        # imported late: only `up` needs it
+        from confluent_kafka import KafkaException
+        from confluent_kafka.admin import AdminClient
 
+        config: dict[str, Any] = {
+            "bootstrap.servers": self.bootstrap,
+            "client.id": "shadow-ab",
+            "logger": logging.getLogger("shadow_ab.services.librdkafka"),
+        }
+        admin = AdminClient(config)
         try:
-            admin = KafkaAdminClient(
-                bootstrap_servers=self.bootstrap, request_timeout_ms=5000, client_id="shadow-ab"
-            )
-        except KafkaError:
-            return False
-        try:
-            admin.list_topics()
+            admin.list_topics(timeout=5.0)
             return True
-        except KafkaError:
+        except KafkaException:
             return False
-        finally:
-            admin.close()
 
     def down(self) -> None:
         pid = pid_alive(self.pid_file)
