@@ -30,7 +30,9 @@ import contextlib
 import json
 import os
 import resource
+import select
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -47,7 +49,6 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from edge_limits import flood, hold, is_open
 from sink_bounds import _record
 
 from mirror.kafka_sink import LEDGER_FILE
@@ -65,6 +66,62 @@ MODEL = "sim-llama-3-8b-instruct"
 DEP = "chaos"
 SECRET = "sk-chaos-client-secret-0123456789"
 URL_PASSWORD = "chaos-url-PASSWORD-42"
+
+
+# -- raw sockets against the client port's limits --------------------------------------------
+
+
+def is_open(s: socket.socket) -> bool:
+    try:
+        s.setblocking(False)
+        data = s.recv(65536, socket.MSG_PEEK)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    return bool(data) and not data.startswith(b"HTTP/1.1 4") and not data.startswith(b"HTTP/1.1 5")
+
+
+def flood(port: int, total: int, seconds: float) -> tuple[int, str]:
+    sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+    sock.setblocking(False)
+    sent, answer = 0, ""
+    pending = b"GET / HTTP/1.1\r\nHost: b\r\nX-Big: "
+    chunk = b"a" * 65536
+    deadline = time.monotonic() + seconds
+    try:
+        while sent < total and time.monotonic() < deadline:
+            readable, writable, _ = select.select([sock], [sock], [], 5.0)
+            if readable:
+                break
+            if not writable:
+                break  # the server stopped reading and did not answer
+            try:
+                n = sock.send(pending or chunk)
+            except OSError:
+                break
+            sent += n
+            pending = pending[n:] if pending else b""
+        sock.setblocking(True)
+        sock.settimeout(5)
+        with contextlib.suppress(OSError):
+            answer = sock.recv(200).split(b"\r\n", 1)[0].decode(errors="replace")
+    finally:
+        sock.close()
+    return sent, answer or "(none)"
+
+
+def hold(port: int, n: int, first: bytes) -> list[socket.socket]:
+    out = []
+    for _ in range(n):
+        try:
+            s = socket.create_connection(("127.0.0.1", port), timeout=5)
+            if first:
+                s.sendall(first)
+        except OSError:
+            continue
+        out.append(s)
+    return out
 
 
 @dataclass

@@ -13,10 +13,10 @@ engine's work is not in it.
 The first table is each shadow request whole (send, read the stream to the end with arrival
 times, parse, build the record, privacy, hand to the sink), for the candidate and the replay
 (``replay_delay_s`` 0), each through the shadow side's raw connection pools
-(:mod:`mirror.shadow_client`, today) and through the aiohttp sessions it used before, in
-alternated rounds (``--rounds``; the median is shown, every round too).
+(:mod:`mirror.shadow_client`), in rounds (``--rounds``; the median is shown, every round
+too). The aiohttp sessions the shadow side used before are gone (issue 26: one client).
 The second splits one request into its parts, each timed alone on the same data many times
-(the rest of the whole is aiohttp's request and stream machinery and the event loop):
+(the rest of the whole is the connection's request and stream handling and the event loop):
 rewriting the candidate's body, the stored request, the trace of the kept chunks, building the
 record, privacy, the sink hand-off (``KafkaSink.submit``), and the sink thread's encoding of the
 record (``to_json``, before and after the change to encode it straight from its fields).
@@ -59,9 +59,7 @@ import orjson
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 WHOLE = {
     "candidate, raw": "candidate, raw pool (mirror/shadow_client.py, now)",
-    "candidate, aiohttp": "candidate, aiohttp session (before)",
     "replay, raw": "replay, raw pool (now)",
-    "replay, aiohttp": "replay, aiohttp session (before)",
 }
 
 
@@ -345,24 +343,14 @@ def main() -> None:
 
         async def run() -> tuple[dict[str, list[float]], list[tuple[float, bytes]], float]:
             await mirror.startup()
-            raw_pools = dict(mirror.shadows.pools)
-            aio = mirror._session(settings.candidate, raw=False)
             got: dict[str, list[float]] = {k: [] for k in WHOLE}
             try:
-                for _ in range(args.rounds):  # alternated, so drift in the load hits both
-                    for client in ("raw", "aiohttp"):
-                        if client == "raw":
-                            mirror.shadows.pools.update(raw_pools)
-                            mirror.candidate_session = None
-                        else:  # the aiohttp sessions the shadow side used before
-                            mirror.shadows.pools.clear()
-                            mirror.candidate_session = aio
-                        for role in (Role.CANDIDATE, Role.REPLAY):
-                            cpu = await _whole(mirror, role, args.requests, args.concurrency)
-                            got[f"{role.value}, {client}"].append(cpu)
+                for _ in range(args.rounds):
+                    for role in (Role.CANDIDATE, Role.REPLAY):
+                        cpu = await _whole(mirror, role, args.requests, args.concurrency)
+                        got[f"{role.value}, raw"].append(cpu)
                 stash, t0 = await _stash(url)
             finally:
-                mirror.shadows.pools.update(raw_pools)
                 await mirror.shutdown()
             return got, stash, t0
 
@@ -426,7 +414,10 @@ def main() -> None:
                     n,
                 ),
             ),
-            ("privacy (capture full)", _per_call(lambda: mirror.privacy.apply(rec, "full"), n)),
+            (
+                "privacy (capture full)",
+                _per_call(lambda: mirror.recorder.privacy.apply(rec, "full"), n),
+            ),
             ("sink hand-off (KafkaSink.submit: size estimate, queue)", _per_call(submit, n)),
             (
                 "size estimate of the stored request, before (generators)",
@@ -467,14 +458,12 @@ def main() -> None:
         print()
         print(
             "| shadow request, whole (send, stream, trace, record, privacy, hand-off)"
-            f" | CPU us/request (median of {args.rounds}) | rounds | vs aiohttp |"
+            f" | CPU us/request (median of {args.rounds}) | rounds |"
         )
-        print("|---|---:|---|---:|")
+        print("|---|---:|---|")
         for key, label in WHOLE.items():
-            other = key.replace("raw", "aiohttp")
-            ratio = f"{whole_s[key] / whole_s[other]:.2f}" if other != key else ""
             rounds = ", ".join(f"{v * 1e6:,.0f}" for v in whole[key])
-            print(f"| {label} | {whole_s[key] * 1e6:,.0f} | {rounds} | {ratio} |")
+            print(f"| {label} | {whole_s[key] * 1e6:,.0f} | {rounds} |")
         print()
         print("| part (alone, same data) | CPU us/request | share of a candidate request |")
         print("|---|---:|---:|")

@@ -1,9 +1,9 @@
 """The mirror's own endpoints: ``/metrics``, ``/healthz`` and ``/mirror/docs``.
 
 :func:`admin_app` is a small FastAPI application served on the mirror's admin port
-(``admin_port``, :mod:`mirror.cli`), never on the client port; :class:`mirror.app.Mirror` also
-hands it the ASGI lifespan, which starts the mirror and drains it. ``/healthz`` answers 503
-while the mirror is starting or draining. :func:`create_health_app` is
+(``admin_port``, :mod:`mirror.cli`), never on the client port. It reads the mirror's state
+through one callable (:class:`mirror.app.Mirror`'s ``health``); ``/healthz`` answers 503 while
+the mirror is starting or draining, or its sink is dead. :func:`create_health_app` is
 the same for ``shadow-ab mirror --health-only`` (the health sampler alone).
 """
 
@@ -12,8 +12,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 from fastapi import FastAPI
@@ -24,7 +24,6 @@ from mirror.config import MirrorSettings
 from shadow_ab.records import Role
 
 if TYPE_CHECKING:
-    from mirror.app import Mirror
     from mirror.sinks import RecordSink
 
 log = logging.getLogger(__name__)
@@ -33,16 +32,9 @@ ADMIN_PATHS = frozenset({"/metrics", "/healthz", "/mirror/docs", "/mirror/openap
 """The paths :func:`admin_app` serves (on the admin port)."""
 
 
-def admin_app(mirror: Mirror) -> FastAPI:
-    """The mirror's own endpoints, and the lifespan that starts and drains the mirror."""
-
-    @contextlib.asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        await mirror.startup()
-        try:
-            yield
-        finally:
-            await mirror.shutdown()
+def admin_app(health: Callable[[], dict[str, Any]]) -> FastAPI:
+    """The mirror's own endpoints; ``health()`` is the mirror's state for ``/healthz`` (its
+    ``status`` is ``ok`` when serving)."""
 
     api = FastAPI(
         title="shadow-ab mirror",
@@ -51,7 +43,6 @@ def admin_app(mirror: Mirror) -> FastAPI:
             " /v1/completions are the incumbent's answers (plus an x-shadow-pair-id header),"
             " the configured pass-through routes the incumbent's too; any other path is 404."
         ),
-        lifespan=lifespan,
         docs_url="/mirror/docs",
         openapi_url="/mirror/openapi.json",
         redoc_url=None,
@@ -63,11 +54,10 @@ def admin_app(mirror: Mirror) -> FastAPI:
 
     @api.get("/healthz", summary="The mirror's own health (not the engines')")
     def healthz() -> JSONResponse:
-        body = mirror.health()
+        body = health()
         # Liveness: a dead sink thread never recovers by itself; a restart does (the spool
         # and the queue's records are kept or counted). Not ready while starting or draining.
-        failing = not mirror.started or mirror.draining or body.get("sink") == "dead"
-        return JSONResponse(body, status_code=503 if failing else 200)
+        return JSONResponse(body, status_code=200 if body.get("status") == "ok" else 503)
 
     return api
 

@@ -1,16 +1,14 @@
 """``shadow-ab mirror``: serve the incumbent, mirror sampled traffic to the candidate.
 
-Serves the client port with :class:`mirror.wire.WireServer` (raw asyncio transports on uvloop,
-httptools parsers, the limits of :mod:`mirror.limits`), and the admin endpoints (``/metrics``,
-``/healthz``, ``/mirror/docs``, a small FastAPI app under uvicorn) on their own port
-(``admin_port``) in the same event loop, so a client flood cannot starve the probes and clients
-never see the admin endpoints. SIGTERM or
-SIGINT: stop accepting, let the requests in flight finish, let shadow requests finish
-(``drain_timeout_s``), flush and close the record sink, then close the admin port, exit 0.
-``--health-only`` runs just the health sampler (for a separate Kubernetes Deployment that keeps
-scraping while the mirror is rolled). ``--workers N`` runs N such mirror processes on the port
-under a supervisor (:mod:`mirror.workers`).
-"""
+Runs :class:`mirror.app.Mirror`: the client port (:mod:`mirror.server`, raw asyncio transports
+on uvloop, httptools parsers, the limits of :mod:`mirror.limits`), and the admin endpoints
+(``/metrics``, ``/healthz``, ``/mirror/docs``, a small FastAPI app under uvicorn) on their own
+port (``admin_port``) in the same event loop, so a client flood cannot starve the probes and
+clients never see the admin endpoints. SIGTERM or SIGINT: stop accepting, let the requests in
+flight finish, let shadow requests finish (``drain_timeout_s``), flush and close the record
+sink, then close the admin port, exit 0. ``--health-only`` runs just the health sampler (for a
+separate Kubernetes Deployment that keeps scraping while the mirror is rolled). ``--workers N``
+runs N such mirror processes on the port under a supervisor (:mod:`mirror.workers`)."""
 
 from __future__ import annotations
 
@@ -31,6 +29,7 @@ from mirror.config import MirrorConfigError, MirrorSettings, load_settings
 from mirror.listen import ListenError, bound_socket
 
 if TYPE_CHECKING:
+    from mirror.app import Mirror
     from mirror.sinks import RecordSink
 
 log = logging.getLogger("mirror")
@@ -206,8 +205,7 @@ def serve(settings: MirrorSettings, sink: RecordSink, *, health_only: bool = Fal
     import uvloop
 
     from mirror.admin import create_health_app
-    from mirror.app import create_app
-    from mirror.wire import WireServer
+    from mirror.app import Mirror
 
     common = _uvicorn_common(settings)
     timeout = max(1, int(settings.drain_timeout_s))
@@ -243,11 +241,10 @@ def serve(settings: MirrorSettings, sink: RecordSink, *, health_only: bool = Fal
         ) as client_sock,
         _listening(admin_host, settings.admin_port, "admin port") as admin_sock,
     ):
-        mirror_app = create_app(settings, sink=sink)
+        mirror_app = Mirror(settings, sink=sink)
         admin_config = uvicorn.Config(
             mirror_app.admin, lifespan="off", timeout_graceful_shutdown=1, **common
         )
-        main = WireServer(mirror_app)
         admin = _admin_server(admin_config)
         log.info(
             "clients on %s:%d, admin (/metrics, /healthz) on %s:%d",
@@ -257,7 +254,7 @@ def serve(settings: MirrorSettings, sink: RecordSink, *, health_only: bool = Fal
             admin_sock.getsockname()[1],
         )
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            runner.run(_serve_both(main, client_sock, admin, admin_sock))
+            runner.run(_serve_both(mirror_app, client_sock, admin, admin_sock))
         for sig in (signal.SIGTERM, signal.SIGINT):  # the loop's handlers are gone with it
             signal.signal(sig, _ignore_late_signal)
 
@@ -286,13 +283,13 @@ def _admin_server(config: Any) -> Any:
 
 
 async def _serve_both(
-    main: Any, client_sock: socket.socket, admin: Any, admin_sock: socket.socket
+    mirror: Mirror, client_sock: socket.socket, admin: Any, admin_sock: socket.socket
 ) -> None:
     """The client server (which owns the signals and the lifespan) and the admin server; the
     admin port closes after the client server has drained and flushed."""
     admin_task = asyncio.create_task(admin.serve(sockets=[admin_sock]), name="admin-server")
     try:
-        await main.serve(sockets=[client_sock])
+        await mirror.serve(client_sock)
     finally:
         admin.should_exit = True
         await admin_task

@@ -40,15 +40,57 @@ from mirror.kafka_sink import KafkaSinkConfig
 from mirror.limits import ServerLimits
 from mirror.overload import OverloadConfig
 from mirror.privacy import PrivacyConfig
-from mirror.probes import ProbeConfig
 from mirror.rewrite import CandidateRewrite
 from mirror.routes import DEFAULT_PASSTHROUGH, parse_route
 from mirror.sampling import ShadowConfig
 from shadow_ab.cli_support import explain as explain_lines
 from shadow_ab.privacy import redact_url
+from shadow_ab.probes import ProbeSetError, load_probe_set
 from shadow_ab.settings import CommonSettings, default_sqlite_url
 
 Flavor = Literal["vllm", "trtllm", "auto"]
+
+
+DEFAULT_PER_MINUTE = 1.0
+"""One probe pair a minute per mirror process: 1,440 a day, each of the shipped 300 probes asked
+about five times a day (greedy answers repeat, so more buys little: the probes, not the sends,
+are the unit); the GPU arithmetic is in mirror/README.md ("Probes")."""
+
+
+class ProbeConfig(BaseModel):
+    """``probes:`` in the mirror's settings (the injector: :mod:`mirror.probes`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    per_minute: float = Field(
+        default=DEFAULT_PER_MINUTE,
+        ge=0,
+        le=600,
+        description="probes sent to both engines per minute per mirror process (0: off); each"
+        " is one pair of the shadow's budget",
+    )
+    set: str = Field(
+        default="default",
+        description="the probe set: 'default' (shipped, 300 probes) or a JSON-lines file"
+        " (format: shadow_ab/probes.py)",
+    )
+    model: str | None = Field(
+        default=None,
+        description="model name of the probe requests (the candidate's is rewritten as a"
+        " client's would be); none: the first model the incumbent's /v1/models lists",
+    )
+    seed: int | None = Field(
+        default=None, description="order of the probes (none: a random order per start)"
+    )
+
+    @model_validator(mode="after")
+    def _loadable(self) -> ProbeConfig:
+        if self.per_minute > 0:
+            try:
+                load_probe_set(self.set)
+            except ProbeSetError as exc:
+                raise ValueError(f"probes.set: {exc}") from None
+        return self
 
 
 class EngineConfig(BaseModel):

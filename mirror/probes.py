@@ -33,17 +33,17 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from mirror import metrics as m
 from mirror.headers import candidate_headers
 from mirror.rewrite import candidate_request
 from shadow_ab.privacy import redact_url
-from shadow_ab.probes import SYNTHETIC_PROBE, ProbeSet, ProbeSetError, load_probe_set
+from shadow_ab.probes import SYNTHETIC_PROBE, ProbeSet, load_probe_set
 from shadow_ab.records import Endpoint, Role
 
 if TYPE_CHECKING:
-    from mirror.app import Mirror
+    from mirror.config import ProbeConfig
+    from mirror.exchange import ExchangeCore
 
 log = logging.getLogger(__name__)
 
@@ -62,54 +62,22 @@ DECISIONS = (
     SKIPPED_DRAINING,
     SKIPPED_NO_MODEL,
 )
-DEFAULT_PER_MINUTE = 1.0
-"""One probe pair a minute per mirror process: 1,440 a day, each of the shipped 300 probes asked
-about five times a day (greedy answers repeat, so more buys little: the probes, not the sends,
-are the unit); the GPU arithmetic is in mirror/README.md."""
 MODELS_ROUTE = "/v1/models"
 
 
-class ProbeConfig(BaseModel):
-    """``probes:`` in the mirror's settings."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    per_minute: float = Field(
-        default=DEFAULT_PER_MINUTE,
-        ge=0,
-        le=600,
-        description="probes sent to both engines per minute per mirror process (0: off); each"
-        " is one pair of the shadow's budget",
-    )
-    set: str = Field(
-        default="default",
-        description="the probe set: 'default' (shipped, 300 probes) or a JSON-lines file"
-        " (format: shadow_ab/probes.py)",
-    )
-    model: str | None = Field(
-        default=None,
-        description="model name of the probe requests (the candidate's is rewritten as a"
-        " client's would be); none: the first model the incumbent's /v1/models lists",
-    )
-    seed: int | None = Field(
-        default=None, description="order of the probes (none: a random order per start)"
-    )
-
-    @model_validator(mode="after")
-    def _loadable(self) -> ProbeConfig:
-        if self.per_minute > 0:
-            try:
-                load_probe_set(self.set)
-            except ProbeSetError as exc:
-                raise ValueError(f"probes.set: {exc}") from None
-        return self
-
-
 class ProbeInjector:
-    """Sends the probes of one :class:`~mirror.app.Mirror` (see the module docstring)."""
+    """Sends the probes of one mirror through its exchange core's shadow side (see the module
+    docstring). ``session``: the mirror's own session to the incumbent (the model lookup)."""
 
-    def __init__(self, mirror: Mirror, config: ProbeConfig, probes: ProbeSet | None = None) -> None:
-        self.mirror = mirror
+    def __init__(
+        self,
+        core: ExchangeCore,
+        config: ProbeConfig,
+        session: aiohttp.ClientSession | None,
+        probes: ProbeSet | None = None,
+    ) -> None:
+        self.core = core
+        self.session = session
         self.config = config
         self.probes = probes or load_probe_set(config.set)
         self.rng = random.Random(config.seed)
@@ -144,15 +112,15 @@ class ProbeInjector:
         once found; None while it cannot be read, with one warning saying what to set)."""
         if self._model is not None:
             return self._model
-        session = self.mirror.incumbent_session
-        url = self.mirror.inc_url.rstrip("/") + MODELS_ROUTE
+        session = self.session
+        url = self.core.settings.incumbent.url.rstrip("/") + MODELS_ROUTE
         problem = ""
         try:
             if session is None:
                 raise RuntimeError("the mirror has not started")
             async with session.get(
                 url,
-                headers={"accept-encoding": "identity", **dict(self.mirror._inc_own)},
+                headers={"accept-encoding": "identity", **dict(self.core.incumbent_own)},
                 timeout=aiohttp.ClientTimeout(total=5.0),
             ) as resp:
                 body = await resp.read()
@@ -179,15 +147,16 @@ class ProbeInjector:
 
     def decide(self) -> str:
         """Whether a probe may go out now, by the shadow's own rules."""
-        mirror = self.mirror
-        if mirror.draining:
+        core = self.core
+        if core.draining:
             return SKIPPED_DRAINING
-        if not mirror.guard.admit(self.rng.random()):
+        if not core.guard.admit(self.rng.random()):
             return SKIPPED_GUARD
-        if mirror.shadows.inflight + 2 > mirror.settings.shadow.max_concurrent:
+        if core.shadows.inflight + 2 > core.settings.shadow.max_concurrent:
             return SKIPPED_CAP
-        if not mirror.settings.shadow.parity_allows(
-            mirror._inflight[Role.CANDIDATE], mirror._inflight[Role.INCUMBENT]
+        inflight = core.recorder.inflight
+        if not core.settings.shadow.parity_allows(
+            inflight[Role.CANDIDATE], inflight[Role.INCUMBENT]
         ):
             return SKIPPED_LOAD_PARITY
         return SENT
@@ -199,18 +168,19 @@ class ProbeInjector:
         self._m[decision].inc()
         if decision != SENT:
             return []
-        mirror = self.mirror
+        core = self.core
+        inflight = core.recorder.inflight
         probe = self._next()
         pair = uuid.uuid4()
         body = probe.request(model or self.config.model)
-        guard_state = mirror.guard.state()
+        guard_state = core.guard.state()
         guard_state["decision"] = "probe"
         common = {
             "pair_id": pair,
             "endpoint": Endpoint.CHAT,
             "stream": False,
-            "inflight_incumbent": mirror._inflight[Role.INCUMBENT] + mirror._inflight[Role.REPLAY],
-            "inflight_candidate": mirror._inflight[Role.CANDIDATE],
+            "inflight_incumbent": inflight.incumbent_load(),
+            "inflight_candidate": inflight[Role.CANDIDATE],
             "guard": guard_state,
             "capture": "full",
             "synthetic": SYNTHETIC_PROBE,
@@ -218,12 +188,12 @@ class ProbeInjector:
         }
         base = [("content-type", "application/json"), ("x-shadow-pair-id", str(pair))]
         cand_body, cand_rewrites = candidate_request(
-            body, chat=True, rewrite=mirror.settings.candidate.rewrite
+            body, chat=True, rewrite=core.settings.candidate.rewrite
         )
-        cand_headers = candidate_headers(base, mirror._cand_forward, mirror._cand_extra)
+        cand_headers = candidate_headers(base, core.candidate_forward, core.candidate_own)
         return [
-            mirror.shadows.fire(
+            core.shadows.fire(
                 Role.CANDIDATE, ROUTE, cand_body, cand_rewrites, cand_headers, common
             ),
-            mirror.shadows.fire(Role.INCUMBENT, ROUTE, body, [], base + mirror._inc_own, common),
+            core.shadows.fire(Role.INCUMBENT, ROUTE, body, [], base + core.incumbent_own, common),
         ]

@@ -2,10 +2,11 @@
 
 **The promise kept here: the client's path never waits on the shadow** (docs/architecture.md,
 "Promises"). :meth:`Shadows.fire` schedules a shadow request as an asyncio task and returns at
-once; :mod:`mirror.app`'s client path only ever fires (and, when its client disconnects, cancels
-the pair's tasks). It awaits nothing in this module: a shadow request that is slow, fails or
-hangs changes what the sink records, never what or when the client is answered. The one await
-on the shadow is :meth:`Shadows.drain`, at shutdown, once the server takes no more requests.
+once; the client's path (:mod:`mirror.exchange`, :mod:`mirror.server`) only ever fires (and,
+when its client disconnects, cancels the pair's tasks). It awaits nothing in this module: a
+shadow request that is slow, fails or hangs changes what the sink records, never what or when
+the client is answered. The one await on the shadow is :meth:`Shadows.drain`, at shutdown, once
+the server takes no more requests.
 
 A replay waits ``shadow.replay_delay_s`` before it is sent and goes through its own connection
 pool (``shadow.replay_pool``), so it is not batched with the request it repeats: the noise floor
@@ -21,69 +22,87 @@ kept: no text, logprobs or timings), counted in
 ``shadow_ab_mirror_shadow_answers_truncated_total``.
 
 The requests go through this module's own raw connection pools (:mod:`mirror.shadow_client`:
-one per engine, plus the replays' own), not aiohttp: a chunk costs one parser callback instead
-of a stream-reader feed and a task wake-up. A replay with ``shadow.replay_pool: shared`` uses
-the clients' pool: on the protocol data plane its :class:`~mirror.upstream.Upstream`, on the
-ASGI plane the aiohttp session (the one path left on aiohttp).
+one per engine, plus the replays' own): a chunk costs one parser callback. A replay with
+``shadow.replay_pool: shared`` uses the clients' pool (:attr:`Shadows.client_pool`, the client
+server's :class:`~mirror.upstream.Upstream`). Each exchange ends in the
+:class:`~mirror.recorder.Recorder`, which this module shares with the client's path.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-import aiohttp
 import orjson
+import yarl
 
 from mirror.metrics import SHADOW_TRUNCATED
 from mirror.recording import ERROR_BODY_KEEP, Dispatch, error_text, status_of
 from mirror.rewrite import stored_request
-from mirror.shadow_client import (
-    ANSWER_MAX_BYTES,
-    PIECE_COST,
-    AnswerTruncated,
-    ShadowAnswer,
-    request_head,
-)
+from mirror.shadow_client import AnswerTruncated, ShadowAnswer, request_head
 from mirror.trace import Outcome, parse_body, stream_trace
+from mirror.upstream import Upstream
 from shadow_ab.records import Endpoint, Role, Status
 
 if TYPE_CHECKING:
-    from mirror.app import Mirror
-    from mirror.upstream import Upstream
+    from mirror.config import MirrorSettings
+    from mirror.recorder import Recorder
 
 log = logging.getLogger(__name__)
 
 
 class Shadows:
-    """The shadow requests of one :class:`~mirror.app.Mirror`: fired as tasks, counted, drained.
+    """The shadow requests of one mirror: fired as tasks, counted, drained.
 
-    It sends through its own connection pools (:meth:`start`) and hands records to the mirror's sink
-    (``Mirror._finish``), sharing its in-flight counters."""
+    It sends through its own connection pools (:meth:`start`) and ends each exchange in
+    ``recorder`` (:meth:`mirror.recorder.Recorder.record`), sharing its in-flight counts."""
 
-    def __init__(self, mirror: Mirror) -> None:
-        self._mirror = mirror
+    def __init__(
+        self,
+        settings: MirrorSettings,
+        recorder: Recorder,
+        *,
+        clock: Callable[[], float],
+        wall: Callable[[], datetime],
+    ) -> None:
+        self.settings = settings
+        self.recorder = recorder
+        self.clock = clock
+        self.wall = wall
         self.inflight = 0
         """Shadow requests not finished yet (the cap, ``shadow.max_concurrent``, is on this)."""
         self.tasks: set[asyncio.Task[None]] = set()
         self.pools: dict[Role, Upstream] = {}
-        """Raw connection pools per role (:meth:`start`); a role without one uses aiohttp."""
+        """Raw connection pools per role (:meth:`start`)."""
         self.client_pool: Upstream | None = None
-        """The clients' pool to the incumbent on the protocol data plane (shared replays)."""
+        """The clients' pool to the incumbent (shared replays), set by the client server."""
+        self._engines = {
+            Role.CANDIDATE: (settings.candidate.url, settings.candidate_engine()),
+            Role.REPLAY: (settings.incumbent.url, settings.incumbent_engine()),
+        }
+        self._paths: dict[tuple[Role, str], str] = {}
 
     def start(self) -> None:
         """Open the candidate's and the replays' pools (at the mirror's start)."""
-        from mirror.upstream import Upstream
-
-        mirror = self._mirror
-        s = mirror.settings
-        if mirror.candidate_session is None:  # else the session handed to the mirror is used
-            self.pools[Role.CANDIDATE] = Upstream.to(s.candidate)
-        if s.shadow.replay_pool == "separate":
+        s = self.settings
+        self.pools[Role.CANDIDATE] = Upstream.to(s.candidate)
+        if s.shadow.replay_pool == "separate" or self.client_pool is None:
             self.pools[Role.REPLAY] = Upstream.to(s.incumbent)
-        elif self.client_pool is not None:
+        else:
             self.pools[Role.REPLAY] = self.client_pool
+
+    def _path(self, role: Role, route: str) -> str:
+        """The request target of ``route`` on ``role``'s engine (its URL's path prefix kept)."""
+        key = (role, route)
+        path = self._paths.get(key)
+        if path is None:
+            path = yarl.URL(self._engines[role][0] + route).raw_path_qs
+            if len(self._paths) < 64:
+                self._paths[key] = path
+        return path
 
     def close(self) -> None:
         """Close the pools' idle connections (after the drain)."""
@@ -131,22 +150,22 @@ class Shadows:
         headers: list[tuple[str, str]],
         common: dict[str, Any],
     ) -> None:
-        mirror = self._mirror
-        pool = self.pools.get(Role.REPLAY if role is Role.INCUMBENT else role)  # probes
-        if role is Role.CANDIDATE:
-            session, url, engine = mirror.candidate_session, mirror.cand_url, mirror.cand_engine
-        else:
-            session, url, engine = mirror.incumbent_session, mirror.inc_url, mirror.inc_engine
-            delay = mirror.settings.shadow.replay_delay_s
+        engine_role = Role.REPLAY if role is Role.INCUMBENT else role  # probes: incumbent
+        pool = self.pools.get(engine_role)
+        engine = self._engines[engine_role][1]
+        if role is not Role.CANDIDATE:
+            delay = self.settings.shadow.replay_delay_s
             if delay > 0:  # not in the original's batch: the incumbent's own run-to-run noise
                 try:
                     await asyncio.sleep(delay)
                 except asyncio.CancelledError:
                     self.inflight -= 1  # never sent: no exchange to record
                     raise
-        assert pool is not None or session is not None, "the mirror's lifespan has not started"
+        assert pool is not None, "the mirror has not started"
         chat = common["endpoint"] is Endpoint.CHAT
-        clock = mirror._clock
+        clock = self.clock
+        inflight = self.recorder.inflight
+        timeout_s = self.settings.shadow.timeout_s
         status = Status.OK
         http_status: int | None = None
         error: str | None = None
@@ -154,12 +173,11 @@ class Shadows:
         stash: list[tuple[float, bytes]] = []
         raw = b""
         last_t: float | None = None
-        mirror._inflight[role] += 1
-        mirror._m_inflight[role].inc()
+        inflight.start(role)
         d = Dispatch(
             role=role,
             engine=engine,
-            sent_at=mirror._wall(),
+            sent_at=self.wall(),
             request=stored_request(body),
             rewrites=rewrites,
             **common,
@@ -169,44 +187,21 @@ class Shadows:
         truncated = False
         t0 = clock()
         try:
-            async with asyncio.timeout(mirror.settings.shadow.timeout_s):
-                if pool is not None:
-                    # parsed when the answer ends (mirror.trace.stream_trace)
-                    answer = ShadowAnswer(clock)
-                    stash = answer.stash
-                    head = request_head("POST", mirror._url(url, route).raw_path_qs, pool, headers)
-                    await answer.fetch(pool, head, payload)
-                else:
-                    assert session is not None
-                    async with session.post(
-                        mirror._url(url, route), data=payload, headers=headers
-                    ) as resp:
-                        http_status = resp.status
-                        status = status_of(resp.status)
-                        sse = resp.content_type == "text/event-stream"
-                        parts: list[bytes] = []
-                        kept = 0  # charged as mirror.shadow_client does
-                        async for chunk in resp.content.iter_any():
-                            kept += len(chunk) + PIECE_COST
-                            if kept > ANSWER_MAX_BYTES:
-                                resp.close()  # the engine sees it go and stops generating
-                                raise AnswerTruncated(ANSWER_MAX_BYTES, "as kept")
-                            if sse:  # parsed when the stream ends (mirror.trace.stream_trace)
-                                stash.append((clock(), chunk))
-                            else:
-                                parts.append(chunk)
-                        if not sse:
-                            raw = b"".join(parts)
-                            last_t = clock()
+            async with asyncio.timeout(timeout_s):
+                # parsed when the answer ends (mirror.trace.stream_trace)
+                answer = ShadowAnswer(clock)
+                stash = answer.stash
+                head = request_head("POST", self._path(engine_role, route), pool, headers)
+                await answer.fetch(pool, head, payload)
         except TimeoutError:
             status, error = (
                 Status.TIMEOUT,
-                f"no complete answer within {mirror.settings.shadow.timeout_s}s",
+                f"no complete answer within {timeout_s}s",
             )
         except AnswerTruncated as exc:
             status, error, truncated = Status.CONNECTION_ERROR, str(exc), True
             SHADOW_TRUNCATED.labels(role=role.value).inc()
-        except (aiohttp.ClientError, OSError, ValueError) as exc:
+        except (OSError, ValueError) as exc:
             status, error = Status.CONNECTION_ERROR, repr(exc)
         except asyncio.CancelledError:
             status, error = Status.CANCELLED, "the client disconnected or the mirror stopped"
@@ -220,8 +215,7 @@ class Shadows:
                 sse, last_t = answer.sse, answer.last_t
                 if not sse and status in (Status.OK, Status.HTTP_ERROR):  # else never read
                     raw = b"".join(answer.parts)
-            mirror._inflight[role] -= 1
-            mirror._m_inflight[role].dec()
+            inflight.end(role)
             self.inflight -= 1
             if truncated:  # what arrived is no answer: not parsed, not kept in the record
                 outcome = Outcome()
@@ -233,4 +227,4 @@ class Shadows:
                 outcome = Outcome(e2e_s=max(0.0, last_t - t0) if last_t is not None else None)
             if status is Status.HTTP_ERROR:
                 error = error_text(raw[:ERROR_BODY_KEEP])
-            mirror._finish(d, status, outcome, http_status, error)
+            self.recorder.record(d, status, outcome, http_status, error)

@@ -181,22 +181,16 @@ class StandInEngine:
 @contextlib.asynccontextmanager
 async def served_in_process(mirror: Any) -> AsyncIterator[httpx.AsyncClient]:
     """A client of ``mirror`` (a :class:`mirror.app.Mirror`) served in this event loop on a
-    real socket by :mod:`mirror.wire`'s connections. Runs the mirror's start-up, and its
+    real socket by its client server (:mod:`mirror.server`). Runs the mirror's start-up, and its
     shutdown (the shadow requests drain, the sink flushes) after the block."""
-    from mirror.wire import ClientConnection, WireServer
-
-    wire = WireServer(mirror)  # before the start-up: shared replays use its pool
-    wire.loop = asyncio.get_running_loop()
     await mirror.startup()
     try:
-        server = await wire.loop.create_server(lambda: ClientConnection(wire), "127.0.0.1", 0)
-        port = server.sockets[0].getsockname()[1]
+        port = await mirror.server.listen()
         try:
             async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
                 yield client
         finally:
-            server.close()
-            wire.upstream.close()
+            await mirror.server.drain()
     finally:
         await mirror.shutdown()
 

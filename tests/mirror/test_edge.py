@@ -50,7 +50,7 @@ def edge(
     tmp_path_factory: pytest.TempPathFactory,
     request: pytest.FixtureRequest,
 ) -> Iterator[RunningMirror]:
-    """The mirror with tight limits (mirror/limits.py, enforced by mirror/wire.py)."""
+    """The mirror with tight limits (mirror/limits.py, enforced by mirror/server.py)."""
     db = tmp_path_factory.mktemp("mirror-edge") / "records.db"
     with running_mirror(
         engines[0].base_url,

@@ -55,9 +55,10 @@ def sims() -> Iterator[tuple[RunningSim, RunningSim]]:
 def settings(sims: tuple[RunningSim, RunningSim], **over: Any) -> MirrorSettings:
     inc, cand = sims
     shadow = over.pop("shadow", {})
+    path = over.pop("incumbent_path", "")
     return load_settings(
         None,
-        incumbent={"url": inc.base_url},
+        incumbent={"url": inc.base_url + path},
         candidate={"url": cand.base_url, "flavor": "vllm"},
         health_enabled=False,
         database_url="sqlite:///unused.db",
@@ -159,17 +160,17 @@ def test_probes_take_the_shadow_budget_never_more(sims: tuple[RunningSim, Runnin
     probe away, as they would a client's shadow request; so does draining."""
     sink = ListSink()
     m = Mirror(settings(sims, probes={"per_minute": 1}), sink=sink)
-    inj = ProbeInjector(m, m.settings.probes)
+    inj = ProbeInjector(m.core, m.settings.probes, None)
     assert inj.decide() == SENT
-    m.guard = _Guard(False)  # type: ignore[assignment]
+    m.core.guard = _Guard(False)  # type: ignore[assignment]
     assert inj.decide() == SKIPPED_GUARD
     assert inj.tick() == []
-    m.guard = _Guard(True)  # type: ignore[assignment]
+    m.core.guard = _Guard(True)  # type: ignore[assignment]
 
     capped = Mirror(
         settings(sims, probes={"per_minute": 1}, shadow={"max_concurrent": 1}), sink=sink
     )
-    assert ProbeInjector(capped, capped.settings.probes).decide() == SKIPPED_CAP
+    assert ProbeInjector(capped.core, capped.settings.probes, None).decide() == SKIPPED_CAP
     m.shadows.inflight = m.settings.shadow.max_concurrent - 1
     assert inj.decide() == SKIPPED_CAP
     m.shadows.inflight = 0
@@ -177,10 +178,10 @@ def test_probes_take_the_shadow_budget_never_more(sims: tuple[RunningSim, Runnin
     parity = Mirror(
         settings(sims, probes={"per_minute": 1}, shadow={"load_parity": 1.0}), sink=sink
     )
-    parity._inflight[Role.CANDIDATE] = 3
-    assert ProbeInjector(parity, parity.settings.probes).decide() == SKIPPED_LOAD_PARITY
+    parity.recorder.inflight.counts[Role.CANDIDATE] = 3
+    assert ProbeInjector(parity.core, parity.settings.probes, None).decide() == SKIPPED_LOAD_PARITY
 
-    m.draining = True
+    m.core.draining = True
     assert inj.decide() == SKIPPED_DRAINING
     assert sink.records == []
 
@@ -212,17 +213,17 @@ def test_without_a_model_name_probes_are_skipped_not_sent_without_one(
     """An incumbent whose /v1/models cannot be read gives no model name: the tick is skipped
     (an engine that requires ``model`` would fail every probe, counted against the candidate);
     ``probes.model`` names it outright."""
-    inc, _ = sims
     sink = ListSink()
-    m = Mirror(settings(sims, probes={"per_minute": 1}), sink=sink)
-    m.inc_url = inc.base_url + "/nowhere"  # /nowhere/v1/models: 404
+    # /nowhere/v1/models: 404
+    m = Mirror(settings(sims, probes={"per_minute": 1}, incumbent_path="/nowhere"), sink=sink)
 
     async def ask(mirror: Mirror) -> tuple[str | None, str | None]:
         await mirror.startup()
         try:
-            inj = ProbeInjector(mirror, mirror.settings.probes)
+            session = mirror.passthrough.session
+            inj = ProbeInjector(mirror.core, mirror.settings.probes, session)
             named = ProbeInjector(
-                mirror, mirror.settings.probes.model_copy(update={"model": "llama"})
+                mirror.core, mirror.settings.probes.model_copy(update={"model": "llama"}), session
             )
             return await inj.model_name(), await named.model_name()
         finally:
@@ -286,7 +287,7 @@ def test_probes_to_an_incumbent_behind_an_api_key_carry_its_own_headers(
         async def probe(mirror: Mirror) -> str | None:
             await mirror.startup()
             try:
-                inj = ProbeInjector(mirror, mirror.settings.probes)
+                inj = ProbeInjector(mirror.core, mirror.settings.probes, mirror.passthrough.session)
                 model = await inj.model_name()
                 await asyncio.gather(*inj.tick(model))
                 return model

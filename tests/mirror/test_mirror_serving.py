@@ -33,7 +33,7 @@ def served(
     tmp_path_factory: pytest.TempPathFactory,
     request: pytest.FixtureRequest,
 ) -> Iterator[RunningMirror]:
-    """The mirror as a subprocess (its client path is mirror/wire.py)."""
+    """The mirror as a subprocess (its client path is mirror/server.py)."""
     inc, cand = engines
     db = tmp_path_factory.mktemp("mirror-serving") / "records.db"
     with running_mirror(

@@ -22,7 +22,7 @@ from fastapi.testclient import TestClient
 
 from mirror import kafka_sink as ks
 from mirror import spool as spool_module
-from mirror.app import create_app
+from mirror.app import Mirror
 from mirror.config import load_settings
 from mirror.kafka_sink import KafkaSink, KafkaSinkConfig, encode_frame
 from mirror.spool import Spool
@@ -212,8 +212,8 @@ def test_a_sink_thread_that_keeps_failing_dies_and_healthz_fails(
     settings = load_settings(
         None, incumbent={"url": "http://127.0.0.1:9"}, candidate={"url": "http://127.0.0.1:10"}
     )
-    mirror = create_app(settings, sink=sink)
-    mirror.started = True  # no lifespan here: the admin app's /healthz alone
+    mirror = Mirror(settings, sink=sink)
+    mirror.started = True  # not started: the admin app's /healthz alone
     client = TestClient(mirror.admin)
     assert client.get("/healthz").status_code == 200
 

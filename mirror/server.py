@@ -1,37 +1,33 @@
-"""The protocol data plane (``data_plane: protocol``): the client's path on raw transports.
+"""The client server: the mirror's client port on raw asyncio transports.
 
-The ASGI data plane (:mod:`mirror.app` under uvicorn, the incumbent asked through aiohttp)
-spends most of its CPU per chunk in machinery: aiohttp's stream reader, a future and a task
-wake-up per chunk, uvicorn's ``send``, one ``write`` per chunk (mirror/README.md, "Cost on the
-client's path"). Here the client's connection (:class:`ClientConnection`) and the incumbent's
+The client's connection (:class:`ClientConnection`) and the incumbent's
 (:class:`mirror.upstream.UpstreamConnection`) are two :class:`asyncio.Protocol` s with
-``httptools`` parsers: each chunk the incumbent sends is parsed and written to the client's
-transport inside the incumbent connection's ``data_received`` (:class:`_Exchange`), kept with
-its arrival time for the record, and parsed into the record after the answer is complete, as
-on the ASGI plane.
+``httptools`` parsers: each chunk the incumbent sends is written to the client's transport
+inside the incumbent connection's ``data_received`` (:class:`_Exchange`) and kept with its
+arrival time; the record is parsed from the kept chunks after the answer is complete. No web
+framework and no HTTP client library on the client's path.
+
+What a generate request means is the exchange core's (:class:`mirror.exchange.ExchangeCore`:
+``prepare`` once the body is read, ``settle`` once the answer is complete or cut); every other
+request (pass-through routes, 400/404/405) is :class:`mirror.passthrough.Passthrough`'s,
+through a minimal ASGI adapter (:class:`_AsgiResponse`). This module enforces the connection
+limits of :mod:`mirror.limits` (431, 408, silent close of a silent connection, 503 over the
+cap, the idle keep-alive timeout, the send timeout) and 413 for a body over
+``max_body_bytes``.
 
 Back-pressure both ways: while the client's transport buffer is over its high-water mark
 (``pause_writing``) the incumbent's connection stops being read, and resumes on drain; a
 client that pipelines more than :data:`PIPELINE_MAX` requests is not read until they are
-answered.
+answered. A client that disconnects cancels the incumbent request and the pair's shadow
+requests (recorded as ``cancelled``). :meth:`ClientServer.drain` stops accepting and lets the
+answers in flight finish (``drain_timeout_s``).
 
-What the ASGI plane does holds here too, through the same code: the generate routes' shadow
-decision, hand-off, record and metrics (:meth:`mirror.app.Mirror._prepare`,
-:meth:`~mirror.app.Mirror._settle`), header handling (:mod:`mirror.headers`), the connection
-limits of :mod:`mirror.limits` (431, 408, silent close of a silent connection, 503 over the
-cap, the idle keep-alive timeout), a client that disconnects cancels the incumbent request
-and the pair's shadow requests (recorded as ``cancelled``), SIGTERM drains
-(:class:`WireServer`). Every other request (pass-through routes, 400/404/405) is answered by
-:meth:`mirror.app.Mirror._route` through a minimal ASGI adapter (:class:`_AsgiResponse`).
+The incumbent is asked on this module's own keep-alive pool (:class:`mirror.upstream.Upstream`;
+a kept connection the engine closed before answering is retried once on a new one); the
+engine gets exactly the client's headers.
 
-Differences from the ASGI plane: the incumbent's answers are asked on this module's own
-connection pool (:class:`mirror.upstream.Upstream`), so ``incumbent.max_connections`` no
-longer limits replays and client requests together (unless ``shadow.replay_pool: shared``);
-the engine gets no ``Accept: */*`` the client did not send (aiohttp added one); a request
-body over ``max_body_bytes`` gets 413 on any path.
-
-Errors: none raised to callers; the answers are the ASGI plane's (502, 504, 413, 400, and the
-limits' 408, 431, 503).
+Errors: none raised to callers; the mirror's own answers are 502, 504, 413, 400 and the
+limits' 408, 431, 503.
 """
 
 from __future__ import annotations
@@ -40,7 +36,7 @@ import asyncio
 import collections
 import http
 import logging
-import signal
+import socket
 from collections.abc import MutableMapping
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
@@ -48,7 +44,7 @@ from urllib.parse import unquote
 import httptools
 
 from mirror import metrics as m
-from mirror.app import ROUTES, SKIPPED_TOO_LARGE, Mirror, Prepared
+from mirror.exchange import ROUTES, SKIPPED_TOO_LARGE, ExchangeCore, Prepared
 from mirror.headers import PAIR_HEADER, client_headers
 from mirror.limits import (
     BODY_TIMEOUT,
@@ -59,16 +55,17 @@ from mirror.limits import (
     limit_answers,
     linger,
 )
+from mirror.passthrough import Passthrough
 from mirror.problem import PROBLEM_JSON, problem_body
 from mirror.recording import status_of
 from mirror.routes import canonical_path
 from mirror.sse import UsageHider
 from mirror.upstream import Upstream, UpstreamConnection
 from shadow_ab.privacy import redact_urls
-from shadow_ab.records import Role, Status
+from shadow_ab.records import Status
 
 if TYPE_CHECKING:
-    import yarl
+    from mirror.config import MirrorSettings
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +92,7 @@ def status_line(status: int) -> bytes:
 
 
 def error_answer(status: int, message: str, err_type: str, pair_id: bytes = b"") -> bytes:
-    """A whole answer of the mirror's own (as ``Mirror._send_error``), closing the connection."""
+    """A whole answer of the mirror's own, closing the connection."""
     body = problem_body(status, message, err_type)
     head = [
         status_line(status),
@@ -135,9 +132,9 @@ class _Request:
 class ClientConnection(asyncio.Protocol):
     """One client connection: requests parsed with httptools, answered one at a time."""
 
-    def __init__(self, server: WireServer) -> None:
+    def __init__(self, server: ClientServer) -> None:
         self.server = server
-        self.mirror = server.mirror
+        self.core = server.core
         self.loop = server.loop
         self.limits = server.limits
         self.transport: asyncio.Transport = None  # type: ignore[assignment]
@@ -308,7 +305,7 @@ class ClientConnection(asyncio.Protocol):
         if self.head_timer is not None:
             self.head_timer.cancel()
             self.head_timer = None
-        limit = self.mirror.settings.max_body_bytes
+        limit = self.server.settings.max_body_bytes
         expect = False
         for name, value in self.headers:
             if name == b"content-length" and value.isdigit() and int(value) > limit:
@@ -322,7 +319,7 @@ class ClientConnection(asyncio.Protocol):
 
     def on_body(self, body: bytes) -> None:
         self.size += len(body)
-        if self.size > self.mirror.settings.max_body_bytes:
+        if self.size > self.server.settings.max_body_bytes:
             self.reject = _TOO_LARGE
             raise _Rejected
         self.parts.append(body)
@@ -378,13 +375,13 @@ class ClientConnection(asyncio.Protocol):
         self._refuse_bytes(self.server.answers[reason])
 
     def _too_large(self) -> None:
-        mirror = self.mirror
+        server = self.server
         path = canonical_path(_path_of(self.url))
         endpoint = ROUTES.get(path) if path is not None else None
         route = path if endpoint is not None and path is not None else "passthrough"
         if endpoint is not None:
-            mirror._m_decision[SKIPPED_TOO_LARGE].inc()
-        limit = mirror.settings.max_body_bytes
+            self.core.count_decision(SKIPPED_TOO_LARGE)
+        limit = server.settings.max_body_bytes
         msg = f"request body is larger than the mirror's limit of {limit} bytes (max_body_bytes)"
         m.REQUESTS.labels(route=route, code="413").inc()
         self._refuse_bytes(error_answer(413, msg, "RequestTooLarge"))
@@ -482,7 +479,7 @@ class ClientConnection(asyncio.Protocol):
                     endpoint = ROUTES.get(canonical)
                     route = canonical
             if endpoint is not None:
-                p = self.mirror._prepare(scope, req.body, endpoint, route)
+                p = self.core.prepare(req.headers, parsed.query or b"", req.body, endpoint, route)
                 ex = _Exchange(self, p, route, req.http11)
                 self.exchange = ex
                 try:
@@ -492,7 +489,8 @@ class ClientConnection(asyncio.Protocol):
         return await self._asgi(req, scope)
 
     async def _asgi(self, req: _Request, scope: dict[str, Any]) -> bool:
-        """Any other request, answered by ``Mirror._route`` through a minimal ASGI adapter."""
+        """Any other request, answered by :meth:`Passthrough.answer` through a minimal ASGI
+        adapter."""
         resp = _AsgiResponse(self, req)
         sent_body = False
 
@@ -505,7 +503,7 @@ class ClientConnection(asyncio.Protocol):
             return {"type": "http.disconnect"}
 
         try:
-            await self.mirror._route(scope, receive, resp.send)
+            await self.server.passthrough.answer(scope, receive, resp.send)
         except Exception:
             log.exception("the mirror failed answering %s %s", req.method, scope["path"][:200])
             if not resp.started and not self.closed:
@@ -581,17 +579,17 @@ class _AsgiResponse:
 
 
 class _Exchange:
-    """One generate request's incumbent exchange on the protocol plane: the incumbent
-    connection's callbacks write straight to the client's transport."""
+    """One generate request's incumbent exchange: the incumbent connection's callbacks write
+    straight to the client's transport."""
 
     def __init__(self, conn: ClientConnection, p: Prepared, route: str, http11: bool) -> None:
         self.conn = conn
-        self.mirror = conn.mirror
+        self.core = conn.core
         self.p = p
         self.route = route
         self.http11 = http11
         self.pid = str(p.d.pair_id).encode()
-        self.clock = self.mirror._clock
+        self.clock = self.core.clock
         self.fut: asyncio.Future[None] = conn.loop.create_future()
         self.up: UpstreamConnection | None = None
         self.status = Status.OK
@@ -621,10 +619,6 @@ class _Exchange:
     async def run(self) -> bool:
         """Ask the incumbent, pass its answer on; True when the client's connection may serve
         another request. Settles the record whatever happens."""
-        mirror = self.mirror
-        role = Role.INCUMBENT
-        mirror._inflight[role] += 1
-        mirror._m_inflight[role].inc()
         self.task = asyncio.current_task()
         self.t0 = self.clock()
         try:
@@ -643,9 +637,8 @@ class _Exchange:
             if self.up is not None:
                 self.mirror_pool().release(self.up, self.keep_up and self.complete)
                 self.up = None
-            p = self.p
-            mirror._settle(
-                p.d,
+            self.core.settle(
+                self.p,
                 route=self.route,
                 client_code=self.client_code,
                 status=self.status
@@ -655,10 +648,8 @@ class _Exchange:
                 error=self.error,
                 stash=self.stash if self.sse else None,
                 parts=self.parts,
-                chat=p.chat,
                 t0=self.t0,
                 last_t=self.last_t,
-                shadow_active=p.shadow_active,
             )
 
     def mirror_pool(self) -> Upstream:
@@ -712,9 +703,8 @@ class _Exchange:
 
     def _request_bytes(self, pool: Upstream) -> bytes:
         p = self.p
-        url: yarl.URL = p.url
         out = [
-            b"POST " + url.raw_path_qs.encode("latin-1") + b" HTTP/1.1\r\nhost: ",
+            b"POST " + p.target + b" HTTP/1.1\r\nhost: ",
             pool.host_header,
             b"\r\n",
         ]
@@ -730,7 +720,7 @@ class _Exchange:
         return b"".join(out)
 
     def _arm_timer(self) -> None:
-        read = self.mirror.settings.incumbent.read_timeout_s
+        read = self.conn.server.settings.incumbent.read_timeout_s
         if read is not None:
             self.timer = self.conn.loop.call_later(read, self._read_late)
 
@@ -738,7 +728,7 @@ class _Exchange:
         self.timer = None
         if self.fut.done():
             return
-        read = self.mirror.settings.incumbent.read_timeout_s
+        read = self.conn.server.settings.incumbent.read_timeout_s
         assert read is not None
         idle = self.clock() - self.last_read
         if idle < read:
@@ -820,7 +810,7 @@ class _Exchange:
         self.sse = ctype == b"text/event-stream" and not encoded
         rechunk = self.p.strip and self.sse
         out_headers = client_headers(
-            headers, self.pid, rechunked=rechunk, drop=self.mirror._response_drop
+            headers, self.pid, rechunked=rechunk, drop=self.core.response_drop
         )
         out = [status_line(status)]
         length = False
@@ -919,48 +909,44 @@ class _Exchange:
             self._write(rest)
 
 
-class WireServer:
-    """The client port on the protocol plane: serves until SIGTERM/SIGINT, then stops
-    accepting, closes idle connections, lets answers in flight finish (up to
-    ``drain_timeout_s``), and runs the mirror's shutdown (shadow drain, sink flush)."""
+class ClientServer:
+    """The client port: :meth:`listen` on a socket, :meth:`drain` to stop (see the module
+    docstring)."""
 
-    def __init__(self, mirror: Mirror) -> None:
-        self.mirror = mirror
-        self.settings = mirror.settings
-        self.limits = mirror.settings.limits
+    def __init__(
+        self, settings: MirrorSettings, core: ExchangeCore, passthrough: Passthrough
+    ) -> None:
+        self.settings = settings
+        self.core = core
+        self.passthrough = passthrough
+        self.limits = settings.limits
         self.answers = limit_answers(self.limits)
         self.connections: set[ClientConnection] = set()
-        self.upstream = Upstream.to(mirror.settings.incumbent)
-        mirror.shadows.client_pool = self.upstream  # replays with shadow.replay_pool: shared
+        self.upstream = Upstream.to(settings.incumbent)
+        core.shadows.client_pool = self.upstream  # replays with shadow.replay_pool: shared
         self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]
-        self.should_exit = asyncio.Event()
+        self._server: asyncio.Server | None = None
 
-    async def serve(self, sockets: list[Any]) -> None:
-        self._catch_signals()
-        await self.mirror.startup()
-        try:
-            server = await self._listen(sockets[0])
-            log.info("serving clients on the protocol data plane")
-            await self.should_exit.wait()
-            log.info("stopping: draining the answers in flight")
-            await self._drain(server)
-        finally:
-            self.upstream.close()
-            await self.mirror.shutdown()
-
-    def _catch_signals(self) -> None:
+    async def listen(self, sock: socket.socket | None = None, host: str = "127.0.0.1") -> int:
+        """Serve on ``sock`` (a bound listening socket; None: a free port on ``host``); the
+        port served."""
         self.loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            self.loop.add_signal_handler(sig, self.should_exit.set)
+        if sock is not None:
+            self._server = await self.loop.create_server(
+                lambda: ClientConnection(self), sock=sock, backlog=2048
+            )
+        else:
+            self._server = await self.loop.create_server(
+                lambda: ClientConnection(self), host, 0, backlog=2048
+            )
+        port: int = self._server.sockets[0].getsockname()[1]
+        return port
 
-    async def _listen(self, sock: Any) -> asyncio.Server:
-        return await self.loop.create_server(
-            lambda: ClientConnection(self), sock=sock, backlog=2048
-        )
-
-    async def _drain(self, server: asyncio.Server) -> None:
-        """Stop accepting; let the answers in flight finish (``drain_timeout_s``), then cut."""
-        server.close()
+    async def drain(self) -> None:
+        """Stop accepting; close idle connections; let the answers in flight finish (up to
+        ``drain_timeout_s``), then cut the rest; close the incumbent's pool."""
+        if self._server is not None:
+            self._server.close()
         for conn in list(self.connections):
             conn.shutdown()
         deadline = self.loop.time() + max(1.0, self.settings.drain_timeout_s)
@@ -970,6 +956,7 @@ class WireServer:
             conn.transport.abort()
             conn._lose()
         await asyncio.sleep(0)
+        self.upstream.close()
 
 
-__all__ = ["ClientConnection", "WireServer", "error_answer"]
+__all__ = ["ClientConnection", "ClientServer", "error_answer"]
