@@ -3,8 +3,10 @@
 The client server (:mod:`mirror.server`) owns the bytes; this module owns what a generate
 request means, through two public calls:
 
-- :meth:`ExchangeCore.prepare`, once the request's body is read: a pair id; the shadow
-  decision (sampling, the interference guard, the mirror's own overload, the shadow cap, load
+- :meth:`ExchangeCore.prepare`, once the request's body is read: a pair id; the body sized up
+  before it is parsed (:func:`mirror.body.inspect_body`: a body past the bounds on JSON work,
+  or not JSON, goes to the incumbent unchanged and is not shadowed); the shadow decision
+  (sampling, the interference guard, the mirror's own overload, the shadow cap, load
   parity), counted in ``shadow_ab_mirror_shadow_decisions_total``; the candidate's and the
   replay's requests fired as tasks (:meth:`mirror.shadow.Shadows.fire`, never awaited); the
   incumbent's body (``stream_options.include_usage`` added when asked) and headers; the
@@ -30,6 +32,7 @@ import orjson
 import yarl
 
 from mirror import metrics as m
+from mirror.body import MALFORMED, inspect_body
 from mirror.config import MirrorSettings
 from mirror.guard import InterferenceGuard
 from mirror.headers import (
@@ -67,6 +70,8 @@ SKIPPED_SAMPLE = "skipped_sample"
 SKIPPED_CAP = "skipped_cap"
 SKIPPED_GUARD = "skipped_guard"
 SKIPPED_MALFORMED = "skipped_malformed"
+SKIPPED_HOSTILE = "skipped_hostile"
+"""A body past the bounds on JSON work (mirror/body.py: depth, containers, values, strings)."""
 SKIPPED_TOO_LARGE = "skipped_too_large"
 SKIPPED_LOAD_PARITY = "skipped_load_parity"
 SKIPPED_OVERLOAD = "skipped_overload"
@@ -76,6 +81,7 @@ DECISIONS = (
     SKIPPED_CAP,
     SKIPPED_GUARD,
     SKIPPED_MALFORMED,
+    SKIPPED_HOSTILE,
     SKIPPED_TOO_LARGE,
     SKIPPED_LOAD_PARITY,
     SKIPPED_OVERLOAD,
@@ -121,14 +127,6 @@ class Prepared:
         self.t_ready = t_ready
         self.shadow_active = shadow_active
         self.shadows = shadows
-
-
-def _json_object(body: bytes) -> dict[str, Any] | None:
-    try:
-        obj = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return None
-    return obj if isinstance(obj, dict) else None
 
 
 def _str_headers(headers: list[tuple[bytes, bytes]]) -> list[tuple[str, str]]:
@@ -209,13 +207,18 @@ class ExchangeCore:
         t_ready = self.clock()
         pair = uuid.uuid4()
         pid = str(pair).encode()
-        parsed = _json_object(body)
+        inspected = inspect_body(body)
+        parsed = inspected.body
         chat = endpoint is Endpoint.CHAT
 
         inflight = self.recorder.inflight
         # The shadow decision: never queued, counted either way.
         if parsed is None:
-            decision = SKIPPED_MALFORMED
+            if inspected.reason == MALFORMED:
+                decision = SKIPPED_MALFORMED
+            else:
+                decision = SKIPPED_HOSTILE
+                m.BODIES_REFUSED.labels(reason=inspected.reason).inc()
         else:
             sampler = self.sampler
             hv = header_value(headers, sampler.header) if sampler.header else None

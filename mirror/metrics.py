@@ -12,7 +12,8 @@ name they use is declared here (or in another part's ``metrics`` module).
 | shadow_ab_mirror_added_seconds | histogram | | time the mirror adds before the first byte reaches the client (its own overhead) |
 | shadow_ab_mirror_held_seconds | histogram | | time a stream's finish event was held back until the usage event the mirror hides (to give the finish event its system_fingerprint back) |
 | shadow_ab_mirror_inflight_requests | gauge | role | requests in flight to each engine |
-| shadow_ab_mirror_shadow_decisions_total | counter | decision | sampled, skipped_sample, skipped_cap, skipped_guard, skipped_malformed, skipped_too_large, skipped_route, skipped_load_parity, skipped_overload |
+| shadow_ab_mirror_shadow_decisions_total | counter | decision | sampled, skipped_sample, skipped_cap, skipped_guard, skipped_malformed, skipped_hostile, skipped_too_large, skipped_load_parity, skipped_overload |
+| shadow_ab_mirror_bodies_refused_total | counter | reason | generate bodies past the bounds on JSON work (mirror/body.py), passed to the incumbent unshadowed: too_deep, too_many_containers, too_many_values, too_many_strings |
 | shadow_ab_mirror_replays_total | counter | | sampled requests also replayed to the incumbent |
 | shadow_ab_mirror_shadow_answers_truncated_total | counter | role | shadow answers (candidate, replay) cut at mirror/shadow_client.py ANSWER_MAX_BYTES, as received or decompressed (recorded as connection_error, "answer truncated at N bytes") |
 | shadow_ab_mirror_guard_rate_ratio | gauge | | the guard's current multiplier of the shadow rate, 0..1 |
@@ -116,6 +117,13 @@ SHADOW_DECISIONS = Counter(
     "shadow_ab_mirror_shadow_decisions_total",
     "Shadowing decisions per client request: sampled or the reason it was skipped.",
     ["decision"],
+)
+BODIES_REFUSED = Counter(
+    "shadow_ab_mirror_bodies_refused_total",
+    "Generate bodies passed to the incumbent unshadowed because they exceed the mirror's bounds"
+    " on JSON work (mirror/body.py), by reason: too_deep, too_many_containers, too_many_values,"
+    " too_many_strings.",
+    ["reason"],
 )
 REPLAYS = Counter(
     "shadow_ab_mirror_replays_total",
