@@ -13,12 +13,14 @@ settings that cannot work (a sentence per problem).
 
 from __future__ import annotations
 
+import base64
 import os
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import yaml
+import yarl
 from pydantic import (
     AliasChoices,
     BaseModel,
@@ -139,10 +141,18 @@ class EngineConfig(BaseModel):
     )
 
     def own_headers(self, role: str) -> list[tuple[str, str]]:
-        """The headers configured for this engine (lower-case names): ``headers``, then
-        ``headers_env``, then ``headers_files``; raise ValueError, naming the setting under
-        ``role``, when a source is missing."""
-        out = {k.lower(): v for k, v in self.headers.items()}
+        """The mirror's own headers for this engine (lower-case names): the URL's user info
+        as ``Basic`` credentials (``http://user:password@host``), then ``headers``,
+        ``headers_env`` and ``headers_files`` (a configured ``authorization`` wins); raise
+        ValueError, naming the setting under ``role``, when a source is missing. The
+        candidate gets them on every request; the incumbent only on the mirror's own
+        requests (probes, the model lookup), never on a client's."""
+        out: dict[str, str] = {}
+        url = yarl.URL(self.url)
+        if url.user is not None:
+            cred = f"{url.user}:{url.password or ''}".encode()
+            out["authorization"] = "Basic " + base64.b64encode(cred).decode("ascii")
+        out.update({k.lower(): v for k, v in self.headers.items()})
         for name, var in self.headers_env.items():
             value = os.environ.get(var)
             if not value:
@@ -158,6 +168,12 @@ class EngineConfig(BaseModel):
                     f"{role}.headers_files.{name}: cannot read {path} ({exc.strerror})"
                 ) from None
         return list(out.items())
+
+    @property
+    def bare_url(self) -> str:
+        """``url`` without its user info: where the mirror's requests go (the credentials
+        travel in :meth:`own_headers`, only where they belong)."""
+        return str(yarl.URL(self.url).with_user(None))
 
     @field_validator("url")
     @classmethod

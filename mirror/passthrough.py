@@ -65,7 +65,7 @@ class Passthrough:
 
     def __init__(self, settings: MirrorSettings, response_drop: frozenset[bytes]) -> None:
         self.settings = settings
-        self.inc_url = settings.incumbent.url
+        self.inc_url = settings.incumbent.bare_url  # a client's request: not the URL's credentials
         self.router = Router(settings.routes)
         self.response_drop = response_drop
         self.session: aiohttp.ClientSession | None = None

@@ -113,7 +113,7 @@ class ProbeInjector:
         if self._model is not None:
             return self._model
         session = self.session
-        url = self.core.settings.incumbent.url.rstrip("/") + MODELS_ROUTE
+        url = self.core.settings.incumbent.bare_url.rstrip("/") + MODELS_ROUTE
         problem = ""
         try:
             if session is None:

@@ -708,13 +708,8 @@ class _Exchange:
             pool.host_header,
             b"\r\n",
         ]
-        auth = pool.authorization
-        for name, value in p.raw_headers:
+        for name, value in p.raw_headers:  # the client's own: never the mirror's credentials
             out.append(name + b": " + value + b"\r\n")
-            if auth is not None and name == b"authorization":
-                auth = None
-        if auth is not None:  # the URL's credentials, as aiohttp sent them
-            out.append(b"authorization: " + auth + b"\r\n")
         out.append(b"content-length: %d\r\n\r\n" % len(p.body))
         out.append(p.body)
         return b"".join(out)

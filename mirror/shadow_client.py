@@ -86,20 +86,14 @@ def request_head(
     method: str, path_qs: str, pool: Upstream, headers: list[tuple[str, str]]
 ) -> bytes:
     """The request line and headers for ``pool``'s engine (without ``content-length`` and the
-    blank line); the URL's credentials (:attr:`Upstream.authorization`) unless ``headers``
-    carry an ``Authorization``.
+    blank line).
 
     Raises ValueError for a header name or value with a line break (it would split the request)."""
     lines = [f"{method} {path_qs} HTTP/1.1\r\nhost: {pool.host_header.decode('latin-1')}\r\n"]
-    auth = pool.authorization
     for name, value in headers:
         if "\n" in value or "\r" in value or "\n" in name or "\r" in name:
             raise ValueError(f"header {name[:40]!r} holds a line break")
-        if auth is not None and name.lower() == "authorization":
-            auth = None
         lines.append(f"{name}: {value}\r\n")
-    if auth is not None:
-        lines.append(f"authorization: {auth.decode('latin-1')}\r\n")
     return "".join(lines).encode("latin-1")
 
 

@@ -6,9 +6,9 @@ the :class:`Exchange` that asked (its ``head``, ``body``, ``done`` and ``broken`
 them to the client's transport. No stream reader, future or task wake-up per chunk.
 :class:`Upstream` keeps the idle keep-alive connections (newest first, none older than
 ``keepalive_s``) and an optional cap on open connections (``incumbent.max_connections``; 0: no
-cap), and times the connect (``incumbent.connect_timeout_s``). A URL's user info
-(``http://user:password@engine``) becomes ``Basic`` credentials (:attr:`Upstream.authorization`)
-for requests without an ``Authorization`` header.
+cap), and times the connect (``incumbent.connect_timeout_s``). A URL's user info is not used
+here: the mirror's own credentials for an engine are headers its callers add
+(:meth:`mirror.config.EngineConfig.own_headers`).
 
 Errors: :meth:`Upstream.acquire` raises :class:`TimeoutError` (connect timeout) or
 :class:`OSError` (refused, unreachable, TLS); a connection that breaks reports
@@ -18,7 +18,6 @@ Errors: :meth:`Upstream.acquire` raises :class:`TimeoutError` (connect timeout) 
 from __future__ import annotations
 
 import asyncio
-import base64
 import collections
 import ssl
 from typing import TYPE_CHECKING, Protocol
@@ -182,12 +181,6 @@ class Upstream:
             u.scheme == "http" and self.port == 80
         )
         self.host_header = (self.host if default else f"{self.host}:{self.port}").encode()
-        self.authorization: bytes | None = None
-        """``Basic`` credentials from the URL's user info (as aiohttp sent them), for requests
-        that carry no ``Authorization`` of their own."""
-        if u.user is not None:
-            cred = f"{u.user}:{u.password or ''}".encode()
-            self.authorization = b"Basic " + base64.b64encode(cred)
         self.connect_timeout_s = connect_timeout_s
         self.max_connections = max_connections
         self.keepalive_s = keepalive_s

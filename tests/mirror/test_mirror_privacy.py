@@ -9,6 +9,7 @@ server's own parsing matters (``OPTIONS *``)."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import os
 import socket
@@ -217,6 +218,61 @@ def test_forwarding_a_credential_header_is_refused() -> None:
                 "headers_env": {"authorization": "TEST_NOT_SET_ANYWHERE"},
             },
         )
+
+
+def test_the_incumbent_urls_credentials_go_only_on_the_mirrors_own_requests() -> None:
+    """``http://user:password@incumbent``: the mirror's own requests to the incumbent (a probe,
+    the model lookup) carry them as Basic credentials; a client's chat, its replay and a
+    pass-through ``GET /v1/models`` carry only what the client sent (issue 26: they were added to
+    every client request without an ``Authorization``). A candidate URL's credentials are the
+    mirror's own for the candidate: on every candidate request."""
+    from mirror.probes import ProbeInjector
+
+    inc, cand = Recorder(), Recorder()
+    models: list[dict[str, str]] = []
+
+    async def list_models(request: web.Request) -> web.Response:
+        models.append({k.lower(): v for k, v in request.headers.items()})
+        return web.json_response({"object": "list", "data": [{"id": MODEL}]})
+
+    async def main() -> tuple[list[int], str | None]:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", inc.handle)
+        app.router.add_get("/v1/models", list_models)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        port = free_port()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        try:
+            async with serving(cand) as cand_url:
+                s = load_settings(
+                    None,
+                    incumbent={"url": f"http://inc-user:inc-pass@127.0.0.1:{port}"},
+                    candidate={"url": cand_url.replace("http://", "http://cand-user:cand-pass@")},
+                    shadow={"rate": 1.0, "replay_rate": 1.0, "replay_delay_s": 0.0},
+                    health_enabled=False,
+                    database_url="sqlite:///unused.db",
+                )
+                mirror = Mirror(s, sink=ListSink())
+                async with served_in_process(mirror) as client:
+                    codes = [(await client.post("/v1/chat/completions", json=chat())).status_code]
+                    codes.append((await client.get("/v1/models")).status_code)
+                    probes = ProbeInjector(mirror.core, s.probes, mirror.passthrough.session)
+                    model = await probes.model_name()
+                    await asyncio.gather(*probes.tick(model))
+                return codes, model
+        finally:
+            await runner.cleanup()
+
+    codes, model = asyncio.run(main())
+    assert codes == [200, 200] and model == MODEL
+    basic = "Basic " + base64.b64encode(b"inc-user:inc-pass").decode()
+    inc_auth = [headers.get("authorization") for headers, _ in inc.seen]
+    # the client's chat and its replay without, the probe with
+    assert sorted(inc_auth, key=str) == sorted([None, None, basic], key=str)
+    assert [m.get("authorization") for m in models] == [None, basic]  # the client's, the lookup
+    cand_basic = "Basic " + base64.b64encode(b"cand-user:cand-pass").decode()
+    assert [h.get("authorization") for h, _ in cand.seen] == [cand_basic, cand_basic]
 
 
 # -- finding 9: URL passwords ----------------------------------------------------------------------
