@@ -3,7 +3,7 @@
 An HTTP server that reads headers without a limit or a deadline, and accepts connections
 without a cap, lets a few clients take all its memory (issue 14: one connection sending 200 MB
 of headers took the mirror from 109 to 317 MB; 1,000 idle and 200 slow-header connections all
-stayed open). :class:`ServerLimits` holds the six limits a reverse proxy sets, with nginx's
+stayed open). :class:`ServerLimits` holds the seven limits a reverse proxy sets, with nginx's
 and Envoy's defaults in mind (the last one bounds what all connections hold together: without
 it 4,096 connections each holding most of an 8 MiB body are 32 GiB):
 
