@@ -395,6 +395,12 @@ class MirrorSettings(CommonSettings):
                 "incumbent.engine and candidate.engine must differ (they name the engines in the"
                 " records and health samples)"
             )
+        if self.limits.max_body_buffer_bytes < self.max_body_bytes:
+            raise ValueError(
+                f"limits.max_body_buffer_bytes ({self.limits.max_body_buffer_bytes}) is below"
+                f" max_body_bytes ({self.max_body_bytes}): no body of the largest size allowed"
+                " could be held; raise it or lower max_body_bytes"
+            )
         self.incumbent.own_headers("incumbent")  # every configured source of a header is readable
         self.candidate.own_headers("candidate")
         return self

@@ -3,8 +3,9 @@
 An HTTP server that reads headers without a limit or a deadline, and accepts connections
 without a cap, lets a few clients take all its memory (issue 14: one connection sending 200 MB
 of headers took the mirror from 109 to 317 MB; 1,000 idle and 200 slow-header connections all
-stayed open). :class:`ServerLimits` holds the six limits a reverse proxy sets, with nginx's
-and Envoy's defaults in mind:
+stayed open). :class:`ServerLimits` holds the seven limits a reverse proxy sets, with nginx's
+and Envoy's defaults in mind (the last one bounds what all connections hold together: without
+it 4,096 connections each holding most of an 8 MiB body are 32 GiB):
 
 | limit | default | nginx | Envoy | beyond it |
 |---|---|---|---|---|
@@ -14,6 +15,7 @@ and Envoy's defaults in mind:
 | ``send_timeout_s`` | 60 s | ``send_timeout`` 60s | ``stream_idle_timeout`` 5m | closed; the engine's request is cancelled |
 | ``idle_timeout_s`` | 75 s | ``keepalive_timeout`` 75s | ``idle_timeout`` 1h | closed |
 | ``max_connections`` | 4096 | ``worker_connections`` | overload manager | 503, closed |
+| ``max_body_buffer_bytes`` | 256 MiB | ``client_body_buffer_size`` (then a temp file) | ``per_connection_buffer_limit_bytes`` | 503, closed |
 
 The client server (:mod:`mirror.wire`) enforces them; this module holds the limits, their
 answers (:func:`limit_answers`) and the lingering close after a refusal (:func:`linger`).
@@ -75,6 +77,13 @@ class ServerLimits(BaseModel):
         ge=1,
         description="open client connections; more are answered 503 and closed",
     )
+    max_body_buffer_bytes: int = Field(
+        default=256 * 1024 * 1024,
+        ge=1024,
+        description="request body bytes held at once across all connections (read and not yet"
+        " answered); a request whose body would pass it gets 503 and is closed (at least"
+        " max_body_bytes)",
+    )
 
 
 # Label values of shadow_ab_mirror_edge_rejections_total.
@@ -82,6 +91,7 @@ CONNECTION_CAP = "connection_cap"
 HEADER_TOO_LARGE = "header_too_large"
 HEADER_TIMEOUT = "header_timeout"
 BODY_TIMEOUT = "body_timeout"
+BODY_BUDGET = "body_budget"
 IDLE_CLOSED = "header_timeout_idle"
 
 
@@ -118,6 +128,12 @@ def limit_answers(limits: ServerLimits) -> dict[str, bytes]:
             408,
             f"the request's headers did not arrive within {limits.header_timeout_s:g}s"
             " (limits.header_timeout_s): send the whole head at once",
+        ),
+        BODY_BUDGET: reject_bytes(
+            503,
+            f"the mirror holds {limits.max_body_buffer_bytes} bytes of request bodies across its"
+            " connections (limits.max_body_buffer_bytes): retry shortly",
+            ((b"retry-after", b"1"),),
         ),
         BODY_TIMEOUT: reject_bytes(
             408,

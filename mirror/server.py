@@ -47,6 +47,7 @@ from mirror import metrics as m
 from mirror.exchange import ROUTES, SKIPPED_TOO_LARGE, ExchangeCore, Prepared
 from mirror.headers import PAIR_HEADER, client_headers
 from mirror.limits import (
+    BODY_BUDGET,
     BODY_TIMEOUT,
     CONNECTION_CAP,
     HEADER_TIMEOUT,
@@ -180,7 +181,7 @@ class ClientConnection(asyncio.Protocol):
         self.closed = True
         self.server.connections.discard(self)
         self._cancel_timers()
-        self.queue.clear()
+        self._drop_bodies()
         if self.exchange is not None:
             self.exchange.client_gone()
         if self._gone is not None and not self._gone.done():
@@ -308,9 +309,13 @@ class ClientConnection(asyncio.Protocol):
         limit = self.server.settings.max_body_bytes
         expect = False
         for name, value in self.headers:
-            if name == b"content-length" and value.isdigit() and int(value) > limit:
-                self.reject = _TOO_LARGE
-                raise _Rejected
+            if name == b"content-length" and value.isdigit():
+                if int(value) > limit:
+                    self.reject = _TOO_LARGE
+                    raise _Rejected
+                if not self.server.may_hold(int(value)):
+                    self.reject = BODY_BUDGET
+                    raise _Rejected
             if name == b"expect" and value.lower() == b"100-continue":
                 expect = True
         if expect:
@@ -322,6 +327,10 @@ class ClientConnection(asyncio.Protocol):
         if self.size > self.server.settings.max_body_bytes:
             self.reject = _TOO_LARGE
             raise _Rejected
+        if not self.server.hold(len(body)):
+            self.reject = BODY_BUDGET
+            raise _Rejected
+        self.held += len(body)
         self.parts.append(body)
 
     def on_message_complete(self) -> None:
@@ -330,6 +339,8 @@ class ClientConnection(asyncio.Protocol):
             self.body_timer = None
         parts = self.parts
         body = parts[0] if len(parts) == 1 else b"".join(parts)
+        self.held = 0  # the request's now: released when it is answered (or dropped)
+        self.parts = []
         p = self.parser
         req = _Request(
             p.get_method().decode("latin-1"),
@@ -390,7 +401,7 @@ class ClientConnection(asyncio.Protocol):
         """Answer and hand the connection to a lingering close (after any answer in flight)."""
         self._cancel_timers()
         self.in_head = False
-        self.queue.clear()
+        self._drop_bodies()
         if self.busy:  # answer after the one in flight, then close
             self.keep_alive = False
             self.pending_refusal = answer
@@ -401,8 +412,17 @@ class ClientConnection(asyncio.Protocol):
         if not self.transport.is_closing():
             linger(self.transport, answer, self.loop)
 
+    def _drop_bodies(self) -> None:
+        """Forget the requests queued and the body being read, and release their bytes."""
+        released = self.held + sum(len(r.body) for r in self.queue)
+        self.held = 0
+        self.queue.clear()
+        self.server.release(released)
+
     pending_refusal: bytes | None = None
     responded = False  # the current request's answer has begun
+    held = 0
+    """Bytes of the body being read, counted in the server's body budget."""
 
     # -- answering ----------------------------------------------------------------------------
 
@@ -426,6 +446,7 @@ class ClientConnection(asyncio.Protocol):
             if not self.closed and not self.responded:
                 self.transport.write(error_answer(500, "the mirror failed", "InternalError"))
         finally:
+            self.server.release(len(req.body))
             self._answered(keep and req.keep_alive and self.keep_alive)
 
     def _answered(self, keep: bool) -> None:
@@ -917,10 +938,26 @@ class ClientServer:
         self.limits = settings.limits
         self.answers = limit_answers(self.limits)
         self.connections: set[ClientConnection] = set()
+        self.body_bytes = 0
+        """Request body bytes held across the connections (read, not yet answered)."""
         self.upstream = Upstream.to(settings.incumbent)
         core.shadows.client_pool = self.upstream  # replays with shadow.replay_pool: shared
         self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]
         self._server: asyncio.Server | None = None
+
+    def may_hold(self, n: int) -> bool:
+        """Whether a body of ``n`` more bytes fits in ``limits.max_body_buffer_bytes`` now."""
+        return self.body_bytes + n <= self.limits.max_body_buffer_bytes
+
+    def hold(self, n: int) -> bool:
+        """Count ``n`` more body bytes held; False (nothing counted) past the budget."""
+        if not self.may_hold(n):
+            return False
+        self.body_bytes += n
+        return True
+
+    def release(self, n: int) -> None:
+        self.body_bytes -= n
 
     async def listen(self, sock: socket.socket | None = None, host: str = "127.0.0.1") -> int:
         """Serve on ``sock`` (a bound listening socket; None: a free port on ``host``); the

@@ -30,6 +30,8 @@ from mirror_helpers import (
     wait_rows,
 )
 
+from mirror.config import load_settings
+from mirror.errors import MirrorConfigError
 from shadow_ab.dev.processes import RunningMirror, RunningSim, free_port, http_get, running_mirror
 
 MAX_HEADER = 16 * 1024
@@ -335,6 +337,81 @@ def test_the_connection_cap_holds_and_frees_up(capped: RunningMirror) -> None:
     while time.monotonic() < deadline and http_get(edge.base_url + "/health")[0] != 200:
         time.sleep(0.05)
     assert http_get(edge.base_url + "/health")[0] == 200
+
+
+BUDGET = 2 * 1024 * 1024
+BODY = 900_000
+
+
+def chat_head(length: int) -> bytes:
+    return (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: m\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n" % length
+    )
+
+
+def chat_body(length: int) -> bytes:
+    """A valid chat body of exactly ``length`` bytes (a long user message)."""
+    start = (
+        b'{"model":"' + MODEL.encode() + b'","max_tokens":2,"messages":[{"role":"user","content":"'
+    )
+    end = b'"}]}'
+    return start + b"x" * (length - len(start) - len(end)) + end
+
+
+def test_request_bodies_held_across_connections_are_bounded(
+    engines: tuple[RunningSim, RunningSim], tmp_path: Path
+) -> None:
+    """Many connections each sending most of a large body and then waiting hold at most
+    ``limits.max_body_buffer_bytes`` of the mirror's memory between them (issue 26): a body
+    that would pass it gets 503 (before it is read, when its Content-Length says so), and the
+    budget frees up as requests are answered."""
+    with running_mirror(
+        engines[0].base_url,
+        engines[1].base_url,
+        database_url=f"sqlite:///{tmp_path / 'records.db'}",
+        health_enabled=False,
+        max_body_bytes=1_000_000,
+        limits={**LIMITS, "max_body_buffer_bytes": BUDGET, "body_timeout_s": 60.0},
+    ) as mirror:
+        before = mirror.metric("shadow_ab_mirror_edge_rejections_total", reason="body_budget")
+        body = chat_body(BODY)
+        a, b = connect(mirror), connect(mirror)
+        try:
+            for s in (a, b):  # 1.8 MB held, the rest of each body not sent yet
+                s.sendall(chat_head(BODY) + body[:-100])
+            time.sleep(0.5)
+            c = connect(mirror)
+            try:
+                c.sendall(chat_head(BODY))
+                refused = read_all(c)
+            finally:
+                c.close()
+            assert refused.startswith(b"HTTP/1.1 503 "), refused[:200]
+            assert b"max_body_buffer_bytes" in refused and b"retry-after: 1" in refused.lower()
+            a.sendall(body[-100:])  # a's request completes and is answered: its bytes go
+            assert a.recv(65536).startswith(b"HTTP/1.1 200 ")
+            d = connect(mirror)
+            try:
+                d.sendall(chat_head(BODY) + body)
+                assert d.recv(65536).startswith(b"HTTP/1.1 200 ")
+            finally:
+                d.close()
+        finally:
+            a.close()
+            b.close()
+        after = mirror.metric("shadow_ab_mirror_edge_rejections_total", reason="body_budget")
+        assert after == before + 1
+
+
+def test_a_body_budget_below_the_largest_body_is_refused_at_start() -> None:
+    with pytest.raises(MirrorConfigError, match="max_body_buffer_bytes"):
+        load_settings(
+            None,
+            incumbent={"url": "http://127.0.0.1:9"},
+            candidate={"url": "http://127.0.0.1:10"},
+            limits={"max_body_buffer_bytes": 1024 * 1024},
+        )
 
 
 def test_malformed_requests_get_400(edge: RunningMirror) -> None:
