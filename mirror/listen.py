@@ -1,7 +1,8 @@
 """The mirror's listening sockets: the client port and the admin port (:mod:`mirror.cli`), and
 the client port the workers' supervisor holds for its workers (:mod:`mirror.workers`).
 
-Errors: :class:`ListenError`, whose text names the address, what it is for and what to do.
+Errors: :class:`~mirror.errors.ListenError`, whose text names the address, what it is for and
+what to do.
 """
 
 from __future__ import annotations
@@ -9,13 +10,11 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
+from mirror.errors import ListenError
+
 MIGRATE_REQ = Path("/proc/sys/net/ipv4/tcp_migrate_req")
 """Linux 5.14+: whether connections queued at a closing ``SO_REUSEPORT`` listener move to the
 others of its group (1) or are reset (0, the default)."""
-
-
-class ListenError(Exception):
-    """The socket could not be made or bound; the text says why and what to do."""
 
 
 def bound_socket(

@@ -1,7 +1,7 @@
 """What of a request's and an answer's text a record keeps: the capture modes and the redactor.
 
 Every exchange record passes through :meth:`Privacy.apply` before it leaves the mirror (in
-:meth:`mirror.app.Mirror._finish`, after the client's answer is complete). The level is the
+:meth:`mirror.recorder.Recorder.record`, after the client's answer is complete). The level is the
 deployment's ``privacy.capture``, lowered (never raised) per request by the opt-out header
 (``x-shadow-capture: metadata`` or ``none``; any other value counts as ``none``):
 
@@ -38,6 +38,7 @@ from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
+from mirror.errors import RedactionError
 from shadow_ab.privacy import (
     Digester,
     Redactor,
@@ -123,10 +124,6 @@ class _Budgeted:
             self.over = True
             return OVER_BUDGET
         return self.redact(text)
-
-
-class RedactionError(Exception):
-    """The configured redactor failed on a record."""
 
 
 class PrivacyConfig(BaseModel):
