@@ -120,3 +120,28 @@ def test_engine_ids_follow_a_set_flavor_and_stay_when_none_is_set(
         incumbent={"url": "http://inc:8000", **inc}, candidate={"url": "http://cand:8000", **cand}
     )
     assert (s.incumbent_engine(), s.candidate_engine()) == ids
+
+
+def test_the_mirrors_errors_are_one_tree() -> None:
+    """Every public exception class of the mirror's modules is under MirrorError
+    (mirror/errors.py), but for the few its parts raise and catch among themselves, which the
+    errors module names as never leaving the mirror."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    import mirror
+    from mirror.errors import MirrorError
+
+    internal = {"AnswerTruncated", "MessageSizeTooLargeError", "BatchRefusedError", "DeliveryError"}
+    outside = []
+    for info in pkgutil.iter_modules(mirror.__path__):
+        module = importlib.import_module(f"mirror.{info.name}")
+        for name, cls in inspect.getmembers(module, inspect.isclass):
+            if cls.__module__ != module.__name__ or name.startswith("_"):
+                continue
+            if issubclass(cls, BaseException) and not issubclass(cls, MirrorError):
+                outside.append(name)
+    assert sorted(outside) == sorted(internal)
+    doc = importlib.import_module("mirror.errors").__doc__ or ""
+    assert all(name in doc for name in ("AnswerTruncated", "ListenError", "RedactionError"))
