@@ -26,7 +26,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "incidents": ("evaluator.incidents.cli:incidents", "List and compare engine incidents."),
     "api": ("api.cli:api", "Serve the read-only query API."),
     "demo": ("shadow_ab.dev.demo:demo", "Run a shadow deployment on simulators and report on it."),
-    "engine": ("shadow_ab.dev.engines.cli:engine", "Real engines here: vLLM's CPU build."),
+    "engine": (
+        "shadow_ab.dev.engines.cli:engine",
+        "Real engines here: vLLM's CPU build, trtllm-serve's HTTP layer.",
+    ),
 }
 
 

@@ -217,3 +217,50 @@ def record_fixtures(out: Path, base_url: str | None) -> None:
             run(engine.base_url, engine.dtype)
     except (vllm_cpu.EngineUnavailable, vllm_cpu.EngineStartError) as exc:
         raise _fail(exc) from exc
+
+
+@engine.group()
+def trtllm() -> None:
+    """TensorRT-LLM's HTTP layer (trtllm-serve's OpenAIServer) on CPU with a stub generator.
+
+    Generation needs an NVIDIA GPU; the server's own FastAPI app, pydantic models and SSE
+    post-processing do not. The TensorRT-LLM source is not in this repository: --source names
+    a checkout of the public repository NVIDIA/TensorRT-LLM (or an unpacked wheel).
+    """
+
+
+@trtllm.command()
+@click.option(
+    "--source",
+    type=click.Path(file_okay=False, exists=True, path_type=Path),
+    required=True,
+    help="A TensorRT-LLM checkout or unpacked wheel: the folder holding tensorrt_llm/.",
+)
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Folder for the fixtures (default: tests/fixtures/trtllm-<version>).",
+)
+def record(source: Path, out: Path | None) -> None:
+    """Run trtllm-serve's server from --source on CPU and record its answers to a fixed battery.
+
+    Makes its venv under var/trtllm-serve/ first (pinned fastapi, pydantic, openai, ...; no
+    torch). Writes one JSON file per request, ids, created and dates normalised, and meta.json
+    (the version, each source file's size and sha256, the pins).
+    """
+    from shadow_ab.dev.engines import trtllm_serve
+
+    lay = trtllm_serve.layout()
+    try:
+        meta = trtllm_serve.meta_for(source)
+        out = out or Path("tests/fixtures") / f"trtllm-{meta['version']}"
+        trtllm_serve.prepare(lay, log=lambda line: click.echo(line, err=True))
+        with trtllm_serve.running_server(lay, source) as server:
+            click.echo(f"trtllm-serve {meta['version']} at {server.base_url}", err=True)
+            written = trtllm_serve.record(
+                server.base_url, out, meta=meta, log=lambda line: click.echo(line, err=True)
+            )
+    except trtllm_serve.TrtllmUnavailable as exc:
+        raise _fail(exc) from exc
+    click.echo(f"{len(written)} files in {out}")
