@@ -68,8 +68,9 @@ def _tune_gc() -> None:
 
 
 class Mirror:
-    """The assembled mirror (see the module docstring). ``guard``, ``sampler``, ``clock`` and
-    ``wall`` may be given (tests); the rest comes from ``settings``."""
+    """The assembled mirror (see the module docstring). ``guard``, ``sampler``, ``loop_lag``,
+    ``clock`` and ``wall`` may be given (tests, with tight tuning); the rest comes from
+    ``settings``."""
 
     def __init__(
         self,
@@ -78,6 +79,7 @@ class Mirror:
         sink: RecordSink,
         guard: InterferenceGuard | None = None,
         sampler: Sampler | None = None,
+        loop_lag: LoopLag | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], datetime] = utcnow,
     ) -> None:
@@ -91,7 +93,7 @@ class Mirror:
             self.shadows,
             guard=guard or InterferenceGuard(settings.guard),
             sampler=sampler or Sampler(settings.shadow),
-            loop_lag=LoopLag(settings.overload),
+            loop_lag=loop_lag or LoopLag(settings.overload),
             clock=clock,
             wall=wall,
         )
