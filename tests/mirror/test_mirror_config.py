@@ -56,9 +56,10 @@ port: 9000
     assert s.kafka is not None and s.kafka.bootstrap == "127.0.0.1:59092"
 
     # a kafka: section in YAML keeps its settings; the flag's bootstrap wins
-    cfg.write_text(cfg.read_text() + "kafka: {bootstrap: yaml-host:9092, queue_max: 77}\n")
+    cfg.write_text(cfg.read_text() + "kafka: {bootstrap: yaml-host:9092, spool_max_bytes: 7777}\n")
     s = load_settings(cfg, kafka_bootstrap="flag-host:9092")
-    assert s.kafka is not None and (s.kafka.bootstrap, s.kafka.queue_max) == ("flag-host:9092", 77)
+    assert s.kafka is not None
+    assert (s.kafka.bootstrap, s.kafka.spool_max_bytes) == ("flag-host:9092", 7777)
 
     s = load_settings(cfg, deployment="from-flag", shadow={"rate": 0.75}, port=9100)
     assert (s.deployment, s.shadow.rate, s.port) == ("from-flag", 0.75, 9100)
