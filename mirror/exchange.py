@@ -296,8 +296,7 @@ class ExchangeCore:
                     chat=chat,
                     top_logprobs=sc.top_logprobs,
                     delay_s=sc.replay_delay_s,
-                    pool=sc.replay_pool,
-                    cache_salt=uuid.uuid4().hex if sc.replay_cache_salt else None,
+                    cache_salt=uuid.uuid4().hex,
                 )
                 shadows.append(
                     self.shadows.fire(

@@ -171,17 +171,16 @@ def replay_request(
     chat: bool,
     top_logprobs: int | None,
     delay_s: float,
-    pool: str,
     cache_salt: str | None = None,
 ) -> tuple[dict[str, Any], list[str]]:
-    """The replay's body (the incumbent's, with top logprobs and an optional ``cache_salt``)
-    and its rewrites, which also record how it was sent apart from the original
-    (``replay_delay:<s>``, ``replay_pool:<separate|shared>``)."""
+    """The replay's body (the incumbent's, with top logprobs and a ``cache_salt``, so it cannot
+    reuse the original's prefix cache) and its rewrites, which also record how it was sent
+    apart from the original (``replay_delay:<s>``, ``replay_pool:separate``: its own pool)."""
     out, done = ask_top_logprobs(body, rewrites, chat=chat, k=top_logprobs)
     if cache_salt is not None:
         out = {**out, "cache_salt": cache_salt}
         done = [*done, CACHE_SALT]
-    return out, [*done, f"replay_delay:{delay_s:g}", f"replay_pool:{pool}"]
+    return out, [*done, f"replay_delay:{delay_s:g}", "replay_pool:separate"]
 
 
 def stored_request(body: dict[str, Any]) -> dict[str, Any]:

@@ -918,7 +918,6 @@ class ClientServer:
         self.answers = limit_answers(self.limits)
         self.connections: set[ClientConnection] = set()
         self.upstream = Upstream.to(settings.incumbent)
-        core.shadows.client_pool = self.upstream  # replays with shadow.replay_pool: shared
         self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]
         self._server: asyncio.Server | None = None
 

@@ -179,12 +179,13 @@ def test_top_logprobs_asked_where_the_request_did_not() -> None:
         chat=False,
         top_logprobs=4,
         delay_s=1.5,
-        pool="shared",
+        cache_salt="s1",
     )
-    assert body == {**cmpl, "logprobs": 4}
+    assert body == {**cmpl, "logprobs": 4, "cache_salt": "s1"}
     assert done == [
         "stream_options.include_usage",
         "logprobs",
+        "cache_salt",
         "replay_delay:1.5",
-        "replay_pool:shared",
+        "replay_pool:separate",
     ]

@@ -202,7 +202,7 @@ def test_replay_sent_apart_and_shadows_asked_for_logprobs(
     top logprobs, the client's request never is."""
     s = settings(
         engines,
-        shadow={"replay_rate": 1.0, "replay_delay_s": 0.3, "replay_cache_salt": True},
+        shadow={"replay_rate": 1.0, "replay_delay_s": 0.3},
     )
     sink = ListSink()
     mirror = Mirror(s, sink=sink)
