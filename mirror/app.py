@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 
 from mirror.admin import admin_app
-from mirror.config import MirrorSettings
+from mirror.config import SINK_CLOSE_TIMEOUT_S, MirrorSettings
 from mirror.exchange import ExchangeCore
 from mirror.guard import InterferenceGuard
 from mirror.overload import LoopLag
@@ -158,7 +158,7 @@ class Mirror:
         if self._health_session is not None:
             await self._health_session.close()
             self._health_session = None
-        timeout = self.settings.sink_close_timeout_s
+        timeout = SINK_CLOSE_TIMEOUT_S
         flushed = await asyncio.to_thread(self.sink.flush, timeout)
         if not flushed:
             log.warning("the sink did not deliver every record within %.0fs", timeout)

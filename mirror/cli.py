@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from mirror.config import MirrorConfigError, MirrorSettings, load_settings
+from mirror.config import SINK_CLOSE_TIMEOUT_S, MirrorConfigError, MirrorSettings, load_settings
 from mirror.listen import ListenError, bound_socket
 
 if TYPE_CHECKING:
@@ -149,7 +149,7 @@ def _run(settings: MirrorSettings, *, health_only: bool = False) -> None:
     try:
         serve(settings, sink, health_only=health_only)
     finally:
-        if not sink.close(settings.sink_close_timeout_s):
+        if not sink.close(SINK_CLOSE_TIMEOUT_S):
             log.warning("the sink could not deliver every record before closing")
     log.info("stopped")
 
@@ -172,7 +172,6 @@ def _open_sink(settings: MirrorSettings) -> RecordSink:
         return open_sink(
             kafka=settings.kafka,
             database_url=settings.database_url,
-            direct_queue_max_bytes=settings.direct_queue_max_bytes,
         )
     except Exception as exc:
         raise click.ClickException(f"cannot open the record sink: {exc}") from exc

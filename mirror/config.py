@@ -59,6 +59,13 @@ about five times a day (greedy answers repeat, so more buys little: the probes, 
 are the unit); the GPU arithmetic is in mirror/README.md ("Probes")."""
 
 
+SINK_CLOSE_TIMEOUT_S = 30.0
+"""On SIGTERM, after the drain, how long the sink keeps delivering records (a setting until
+issue 26): the direct sink writes its queue in well under a second, the Kafka sink's producer
+acknowledges within its message.timeout.ms (15 s) or the records stay in the spool for the
+next start. drain_timeout_s + this + 15 s stays under the pods' 150 s grace."""
+
+
 class ProbeConfig(BaseModel):
     """``probes:`` in the mirror's settings (the injector: :mod:`mirror.probes`)."""
 
@@ -80,9 +87,6 @@ class ProbeConfig(BaseModel):
         default=None,
         description="model name of the probe requests (the candidate's is rewritten as a"
         " client's would be); none: the first model the incumbent's /v1/models lists",
-    )
-    seed: int | None = Field(
-        default=None, description="order of the probes (none: a random order per start)"
     )
 
     @model_validator(mode="after")
@@ -112,7 +116,6 @@ class EngineConfig(BaseModel):
         description="engine id in records and health samples; default <flavor>@<role> when"
         " flavor is set, else vllm@incumbent and trtllm@candidate",
     )
-    connect_timeout_s: float = Field(default=5.0, gt=0, description="TCP connect timeout")
     max_connections: int = Field(
         default=0, ge=0, description="pooled connections to this engine; 0 = no limit"
     )
@@ -292,9 +295,6 @@ class MirrorSettings(CommonSettings):
     drain_timeout_s: float = Field(
         default=30.0, ge=0, description="on SIGTERM, how long shadow requests may still finish"
     )
-    sink_close_timeout_s: float = Field(
-        default=30.0, ge=0, description="on SIGTERM, how long to keep delivering records"
-    )
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     privacy: PrivacyConfig = Field(
         default_factory=PrivacyConfig,
@@ -353,12 +353,6 @@ class MirrorSettings(CommonSettings):
         if any(not n or not n.isascii() or " " in n for n in names):
             raise ValueError("give header names, e.g. [server, set-cookie]")
         return names
-
-    direct_queue_max_bytes: int = Field(
-        default=256 * 1024**2,
-        ge=1024,
-        description="direct sink: bytes of records held in memory at most (kafka: its own)",
-    )
 
     @classmethod
     def settings_customise_sources(
@@ -450,6 +444,48 @@ def load_settings(config: Path | str | None = None, **flags: Any) -> MirrorSetti
         _YAML.reset(token)
 
 
+_SINCE = "since issue 26"
+_GUARD = f"a constant of mirror/guard.py (GuardTuning) {_SINCE}"
+_OVERLOAD = f"a constant of mirror/overload.py {_SINCE}"
+_KAFKA = f"a constant of mirror/kafka_sink.py {_SINCE}"
+_CONNECT = f"a constant of mirror/upstream.py (CONNECT_TIMEOUT_S, 5 s) {_SINCE}"
+REMOVED: dict[str, str] = {
+    "guard.window_s": _GUARD,
+    "guard.max_samples": _GUARD,
+    "guard.min_samples": _GUARD,
+    "guard.evaluate_interval_s": _GUARD,
+    "guard.decrease_factor": _GUARD,
+    "guard.backoff_cooldown_s": _GUARD,
+    "guard.increase_step": _GUARD,
+    "guard.recovery_interval_s": _GUARD,
+    "guard.max_rate": _GUARD,
+    "guard.baseline_window_s": _GUARD,
+    "guard.baseline_ttft_s": _GUARD,
+    "guard.baseline_e2e_s": _GUARD,
+    "overload.interval_ms": _OVERLOAD,
+    "overload.window_s": _OVERLOAD,
+    "overload.scaled_lag_ms": _OVERLOAD,
+    "overload.saturated_lag_ms": _OVERLOAD,
+    "kafka.spool_segment_bytes": _KAFKA,
+    "kafka.spool_fsync": _KAFKA,
+    "kafka.queue_max": _KAFKA,
+    "kafka.max_in_flight": _KAFKA,
+    "kafka.retry_backoff_s": _KAFKA,
+    "kafka.retry_backoff_max_s": _KAFKA,
+    "incumbent.connect_timeout_s": _CONNECT,
+    "candidate.connect_timeout_s": _CONNECT,
+    "shadow.replay_pool": f"replays always use their own pool to the incumbent {_SINCE}",
+    "shadow.replay_cache_salt": f"every replay carries a random cache_salt {_SINCE}",
+    "shadow.load_parity_slack": f"a constant of mirror/sampling.py (0) {_SINCE}",
+    "health.timeout_s": f"a constant of mirror/health.py (TIMEOUT_S, 2 s) {_SINCE}",
+    "probes.seed": f"the probes' order is random per start {_SINCE}",
+    "sink_close_timeout_s": f"a constant of mirror/config.py (SINK_CLOSE_TIMEOUT_S, 30 s) {_SINCE}",
+    "direct_queue_max_bytes": f"the direct sink holds 256 MiB of records at most {_SINCE}",
+}
+"""Settings that existed and no longer do: a YAML file, a flag or a variable that still sets
+one is refused with what replaced it (issue 26, "Fewer choices")."""
+
+
 _FLAG_HINT = {
     "incumbent": "--incumbent URL (or incumbent.url in YAML, SHADOW_AB_MIRROR_INCUMBENT__URL)",
     "candidate": "--candidate URL (or candidate.url in YAML, SHADOW_AB_MIRROR_CANDIDATE__URL)",
@@ -465,5 +501,7 @@ def _hint(loc: str, err: ErrorDetails) -> str | None:
     if err["type"] == "missing" and loc in _FLAG_HINT:
         return f"required: give {_FLAG_HINT[loc]}"
     if err["type"] == "extra_forbidden":
+        if loc in REMOVED:
+            return f"removed setting: {REMOVED[loc]}; delete it from the settings"
         return "unknown setting (see mirror/README.md for the settings)"
     return None

@@ -29,6 +29,7 @@ from mirror.config import MirrorSettings
 from mirror.headers import PAIR_HEADER, client_headers, header_value, upstream_headers
 from mirror.problem import PROBLEM_JSON, problem_body
 from mirror.routes import Router, canonical_path, quoted
+from mirror.upstream import CONNECT_TIMEOUT_S
 from shadow_ab.privacy import redact_urls
 
 log = logging.getLogger(__name__)
@@ -81,7 +82,7 @@ class Passthrough:
                 keepalive_timeout=cfg.keepalive_timeout_s,
             ),
             timeout=aiohttp.ClientTimeout(
-                total=None, sock_connect=cfg.connect_timeout_s, sock_read=read
+                total=None, sock_connect=CONNECT_TIMEOUT_S, sock_read=read
             ),
             auto_decompress=False,
             cookie_jar=aiohttp.DummyCookieJar(),

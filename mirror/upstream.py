@@ -6,7 +6,7 @@ the :class:`Exchange` that asked (its ``head``, ``body``, ``done`` and ``broken`
 them to the client's transport. No stream reader, future or task wake-up per chunk.
 :class:`Upstream` keeps the idle keep-alive connections (newest first, none older than
 ``keepalive_s``) and an optional cap on open connections (``incumbent.max_connections``; 0: no
-cap), and times the connect (``incumbent.connect_timeout_s``). A URL's user info is not used
+cap), and times the connect (:data:`CONNECT_TIMEOUT_S`). A URL's user info is not used
 here: the mirror's own credentials for an engine are headers its callers add
 (:meth:`mirror.config.EngineConfig.own_headers`).
 
@@ -27,6 +27,11 @@ import yarl
 
 if TYPE_CHECKING:
     from mirror.config import EngineConfig
+
+CONNECT_TIMEOUT_S = 5.0
+"""TCP connect timeout to either engine (``incumbent``/``candidate.connect_timeout_s`` until
+issue 26): the engines sit next to the mirror, so a connect that takes seconds is a dead
+engine, not a slow one."""
 
 
 class Exchange(Protocol):
@@ -196,7 +201,7 @@ class Upstream:
         """A pool to ``engine`` with its connect timeout, connection cap and keep-alive."""
         return cls(
             engine.url,
-            connect_timeout_s=engine.connect_timeout_s,
+            connect_timeout_s=CONNECT_TIMEOUT_S,
             max_connections=engine.max_connections,
             keepalive_s=engine.keepalive_timeout_s,
         )

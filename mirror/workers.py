@@ -39,7 +39,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from mirror.config import MirrorConfigError, MirrorSettings
+from mirror.config import SINK_CLOSE_TIMEOUT_S, MirrorConfigError, MirrorSettings
 from mirror.listen import ListenError, bound_socket, reset_on_close_warning
 
 log = logging.getLogger("mirror.workers")
@@ -188,7 +188,7 @@ class Supervisor:
     def _join(self) -> int:
         """Wait for every worker to drain; kill what is left after its drain's time."""
         s = self.settings
-        deadline = time.monotonic() + s.drain_timeout_s + s.sink_close_timeout_s + 15.0
+        deadline = time.monotonic() + s.drain_timeout_s + SINK_CLOSE_TIMEOUT_S + 15.0
         for proc in self.procs:
             proc.join(max(0.0, deadline - time.monotonic()))
         status = 0

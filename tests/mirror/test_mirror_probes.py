@@ -95,7 +95,7 @@ def test_probes_reach_both_engines_marked_and_the_client_is_unaffected(
     direct = httpx.post(inc.base_url + "/v1/chat/completions", json=BODY, timeout=10).content
     inc_model = httpx.get(inc.base_url + "/v1/models", timeout=10).json()["data"][0]["id"]
     sink = ListSink()
-    mirror = Mirror(settings(sims, probes={"per_minute": 600, "seed": 3}), sink=sink)
+    mirror = Mirror(settings(sims, probes={"per_minute": 600}), sink=sink)
     bodies = asyncio.run(traffic(mirror, 10, settle_s=1.0))
     # The client's bytes are the incumbent's, probes or not.
     assert all(normalize(b) == normalize(direct) for b in bodies)
