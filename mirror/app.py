@@ -46,6 +46,7 @@ from mirror.sampling import Sampler
 from mirror.server import ClientServer
 from mirror.shadow import Shadows
 from mirror.sinks import sink_alive
+from mirror.upstream import KEEPALIVE_S
 from shadow_ab.gc_tuning import tune_for_serving
 from shadow_ab.privacy import redact_url
 from shadow_ab.records import Role, utcnow
@@ -69,8 +70,8 @@ def _tune_gc() -> None:
 
 class Mirror:
     """The assembled mirror (see the module docstring). ``guard``, ``sampler``, ``loop_lag``,
-    ``clock`` and ``wall`` may be given (tests, with tight tuning); the rest comes from
-    ``settings``."""
+    ``clock``, ``wall`` and the pools' ``keepalive_s`` may be given (tests, with tight tuning);
+    the rest comes from ``settings``."""
 
     def __init__(
         self,
@@ -82,11 +83,14 @@ class Mirror:
         loop_lag: LoopLag | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], datetime] = utcnow,
+        keepalive_s: float = KEEPALIVE_S,
     ) -> None:
         self.settings = settings
         self.sink = sink
         self.recorder = Recorder(settings.deployment, sink, settings.privacy)
-        self.shadows = Shadows(settings, self.recorder, clock=clock, wall=wall)
+        self.shadows = Shadows(
+            settings, self.recorder, clock=clock, wall=wall, keepalive_s=keepalive_s
+        )
         self.core = ExchangeCore(
             settings,
             self.recorder,
@@ -98,7 +102,7 @@ class Mirror:
             wall=wall,
         )
         self.passthrough = Passthrough(settings, self.core.response_drop)
-        self.server = ClientServer(settings, self.core, self.passthrough)
+        self.server = ClientServer(settings, self.core, self.passthrough, keepalive_s=keepalive_s)
         self.admin = admin_app(self.health)
         self.started = False
         self._health_session: aiohttp.ClientSession | None = None

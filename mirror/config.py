@@ -116,17 +116,6 @@ class EngineConfig(BaseModel):
         description="engine id in records and health samples; default <flavor>@<role> when"
         " flavor is set, else vllm@incumbent and trtllm@candidate",
     )
-    max_connections: int = Field(
-        default=0, ge=0, description="pooled connections to this engine; 0 = no limit"
-    )
-    keepalive_timeout_s: float = Field(
-        default=4.0,
-        gt=0,
-        description="a pooled connection idle longer than this is not reused: keep it below the"
-        " engine's own keep-alive (vLLM and uvicorn: 5 s), else a request can go out on a"
-        " connection the engine is closing and fail as a connection error",
-    )
-
     headers: dict[str, str] = Field(
         default_factory=dict,
         description="the engine's own headers (e.g. its Authorization): the candidate gets them"
@@ -449,6 +438,11 @@ _GUARD = f"a constant of mirror/guard.py (GuardTuning) {_SINCE}"
 _OVERLOAD = f"a constant of mirror/overload.py {_SINCE}"
 _KAFKA = f"a constant of mirror/kafka_sink.py {_SINCE}"
 _CONNECT = f"a constant of mirror/upstream.py (CONNECT_TIMEOUT_S, 5 s) {_SINCE}"
+_KEEPALIVE = f"a constant of mirror/upstream.py (KEEPALIVE_S, 4 s) {_SINCE}"
+_UNCAPPED = (
+    "the engines' pools have no cap (shadow.max_concurrent bounds the shadow side, the client"
+    f" connections the incumbent's) {_SINCE}"
+)
 REMOVED: dict[str, str] = {
     "guard.window_s": _GUARD,
     "guard.max_samples": _GUARD,
@@ -474,6 +468,10 @@ REMOVED: dict[str, str] = {
     "kafka.retry_backoff_max_s": _KAFKA,
     "incumbent.connect_timeout_s": _CONNECT,
     "candidate.connect_timeout_s": _CONNECT,
+    "incumbent.keepalive_timeout_s": _KEEPALIVE,
+    "candidate.keepalive_timeout_s": _KEEPALIVE,
+    "incumbent.max_connections": _UNCAPPED,
+    "candidate.max_connections": _UNCAPPED,
     "shadow.replay_pool": f"replays always use their own pool to the incumbent {_SINCE}",
     "shadow.replay_cache_salt": f"every replay carries a random cache_salt {_SINCE}",
     "shadow.load_parity_slack": f"a constant of mirror/sampling.py (0) {_SINCE}",

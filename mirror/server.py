@@ -60,7 +60,7 @@ from mirror.problem import PROBLEM_JSON, problem_body
 from mirror.recording import status_of
 from mirror.routes import canonical_path
 from mirror.sse import UsageHider
-from mirror.upstream import Upstream, UpstreamConnection
+from mirror.upstream import KEEPALIVE_S, Upstream, UpstreamConnection
 from shadow_ab.privacy import redact_urls
 from shadow_ab.records import Status
 
@@ -909,7 +909,12 @@ class ClientServer:
     docstring)."""
 
     def __init__(
-        self, settings: MirrorSettings, core: ExchangeCore, passthrough: Passthrough
+        self,
+        settings: MirrorSettings,
+        core: ExchangeCore,
+        passthrough: Passthrough,
+        *,
+        keepalive_s: float = KEEPALIVE_S,
     ) -> None:
         self.settings = settings
         self.core = core
@@ -917,7 +922,7 @@ class ClientServer:
         self.limits = settings.limits
         self.answers = limit_answers(self.limits)
         self.connections: set[ClientConnection] = set()
-        self.upstream = Upstream.to(settings.incumbent)
+        self.upstream = Upstream.to(settings.incumbent, keepalive_s=keepalive_s)
         self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]
         self._server: asyncio.Server | None = None
 

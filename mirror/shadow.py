@@ -42,7 +42,7 @@ from mirror.recording import ERROR_BODY_KEEP, Dispatch, error_text, status_of
 from mirror.rewrite import stored_request
 from mirror.shadow_client import AnswerTruncated, ShadowAnswer, request_head
 from mirror.trace import Outcome, parse_body, stream_trace
-from mirror.upstream import Upstream
+from mirror.upstream import KEEPALIVE_S, Upstream
 from shadow_ab.records import Endpoint, Role, Status
 
 if TYPE_CHECKING:
@@ -65,9 +65,11 @@ class Shadows:
         *,
         clock: Callable[[], float],
         wall: Callable[[], datetime],
+        keepalive_s: float = KEEPALIVE_S,
     ) -> None:
         self.settings = settings
         self.recorder = recorder
+        self.keepalive_s = keepalive_s
         self.clock = clock
         self.wall = wall
         self.inflight = 0
@@ -84,8 +86,8 @@ class Shadows:
     def start(self) -> None:
         """Open the candidate's and the replays' pools (at the mirror's start)."""
         s = self.settings
-        self.pools[Role.CANDIDATE] = Upstream.to(s.candidate)
-        self.pools[Role.REPLAY] = Upstream.to(s.incumbent)
+        self.pools[Role.CANDIDATE] = Upstream.to(s.candidate, keepalive_s=self.keepalive_s)
+        self.pools[Role.REPLAY] = Upstream.to(s.incumbent, keepalive_s=self.keepalive_s)
 
     def _path(self, role: Role, route: str) -> str:
         """The request target of ``route`` on ``role``'s engine (its URL's path prefix kept)."""
