@@ -40,9 +40,6 @@ log = logging.getLogger("mirror")
 @click.option("--candidate", help="The candidate engine's URL (gets the shadow copies).")
 @click.option("--host", help="Address to listen on (default 127.0.0.1).")
 @click.option("--port", type=int, help="Port to listen on (default 8080; 0 = any free port).")
-@click.option(
-    "--admin-host", help="Address of the admin port (/metrics, /healthz); default: --host."
-)
 @click.option("--admin-port", type=int, help="Port of /metrics, /healthz, /mirror/docs (8081).")
 @click.option(
     "--config", "config", type=click.Path(path_type=Path), help="YAML file of mirror settings."
@@ -233,12 +230,11 @@ def serve(settings: MirrorSettings, sink: RecordSink, *, health_only: bool = Fal
                 f"the sampler could not listen on {settings.host}:{settings.port} (see the log)"
             )
         return
-    admin_host = settings.admin_host or settings.host
     with (
         _listening(
             settings.host, settings.port, "client port", reuse_port=settings.reuse_port
         ) as client_sock,
-        _listening(admin_host, settings.admin_port, "admin port") as admin_sock,
+        _listening(settings.host, settings.admin_port, "admin port") as admin_sock,
     ):
         mirror_app = Mirror(settings, sink=sink)
         admin_config = uvicorn.Config(
@@ -249,7 +245,7 @@ def serve(settings: MirrorSettings, sink: RecordSink, *, health_only: bool = Fal
             "clients on %s:%d, admin (/metrics, /healthz) on %s:%d",
             settings.host,
             client_sock.getsockname()[1],
-            admin_host,
+            settings.host,
             admin_sock.getsockname()[1],
         )
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:

@@ -302,10 +302,6 @@ class MirrorSettings(CommonSettings):
         " kernel spreads new connections across them, one process per core; each keeps its own"
         " admin port, guard, shadow cap, probes, health sampler and spool (mirror/README.md)",
     )
-    admin_host: str | None = Field(
-        default=None,
-        description="address of the admin port (/metrics, /healthz, /mirror/docs); default: host",
-    )
     admin_port: int = Field(
         default=8081, ge=0, le=65535, description="port of /metrics, /healthz and /mirror/docs"
     )
@@ -318,11 +314,6 @@ class MirrorSettings(CommonSettings):
         description="'METHOD /path' passed through to the incumbent besides the two generate"
         " routes ('/*' at the end: everything under it); others get 404 (mirror/routes.py)",
     )
-    hide_response_headers: list[str] = Field(
-        default_factory=lambda: ["server", "set-cookie"],
-        description="incumbent response headers never passed to clients (as nginx's"
-        " proxy_hide_header); [] passes them all",
-    )
     probes: ProbeConfig = Field(
         default_factory=ProbeConfig,
         description="synthetic probes to both engines, scored by the evaluator (mirror/probes.py)",
@@ -334,14 +325,6 @@ class MirrorSettings(CommonSettings):
         for entry in v:
             parse_route(entry)
         return v
-
-    @field_validator("hide_response_headers")
-    @classmethod
-    def _hidden(cls, v: list[str]) -> list[str]:
-        names = [n.strip().lower() for n in v]
-        if any(not n or not n.isascii() or " " in n for n in names):
-            raise ValueError("give header names, e.g. [server, set-cookie]")
-        return names
 
     @classmethod
     def settings_customise_sources(
@@ -479,6 +462,13 @@ REMOVED: dict[str, str] = {
     "probes.seed": f"the probes' order is random per start {_SINCE}",
     "sink_close_timeout_s": f"a constant of mirror/config.py (SINK_CLOSE_TIMEOUT_S, 30 s) {_SINCE}",
     "direct_queue_max_bytes": f"the direct sink holds 256 MiB of records at most {_SINCE}",
+    "privacy.opt_out_header": f"the header is x-shadow-capture (mirror/privacy.py) {_SINCE}",
+    "privacy.hash_key": f"give the digest key in a file, privacy.hash_key_file {_SINCE}",
+    "hide_response_headers": (
+        "server and set-cookie are always hidden (HIDDEN_RESPONSE_HEADERS in mirror/headers.py)"
+        f" {_SINCE}"
+    ),
+    "admin_host": f"the admin port listens on host, as the client port {_SINCE}",
 }
 """Settings that existed and no longer do: a YAML file, a flag or a variable that still sets
 one is refused with what replaced it (issue 26, "Fewer choices")."""

@@ -377,16 +377,18 @@ def test_custom_redactor_and_a_failing_one(caplog: pytest.LogCaptureFixture) -> 
 
 
 def test_metadata_capture_keeps_no_text_and_pairs_still_compare(
-    engines: tuple[RunningSim, RunningSim],
+    engines: tuple[RunningSim, RunningSim], tmp_path: Path
 ) -> None:
     inc, cand = engines
+    key = tmp_path / "hash-key"
+    key.write_text("deployment-key\n")
     s = load_settings(
         None,
         incumbent={"url": inc.base_url},
         candidate={"url": cand.base_url},
         health_enabled=False,
         database_url="sqlite:///unused.db",
-        privacy={"capture": "metadata", "hash_key": "deployment-key"},
+        privacy={"capture": "metadata", "hash_key_file": str(key)},
     )
     sink = ListSink()
     body = chat(stream=True, logprobs=True, top_logprobs=2, user="dave@example.com")
