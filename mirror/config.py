@@ -469,6 +469,13 @@ REMOVED: dict[str, str] = {
         f" {_SINCE}"
     ),
     "admin_host": f"the admin port listens on host, as the client port {_SINCE}",
+    "candidate.rewrite.model": (
+        f'candidate.rewrite.model_map with the key "*" maps every model {_SINCE}'
+    ),
+    "candidate.rewrite.completions_max_tokens": (
+        "a completions request without max_tokens gets vLLM's default, 16"
+        f" (COMPLETIONS_MAX_TOKENS in mirror/rewrite.py) {_SINCE}"
+    ),
 }
 """Settings that existed and no longer do: a YAML file, a flag or a variable that still sets
 one is refused with what replaced it (issue 26, "Fewer choices")."""

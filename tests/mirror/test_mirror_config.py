@@ -30,7 +30,7 @@ def test_yaml_then_env_then_flags(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
 incumbent: {url: "http://inc:8000/v1/"}
 candidate:
   url: http://cand:8000
-  rewrite: {model: trt-model, drop_fields: [top_k]}
+  rewrite: {model_map: {'*': trt-model}, drop_fields: [top_k]}
 shadow: {rate: 0.25, header: X-Session-Id, replay_rate: 0.05}
 guard: {bound: 0.5}
 deployment: from-yaml
@@ -39,7 +39,7 @@ port: 9000
     )
     s = load_settings(cfg)
     assert s.incumbent.url == "http://inc:8000"  # the OpenAI base URL is accepted
-    assert s.candidate.rewrite.model == "trt-model"
+    assert s.candidate.rewrite.model_map == {"*": "trt-model"}
     assert (s.shadow.rate, s.shadow.header, s.shadow.replay_rate) == (0.25, "x-session-id", 0.05)
     assert s.guard.bound == 0.5 and s.port == 9000
     assert s.incumbent_engine() == "vllm@incumbent" and s.candidate_engine() == "trtllm@candidate"
