@@ -99,6 +99,35 @@ class ProbeConfig(BaseModel):
         return self
 
 
+class HeaderFrom(BaseModel):
+    """A header value kept out of the settings file: ``{env: VAR}`` (an environment variable)
+    or ``{file: PATH}`` (e.g. a mounted Secret), read at start and stripped."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    env: str | None = None
+    file: Path | None = None
+
+    @model_validator(mode="after")
+    def _one(self) -> HeaderFrom:
+        if (self.env is None) == (self.file is None):
+            raise ValueError("give one of env: VARIABLE or file: PATH")
+        return self
+
+    def read(self, where: str) -> str:
+        """The value; raise ValueError naming ``where`` when the source is missing."""
+        if self.env is not None:
+            value = os.environ.get(self.env)
+            if not value:
+                raise ValueError(f"{where}: the environment variable {self.env} is not set")
+            return value.strip()
+        assert self.file is not None
+        try:
+            return self.file.read_text().strip()
+        except OSError as exc:
+            raise ValueError(f"{where}: cannot read {self.file} ({exc.strerror})") from None
+
+
 class EngineConfig(BaseModel):
     """One engine the mirror talks to."""
 
@@ -116,26 +145,18 @@ class EngineConfig(BaseModel):
         description="engine id in records and health samples; default <flavor>@<role> when"
         " flavor is set, else vllm@incumbent and trtllm@candidate",
     )
-    headers: dict[str, str] = Field(
+    headers: dict[str, str | HeaderFrom] = Field(
         default_factory=dict,
-        description="the engine's own headers (e.g. its Authorization): the candidate gets them"
-        " on every request, instead of the client's of the same name; the incumbent on the"
-        " mirror's own requests only (probes, the model lookup), never on a client's",
-    )
-    headers_env: dict[str, str] = Field(
-        default_factory=dict,
-        description="header name -> environment variable holding its value, sent as `headers`"
-        " (e.g. {authorization: CANDIDATE_AUTHORIZATION})",
-    )
-    headers_files: dict[str, Path] = Field(
-        default_factory=dict,
-        description="header name -> file holding its value (a mounted Secret), sent as `headers`",
+        description="the engine's own headers (e.g. its Authorization), each a value, {env:"
+        " VARIABLE} or {file: PATH} (a mounted Secret): the candidate gets them on every"
+        " request, instead of the client's of the same name; the incumbent on the mirror's own"
+        " requests only (probes, the model lookup), never on a client's",
     )
 
     def own_headers(self, role: str) -> list[tuple[str, str]]:
         """The mirror's own headers for this engine (lower-case names): the URL's user info
-        as ``Basic`` credentials (``http://user:password@host``), then ``headers``,
-        ``headers_env`` and ``headers_files`` (a configured ``authorization`` wins); raise
+        as ``Basic`` credentials (``http://user:password@host``), then ``headers`` (a
+        configured ``authorization`` wins; ``{env: ...}`` and ``{file: ...}`` read now); raise
         ValueError, naming the setting under ``role``, when a source is missing. The
         candidate gets them on every request; the incumbent only on the mirror's own
         requests (probes, the model lookup), never on a client's."""
@@ -144,21 +165,10 @@ class EngineConfig(BaseModel):
         if url.user is not None:
             cred = f"{url.user}:{url.password or ''}".encode()
             out["authorization"] = "Basic " + base64.b64encode(cred).decode("ascii")
-        out.update({k.lower(): v for k, v in self.headers.items()})
-        for name, var in self.headers_env.items():
-            value = os.environ.get(var)
-            if not value:
-                raise ValueError(
-                    f"{role}.headers_env.{name}: the environment variable {var} is not set"
-                )
-            out[name.lower()] = value.strip()
-        for name, path in self.headers_files.items():
-            try:
-                out[name.lower()] = path.read_text().strip()
-            except OSError as exc:
-                raise ValueError(
-                    f"{role}.headers_files.{name}: cannot read {path} ({exc.strerror})"
-                ) from None
+        for name, value in self.headers.items():
+            if isinstance(value, HeaderFrom):
+                value = value.read(f"{role}.headers.{name}")
+            out[name.lower()] = value
         return list(out.items())
 
     @property
@@ -221,8 +231,8 @@ class CandidateConfig(EngineConfig):
         if bad:
             raise ValueError(
                 f"{', '.join(bad)} carry the client's credentials and are never sent to the"
-                " candidate: give the candidate its own in candidate.headers, headers_env or"
-                " headers_files"
+                " candidate: give the candidate its own in candidate.headers (a value, {env:"
+                " VARIABLE} or {file: PATH})"
             )
         return names
 
@@ -421,6 +431,10 @@ _GUARD = f"a constant of mirror/guard.py (GuardTuning) {_SINCE}"
 _OVERLOAD = f"a constant of mirror/overload.py {_SINCE}"
 _KAFKA = f"a constant of mirror/kafka_sink.py {_SINCE}"
 _CONNECT = f"a constant of mirror/upstream.py (CONNECT_TIMEOUT_S, 5 s) {_SINCE}"
+_HEADERS = (
+    "give the header in headers as {env: VARIABLE} or {file: PATH}, e.g. headers:"
+    f" {{authorization: {{file: /run/secrets/key}}}} {_SINCE}"
+)
 _KEEPALIVE = f"a constant of mirror/upstream.py (KEEPALIVE_S, 4 s) {_SINCE}"
 _UNCAPPED = (
     "the engines' pools have no cap (shadow.max_concurrent bounds the shadow side, the client"
@@ -469,6 +483,10 @@ REMOVED: dict[str, str] = {
         f" {_SINCE}"
     ),
     "admin_host": f"the admin port listens on host, as the client port {_SINCE}",
+    "incumbent.headers_env": _HEADERS,
+    "incumbent.headers_files": _HEADERS,
+    "candidate.headers_env": _HEADERS,
+    "candidate.headers_files": _HEADERS,
     "candidate.rewrite.model": (
         f'candidate.rewrite.model_map with the key "*" maps every model {_SINCE}'
     ),

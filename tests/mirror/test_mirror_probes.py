@@ -267,7 +267,7 @@ class LockedEngine(StandInEngine):
 def test_probes_to_an_incumbent_behind_an_api_key_carry_its_own_headers(
     sims: tuple[RunningSim, RunningSim],
 ) -> None:
-    """``incumbent.headers`` (or ``headers_env`` / ``headers_files``) go on the mirror's own
+    """``incumbent.headers`` (values, ``{env: ...}`` or ``{file: ...}``) go on the mirror's own
     requests to the incumbent: the model lookup and the probes succeed against an engine that
     requires a key, and the candidate never sees the incumbent's key."""
     _, cand = sims
