@@ -65,13 +65,6 @@ log = logging.getLogger("mirror")
     " --admin-port + i (mirror/workers.py).",
 )
 @click.option(
-    "--reuse-port",
-    is_flag=True,
-    default=None,
-    help="Let this process share --port with other mirror processes (SO_REUSEPORT); each needs"
-    ' its own --admin-port. --workers does it for you (mirror/README.md, "More than one core").',
-)
-@click.option(
     "--health-only",
     is_flag=True,
     help="Run only the health sampler (serving /metrics and /healthz on --host/--port).",
@@ -140,11 +133,12 @@ def _log_to_stderr(settings: MirrorSettings, verbose: bool) -> None:
     )
 
 
-def _run(settings: MirrorSettings, *, health_only: bool = False) -> None:
-    """One mirror process: open the sink, serve until SIGTERM/SIGINT, close the sink."""
+def _run(settings: MirrorSettings, *, health_only: bool = False, worker: bool = False) -> None:
+    """One mirror process: open the sink, serve until SIGTERM/SIGINT, close the sink
+    (``worker``: one of ``--workers N``, sharing the port)."""
     sink = _open_sink(settings)
     try:
-        serve(settings, sink, health_only=health_only)
+        serve(settings, sink, health_only=health_only, reuse_port=worker)
     finally:
         if not sink.close(SINK_CLOSE_TIMEOUT_S):
             log.warning("the sink could not deliver every record before closing")
@@ -153,10 +147,11 @@ def _run(settings: MirrorSettings, *, health_only: bool = False) -> None:
 
 def run_worker(settings: MirrorSettings, verbose: bool) -> None:
     """A worker process of ``--workers N`` (mirror/workers.py); exit status 1 on an error it
-    explains in its log."""
+    explains in its log. It listens with ``SO_REUSEPORT``, beside the other workers (the
+    ``reuse_port`` setting until issue 26: the supervisor is the one who knows)."""
     _log_to_stderr(settings, verbose)
     try:
-        _run(settings)
+        _run(settings, worker=True)
     except click.ClickException as exc:
         log.error("mirror worker on admin port %d: %s", settings.admin_port, exc.format_message())
         sys.exit(1)
@@ -194,9 +189,16 @@ def bind(host: str, port: int, what: str, *, reuse_port: bool = False) -> socket
         raise click.ClickException(str(exc)) from None
 
 
-def serve(settings: MirrorSettings, sink: RecordSink, *, health_only: bool = False) -> None:
+def serve(
+    settings: MirrorSettings,
+    sink: RecordSink,
+    *,
+    health_only: bool = False,
+    reuse_port: bool = False,
+) -> None:
     """Run the mirror (or only the health sampler, with its /metrics) until SIGTERM/SIGINT
-    (the client server drains, then the mirror's shutdown flushes)."""
+    (the client server drains, then the mirror's shutdown flushes); ``reuse_port``: the
+    client port is shared with other workers (``SO_REUSEPORT``, :mod:`mirror.workers`)."""
     import uvicorn
     import uvloop
 
@@ -232,7 +234,7 @@ def serve(settings: MirrorSettings, sink: RecordSink, *, health_only: bool = Fal
         return
     with (
         _listening(
-            settings.host, settings.port, "client port", reuse_port=settings.reuse_port
+            settings.host, settings.port, "client port", reuse_port=reuse_port
         ) as client_sock,
         _listening(settings.host, settings.admin_port, "admin port") as admin_sock,
     ):

@@ -306,12 +306,6 @@ class MirrorSettings(CommonSettings):
         description="mirror processes on the port, one per core (SO_REUSEPORT); above 1,"
         " `shadow-ab mirror` supervises them (mirror/workers.py)",
     )
-    reuse_port: bool = Field(
-        default=False,
-        description="let several mirror processes listen on the same port (SO_REUSEPORT): the"
-        " kernel spreads new connections across them, one process per core; each keeps its own"
-        " admin port, guard, shadow cap, probes, health sampler and spool (mirror/README.md)",
-    )
     admin_port: int = Field(
         default=8081, ge=0, le=65535, description="port of /metrics, /healthz and /mirror/docs"
     )
@@ -487,6 +481,9 @@ REMOVED: dict[str, str] = {
     "incumbent.headers_files": _HEADERS,
     "candidate.headers_env": _HEADERS,
     "candidate.headers_files": _HEADERS,
+    "reuse_port": (
+        f"workers: N runs N mirror processes on the port, each with SO_REUSEPORT {_SINCE}"
+    ),
     "candidate.rewrite.model": (
         f'candidate.rewrite.model_map with the key "*" maps every model {_SINCE}'
     ),

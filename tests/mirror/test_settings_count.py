@@ -11,7 +11,7 @@ from pydantic import BaseModel
 
 from mirror.config import REMOVED, MirrorConfigError, MirrorSettings, load_settings
 
-LEAVES_NOW = 62
+LEAVES_NOW = 61
 """The count today: it may fall, never rise (lower it as settings go)."""
 LEAVES_GOAL = 60
 
