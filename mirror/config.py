@@ -3,9 +3,11 @@
 One class, :class:`MirrorSettings`, validated at start; every error names the setting and says
 what to fix. Nested sections (``incumbent``, ``candidate``, ``shadow``, ``guard``, ``health``,
 ``kafka``) come from YAML or from the environment with ``__`` between the levels, e.g.
-``SHADOW_AB_MIRROR_SHADOW__RATE=0.1`` or ``SHADOW_AB_MIRROR_CANDIDATE__REWRITE__MODEL=llama``.
+``SHADOW_AB_MIRROR_SHADOW__RATE=0.1`` or
+``SHADOW_AB_MIRROR_CANDIDATE__REWRITE__CHAT_MAX_TOKENS=256``.
 The store and Kafka also honour the project-wide ``SHADOW_AB_DATABASE_URL`` and
-``SHADOW_AB_KAFKA_BOOTSTRAP``.
+``SHADOW_AB_KAFKA_BOOTSTRAP`` (which sets ``kafka.bootstrap``; ``--kafka`` beats it, it beats
+the YAML's).
 
 Errors: :class:`~mirror.errors.MirrorConfigError` (a :class:`~mirror.errors.MirrorError`):
 settings that cannot work (a sentence per problem).
@@ -48,7 +50,7 @@ from mirror.sampling import ShadowConfig
 from shadow_ab.cli_support import explain as explain_lines
 from shadow_ab.privacy import redact_url
 from shadow_ab.probes import ProbeSetError, load_probe_set
-from shadow_ab.settings import CommonSettings, default_sqlite_url
+from shadow_ab.settings import check_bootstrap, default_sqlite_url, normalize_database_url
 
 Flavor = Literal["vllm", "trtllm", "auto"]
 
@@ -251,8 +253,10 @@ class _YamlSource(PydanticBaseSettingsSource):
         return dict(_YAML.get() or {})
 
 
-class MirrorSettings(CommonSettings):
-    """Settings of ``shadow-ab mirror``. Environment: ``SHADOW_AB_MIRROR_<FIELD>``."""
+class MirrorSettings(BaseSettings):
+    """Settings of ``shadow-ab mirror``. Environment: ``SHADOW_AB_MIRROR_<FIELD>``. Not a
+    :class:`~shadow_ab.settings.CommonSettings`: its Kafka bootstrap is ``kafka.bootstrap``
+    (``--kafka`` and ``SHADOW_AB_KAFKA_BOOTSTRAP`` set it: :func:`load_settings`)."""
 
     model_config = SettingsConfigDict(
         env_prefix="SHADOW_AB_MIRROR_",
@@ -271,13 +275,6 @@ class MirrorSettings(CommonSettings):
         validation_alias=AliasChoices("SHADOW_AB_MIRROR_DATABASE_URL", "SHADOW_AB_DATABASE_URL"),
         description="direct sink store when no Kafka is configured (default: the SQLite file)",
     )
-    kafka_bootstrap: str | None = Field(
-        default=None,
-        validation_alias=AliasChoices(
-            "SHADOW_AB_MIRROR_KAFKA_BOOTSTRAP", "SHADOW_AB_KAFKA_BOOTSTRAP"
-        ),
-        description="Kafka bootstrap servers; records then go to Kafka instead of the store",
-    )
     incumbent: IncumbentConfig
     candidate: CandidateConfig
     shadow: ShadowConfig = Field(default_factory=ShadowConfig)
@@ -286,7 +283,9 @@ class MirrorSettings(CommonSettings):
     health: HealthConfig = Field(default_factory=HealthConfig)
     health_enabled: bool = Field(default=True, description="run the health sampler")
     kafka: KafkaSinkConfig | None = Field(
-        default=None, description="Kafka sink settings (bootstrap set from --kafka if absent)"
+        default=None,
+        description="Kafka sink settings; records then go to Kafka instead of the store"
+        " (kafka.bootstrap: --kafka > SHADOW_AB_KAFKA_BOOTSTRAP > the YAML's)",
     )
     max_body_bytes: int = Field(
         default=8 * 1024 * 1024, ge=1024, description="larger request bodies get 413"
@@ -323,6 +322,11 @@ class MirrorSettings(CommonSettings):
         description="synthetic probes to both engines, scored by the evaluator (mirror/probes.py)",
     )
 
+    @field_validator("database_url")
+    @classmethod
+    def _known_dialect(cls, v: str) -> str:
+        return normalize_database_url(v)
+
     @field_validator("routes")
     @classmethod
     def _routes(cls, v: list[str]) -> list[str]:
@@ -343,12 +347,6 @@ class MirrorSettings(CommonSettings):
 
     @model_validator(mode="after")
     def _usable(self) -> MirrorSettings:
-        if self.kafka_bootstrap:
-            # --kafka / SHADOW_AB_KAFKA_BOOTSTRAP beat the YAML's kafka.bootstrap
-            if self.kafka is None:
-                self.kafka = KafkaSinkConfig(bootstrap=self.kafka_bootstrap)
-            elif self.kafka.bootstrap != self.kafka_bootstrap:
-                self.kafka = self.kafka.model_copy(update={"bootstrap": self.kafka_bootstrap})
         if self.incumbent.url == self.candidate.url:
             raise ValueError(
                 f"incumbent and candidate are the same server ({redact_url(self.incumbent.url)}):"
@@ -400,10 +398,34 @@ def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def load_settings(config: Path | str | None = None, **flags: Any) -> MirrorSettings:
+KAFKA_BOOTSTRAP_ENV = "SHADOW_AB_KAFKA_BOOTSTRAP"
+"""The project-wide Kafka bootstrap variable (:class:`~shadow_ab.settings.CommonSettings`), the
+mirror's ``kafka.bootstrap`` when no ``--kafka`` is given."""
+
+
+def load_settings(
+    config: Path | str | None = None, *, kafka_bootstrap: str | None = None, **flags: Any
+) -> MirrorSettings:
     """Settings from flags (non-None values; nested ones as dicts), the environment and the
-    YAML file ``config``; raise :class:`MirrorConfigError` listing what to fix."""
+    YAML file ``config``; raise :class:`MirrorConfigError` listing what to fix.
+    ``kafka_bootstrap`` (``--kafka``), else ``SHADOW_AB_KAFKA_BOOTSTRAP``, is
+    ``kafka.bootstrap`` over the YAML's (the ``kafka:`` section's other settings kept)."""
     data = read_yaml(Path(config)) if config is not None else {}
+    if "SHADOW_AB_MIRROR_KAFKA_BOOTSTRAP" in os.environ:  # the environment ignores an unknown
+        raise MirrorConfigError(  # name: say so rather than go to the store without Kafka
+            "invalid mirror settings:\n  SHADOW_AB_MIRROR_KAFKA_BOOTSTRAP: removed setting:"
+            f" {REMOVED['kafka_bootstrap']}; unset it"
+        )
+    bootstrap = kafka_bootstrap
+    if not bootstrap and "bootstrap" not in (flags.get("kafka") or {}):
+        bootstrap = os.environ.get(KAFKA_BOOTSTRAP_ENV) or None
+    if bootstrap is not None:
+        try:
+            check_bootstrap(bootstrap)
+        except ValueError as exc:
+            where = "--kafka" if kafka_bootstrap else KAFKA_BOOTSTRAP_ENV
+            raise MirrorConfigError(f"invalid mirror settings:\n  {where}: {exc}") from None
+        flags["kafka"] = _deep_merge(flags.get("kafka") or {}, {"bootstrap": bootstrap})
     given: dict[str, Any] = {}
     for key, value in flags.items():
         if value is None:
@@ -481,6 +503,10 @@ REMOVED: dict[str, str] = {
     "incumbent.headers_files": _HEADERS,
     "candidate.headers_env": _HEADERS,
     "candidate.headers_files": _HEADERS,
+    "kafka_bootstrap": (
+        "give kafka.bootstrap (or --kafka, SHADOW_AB_KAFKA_BOOTSTRAP); the kafka: section"
+        f" holds the sink's settings {_SINCE}"
+    ),
     "reuse_port": (
         f"workers: N runs N mirror processes on the port, each with SO_REUSEPORT {_SINCE}"
     ),

@@ -61,6 +61,19 @@ port: 9000
     assert s.kafka is not None
     assert (s.kafka.bootstrap, s.kafka.spool_max_bytes) == ("flag-host:9092", 7777)
 
+    s = load_settings(cfg)  # SHADOW_AB_KAFKA_BOOTSTRAP beats the YAML's
+    assert s.kafka is not None
+    assert (s.kafka.bootstrap, s.kafka.spool_max_bytes) == ("127.0.0.1:59092", 7777)
+    monkeypatch.delenv("SHADOW_AB_KAFKA_BOOTSTRAP")
+    s = load_settings(cfg)
+    assert s.kafka is not None and s.kafka.bootstrap == "yaml-host:9092"
+    with pytest.raises(MirrorConfigError, match="--kafka: Kafka bootstrap 'nope' must be HOST"):
+        load_settings(cfg, kafka_bootstrap="nope")
+    monkeypatch.setenv("SHADOW_AB_MIRROR_KAFKA_BOOTSTRAP", "old:9092")
+    with pytest.raises(MirrorConfigError, match=r"removed setting: give kafka\.bootstrap"):
+        load_settings(cfg)
+    monkeypatch.delenv("SHADOW_AB_MIRROR_KAFKA_BOOTSTRAP")
+
     s = load_settings(cfg, deployment="from-flag", shadow={"rate": 0.75}, port=9100)
     assert (s.deployment, s.shadow.rate, s.port) == ("from-flag", 0.75, 9100)
     assert s.shadow.replay_rate == 0.05
