@@ -301,7 +301,7 @@ def disk_full(ctx: Ctx) -> Row:
     n = ctx.n(40, 200)
     body = chat("y" * 2000)
     try:
-        settings = {"spool_dir": str(disk / "spool"), "spool_segment_bytes": 4096}
+        settings = {"spool_dir": str(disk / "spool")}
         with kafka_mirror(ctx, f"127.0.0.1:{free_port()}", ctx.tmp / "home-disk", **settings) as m:
             statuses = ask(m.base_url, n, body)
             settled = lambda: spooled(m) + dropped_total(m) >= handed(m, "kafka")  # noqa: E731

@@ -20,7 +20,7 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from mirror.config import MirrorSettings
+from mirror.config import SINK_CLOSE_TIMEOUT_S, MirrorSettings
 from shadow_ab.records import Role
 
 if TYPE_CHECKING:
@@ -92,7 +92,7 @@ def create_health_app(settings: MirrorSettings, *, sink: RecordSink) -> FastAPI:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-                await asyncio.to_thread(sink.flush, settings.sink_close_timeout_s)
+                await asyncio.to_thread(sink.flush, SINK_CLOSE_TIMEOUT_S)
 
     api = FastAPI(
         title="shadow-ab health sampler", lifespan=lifespan, docs_url=None, redoc_url=None

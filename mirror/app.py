@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 
 from mirror.admin import admin_app
-from mirror.config import MirrorSettings
+from mirror.config import SINK_CLOSE_TIMEOUT_S, MirrorSettings
 from mirror.exchange import ExchangeCore
 from mirror.guard import InterferenceGuard
 from mirror.overload import LoopLag
@@ -46,6 +46,7 @@ from mirror.sampling import Sampler
 from mirror.server import ClientServer
 from mirror.shadow import Shadows
 from mirror.sinks import sink_alive
+from mirror.upstream import KEEPALIVE_S
 from shadow_ab.gc_tuning import tune_for_serving
 from shadow_ab.privacy import redact_url
 from shadow_ab.records import Role, utcnow
@@ -68,8 +69,9 @@ def _tune_gc() -> None:
 
 
 class Mirror:
-    """The assembled mirror (see the module docstring). ``guard``, ``sampler``, ``clock`` and
-    ``wall`` may be given (tests); the rest comes from ``settings``."""
+    """The assembled mirror (see the module docstring). ``guard``, ``sampler``, ``loop_lag``,
+    ``clock``, ``wall`` and the pools' ``keepalive_s`` may be given (tests, with tight tuning);
+    the rest comes from ``settings``."""
 
     def __init__(
         self,
@@ -78,25 +80,29 @@ class Mirror:
         sink: RecordSink,
         guard: InterferenceGuard | None = None,
         sampler: Sampler | None = None,
+        loop_lag: LoopLag | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], datetime] = utcnow,
+        keepalive_s: float = KEEPALIVE_S,
     ) -> None:
         self.settings = settings
         self.sink = sink
         self.recorder = Recorder(settings.deployment, sink, settings.privacy)
-        self.shadows = Shadows(settings, self.recorder, clock=clock, wall=wall)
+        self.shadows = Shadows(
+            settings, self.recorder, clock=clock, wall=wall, keepalive_s=keepalive_s
+        )
         self.core = ExchangeCore(
             settings,
             self.recorder,
             self.shadows,
             guard=guard or InterferenceGuard(settings.guard),
             sampler=sampler or Sampler(settings.shadow),
-            loop_lag=LoopLag(settings.overload),
+            loop_lag=loop_lag or LoopLag(settings.overload),
             clock=clock,
             wall=wall,
         )
         self.passthrough = Passthrough(settings, self.core.response_drop)
-        self.server = ClientServer(settings, self.core, self.passthrough)
+        self.server = ClientServer(settings, self.core, self.passthrough, keepalive_s=keepalive_s)
         self.admin = admin_app(self.health)
         self.started = False
         self._health_session: aiohttp.ClientSession | None = None
@@ -156,7 +162,7 @@ class Mirror:
         if self._health_session is not None:
             await self._health_session.close()
             self._health_session = None
-        timeout = self.settings.sink_close_timeout_s
+        timeout = SINK_CLOSE_TIMEOUT_S
         flushed = await asyncio.to_thread(self.sink.flush, timeout)
         if not flushed:
             log.warning("the sink did not deliver every record within %.0fs", timeout)

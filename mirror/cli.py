@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from mirror.config import MirrorConfigError, MirrorSettings, load_settings
+from mirror.config import SINK_CLOSE_TIMEOUT_S, MirrorConfigError, MirrorSettings, load_settings
 from mirror.listen import ListenError, bound_socket
 
 if TYPE_CHECKING:
@@ -40,9 +40,6 @@ log = logging.getLogger("mirror")
 @click.option("--candidate", help="The candidate engine's URL (gets the shadow copies).")
 @click.option("--host", help="Address to listen on (default 127.0.0.1).")
 @click.option("--port", type=int, help="Port to listen on (default 8080; 0 = any free port).")
-@click.option(
-    "--admin-host", help="Address of the admin port (/metrics, /healthz); default: --host."
-)
 @click.option("--admin-port", type=int, help="Port of /metrics, /healthz, /mirror/docs (8081).")
 @click.option(
     "--config", "config", type=click.Path(path_type=Path), help="YAML file of mirror settings."
@@ -66,13 +63,6 @@ log = logging.getLogger("mirror")
     type=click.IntRange(1, 64),
     help="Mirror processes on --port, one per core (default 1); worker i serves /metrics on"
     " --admin-port + i (mirror/workers.py).",
-)
-@click.option(
-    "--reuse-port",
-    is_flag=True,
-    default=None,
-    help="Let this process share --port with other mirror processes (SO_REUSEPORT); each needs"
-    ' its own --admin-port. --workers does it for you (mirror/README.md, "More than one core").',
 )
 @click.option(
     "--health-only",
@@ -143,23 +133,25 @@ def _log_to_stderr(settings: MirrorSettings, verbose: bool) -> None:
     )
 
 
-def _run(settings: MirrorSettings, *, health_only: bool = False) -> None:
-    """One mirror process: open the sink, serve until SIGTERM/SIGINT, close the sink."""
+def _run(settings: MirrorSettings, *, health_only: bool = False, worker: bool = False) -> None:
+    """One mirror process: open the sink, serve until SIGTERM/SIGINT, close the sink
+    (``worker``: one of ``--workers N``, sharing the port)."""
     sink = _open_sink(settings)
     try:
-        serve(settings, sink, health_only=health_only)
+        serve(settings, sink, health_only=health_only, reuse_port=worker)
     finally:
-        if not sink.close(settings.sink_close_timeout_s):
+        if not sink.close(SINK_CLOSE_TIMEOUT_S):
             log.warning("the sink could not deliver every record before closing")
     log.info("stopped")
 
 
 def run_worker(settings: MirrorSettings, verbose: bool) -> None:
     """A worker process of ``--workers N`` (mirror/workers.py); exit status 1 on an error it
-    explains in its log."""
+    explains in its log. It listens with ``SO_REUSEPORT``, beside the other workers (the
+    ``reuse_port`` setting until issue 26: the supervisor is the one who knows)."""
     _log_to_stderr(settings, verbose)
     try:
-        _run(settings)
+        _run(settings, worker=True)
     except click.ClickException as exc:
         log.error("mirror worker on admin port %d: %s", settings.admin_port, exc.format_message())
         sys.exit(1)
@@ -172,7 +164,6 @@ def _open_sink(settings: MirrorSettings) -> RecordSink:
         return open_sink(
             kafka=settings.kafka,
             database_url=settings.database_url,
-            direct_queue_max_bytes=settings.direct_queue_max_bytes,
         )
     except Exception as exc:
         raise click.ClickException(f"cannot open the record sink: {exc}") from exc
@@ -198,9 +189,16 @@ def bind(host: str, port: int, what: str, *, reuse_port: bool = False) -> socket
         raise click.ClickException(str(exc)) from None
 
 
-def serve(settings: MirrorSettings, sink: RecordSink, *, health_only: bool = False) -> None:
+def serve(
+    settings: MirrorSettings,
+    sink: RecordSink,
+    *,
+    health_only: bool = False,
+    reuse_port: bool = False,
+) -> None:
     """Run the mirror (or only the health sampler, with its /metrics) until SIGTERM/SIGINT
-    (the client server drains, then the mirror's shutdown flushes)."""
+    (the client server drains, then the mirror's shutdown flushes); ``reuse_port``: the
+    client port is shared with other workers (``SO_REUSEPORT``, :mod:`mirror.workers`)."""
     import uvicorn
     import uvloop
 
@@ -234,12 +232,11 @@ def serve(settings: MirrorSettings, sink: RecordSink, *, health_only: bool = Fal
                 f"the sampler could not listen on {settings.host}:{settings.port} (see the log)"
             )
         return
-    admin_host = settings.admin_host or settings.host
     with (
         _listening(
-            settings.host, settings.port, "client port", reuse_port=settings.reuse_port
+            settings.host, settings.port, "client port", reuse_port=reuse_port
         ) as client_sock,
-        _listening(admin_host, settings.admin_port, "admin port") as admin_sock,
+        _listening(settings.host, settings.admin_port, "admin port") as admin_sock,
     ):
         mirror_app = Mirror(settings, sink=sink)
         admin_config = uvicorn.Config(
@@ -250,7 +247,7 @@ def serve(settings: MirrorSettings, sink: RecordSink, *, health_only: bool = Fal
             "clients on %s:%d, admin (/metrics, /healthz) on %s:%d",
             settings.host,
             client_sock.getsockname()[1],
-            admin_host,
+            settings.host,
             admin_sock.getsockname()[1],
         )
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:

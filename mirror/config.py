@@ -3,9 +3,11 @@
 One class, :class:`MirrorSettings`, validated at start; every error names the setting and says
 what to fix. Nested sections (``incumbent``, ``candidate``, ``shadow``, ``guard``, ``health``,
 ``kafka``) come from YAML or from the environment with ``__`` between the levels, e.g.
-``SHADOW_AB_MIRROR_SHADOW__RATE=0.1`` or ``SHADOW_AB_MIRROR_CANDIDATE__REWRITE__MODEL=llama``.
+``SHADOW_AB_MIRROR_SHADOW__RATE=0.1`` or
+``SHADOW_AB_MIRROR_CANDIDATE__REWRITE__CHAT_MAX_TOKENS=256``.
 The store and Kafka also honour the project-wide ``SHADOW_AB_DATABASE_URL`` and
-``SHADOW_AB_KAFKA_BOOTSTRAP``.
+``SHADOW_AB_KAFKA_BOOTSTRAP`` (which sets ``kafka.bootstrap``; ``--kafka`` beats it, it beats
+the YAML's).
 
 Errors: :class:`~mirror.errors.MirrorConfigError` (a :class:`~mirror.errors.MirrorError`):
 settings that cannot work (a sentence per problem).
@@ -48,7 +50,7 @@ from mirror.sampling import ShadowConfig
 from shadow_ab.cli_support import explain as explain_lines
 from shadow_ab.privacy import redact_url
 from shadow_ab.probes import ProbeSetError, load_probe_set
-from shadow_ab.settings import CommonSettings, default_sqlite_url
+from shadow_ab.settings import check_bootstrap, default_sqlite_url, normalize_database_url
 
 Flavor = Literal["vllm", "trtllm", "auto"]
 
@@ -57,6 +59,13 @@ DEFAULT_PER_MINUTE = 1.0
 """One probe pair a minute per mirror process: 1,440 a day, each of the shipped 300 probes asked
 about five times a day (greedy answers repeat, so more buys little: the probes, not the sends,
 are the unit); the GPU arithmetic is in mirror/README.md ("Probes")."""
+
+
+SINK_CLOSE_TIMEOUT_S = 30.0
+"""On SIGTERM, after the drain, how long the sink keeps delivering records (a setting until
+issue 26): the direct sink writes its queue in well under a second, the Kafka sink's producer
+acknowledges within its message.timeout.ms (15 s) or the records stay in the spool for the
+next start. drain_timeout_s + this + 15 s stays under the pods' 150 s grace."""
 
 
 class ProbeConfig(BaseModel):
@@ -81,9 +90,6 @@ class ProbeConfig(BaseModel):
         description="model name of the probe requests (the candidate's is rewritten as a"
         " client's would be); none: the first model the incumbent's /v1/models lists",
     )
-    seed: int | None = Field(
-        default=None, description="order of the probes (none: a random order per start)"
-    )
 
     @model_validator(mode="after")
     def _loadable(self) -> ProbeConfig:
@@ -93,6 +99,35 @@ class ProbeConfig(BaseModel):
             except ProbeSetError as exc:
                 raise ValueError(f"probes.set: {exc}") from None
         return self
+
+
+class HeaderFrom(BaseModel):
+    """A header value kept out of the settings file: ``{env: VAR}`` (an environment variable)
+    or ``{file: PATH}`` (e.g. a mounted Secret), read at start and stripped."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    env: str | None = None
+    file: Path | None = None
+
+    @model_validator(mode="after")
+    def _one(self) -> HeaderFrom:
+        if (self.env is None) == (self.file is None):
+            raise ValueError("give one of env: VARIABLE or file: PATH")
+        return self
+
+    def read(self, where: str) -> str:
+        """The value; raise ValueError naming ``where`` when the source is missing."""
+        if self.env is not None:
+            value = os.environ.get(self.env)
+            if not value:
+                raise ValueError(f"{where}: the environment variable {self.env} is not set")
+            return value.strip()
+        assert self.file is not None
+        try:
+            return self.file.read_text().strip()
+        except OSError as exc:
+            raise ValueError(f"{where}: cannot read {self.file} ({exc.strerror})") from None
 
 
 class EngineConfig(BaseModel):
@@ -112,38 +147,18 @@ class EngineConfig(BaseModel):
         description="engine id in records and health samples; default <flavor>@<role> when"
         " flavor is set, else vllm@incumbent and trtllm@candidate",
     )
-    connect_timeout_s: float = Field(default=5.0, gt=0, description="TCP connect timeout")
-    max_connections: int = Field(
-        default=0, ge=0, description="pooled connections to this engine; 0 = no limit"
-    )
-    keepalive_timeout_s: float = Field(
-        default=4.0,
-        gt=0,
-        description="a pooled connection idle longer than this is not reused: keep it below the"
-        " engine's own keep-alive (vLLM and uvicorn: 5 s), else a request can go out on a"
-        " connection the engine is closing and fail as a connection error",
-    )
-
-    headers: dict[str, str] = Field(
+    headers: dict[str, str | HeaderFrom] = Field(
         default_factory=dict,
-        description="the engine's own headers (e.g. its Authorization): the candidate gets them"
-        " on every request, instead of the client's of the same name; the incumbent on the"
-        " mirror's own requests only (probes, the model lookup), never on a client's",
-    )
-    headers_env: dict[str, str] = Field(
-        default_factory=dict,
-        description="header name -> environment variable holding its value, sent as `headers`"
-        " (e.g. {authorization: CANDIDATE_AUTHORIZATION})",
-    )
-    headers_files: dict[str, Path] = Field(
-        default_factory=dict,
-        description="header name -> file holding its value (a mounted Secret), sent as `headers`",
+        description="the engine's own headers (e.g. its Authorization), each a value, {env:"
+        " VARIABLE} or {file: PATH} (a mounted Secret): the candidate gets them on every"
+        " request, instead of the client's of the same name; the incumbent on the mirror's own"
+        " requests only (probes, the model lookup), never on a client's",
     )
 
     def own_headers(self, role: str) -> list[tuple[str, str]]:
         """The mirror's own headers for this engine (lower-case names): the URL's user info
-        as ``Basic`` credentials (``http://user:password@host``), then ``headers``,
-        ``headers_env`` and ``headers_files`` (a configured ``authorization`` wins); raise
+        as ``Basic`` credentials (``http://user:password@host``), then ``headers`` (a
+        configured ``authorization`` wins; ``{env: ...}`` and ``{file: ...}`` read now); raise
         ValueError, naming the setting under ``role``, when a source is missing. The
         candidate gets them on every request; the incumbent only on the mirror's own
         requests (probes, the model lookup), never on a client's."""
@@ -152,21 +167,10 @@ class EngineConfig(BaseModel):
         if url.user is not None:
             cred = f"{url.user}:{url.password or ''}".encode()
             out["authorization"] = "Basic " + base64.b64encode(cred).decode("ascii")
-        out.update({k.lower(): v for k, v in self.headers.items()})
-        for name, var in self.headers_env.items():
-            value = os.environ.get(var)
-            if not value:
-                raise ValueError(
-                    f"{role}.headers_env.{name}: the environment variable {var} is not set"
-                )
-            out[name.lower()] = value.strip()
-        for name, path in self.headers_files.items():
-            try:
-                out[name.lower()] = path.read_text().strip()
-            except OSError as exc:
-                raise ValueError(
-                    f"{role}.headers_files.{name}: cannot read {path} ({exc.strerror})"
-                ) from None
+        for name, value in self.headers.items():
+            if isinstance(value, HeaderFrom):
+                value = value.read(f"{role}.headers.{name}")
+            out[name.lower()] = value
         return list(out.items())
 
     @property
@@ -229,8 +233,8 @@ class CandidateConfig(EngineConfig):
         if bad:
             raise ValueError(
                 f"{', '.join(bad)} carry the client's credentials and are never sent to the"
-                " candidate: give the candidate its own in candidate.headers, headers_env or"
-                " headers_files"
+                " candidate: give the candidate its own in candidate.headers (a value, {env:"
+                " VARIABLE} or {file: PATH})"
             )
         return names
 
@@ -249,8 +253,10 @@ class _YamlSource(PydanticBaseSettingsSource):
         return dict(_YAML.get() or {})
 
 
-class MirrorSettings(CommonSettings):
-    """Settings of ``shadow-ab mirror``. Environment: ``SHADOW_AB_MIRROR_<FIELD>``."""
+class MirrorSettings(BaseSettings):
+    """Settings of ``shadow-ab mirror``. Environment: ``SHADOW_AB_MIRROR_<FIELD>``. Not a
+    :class:`~shadow_ab.settings.CommonSettings`: its Kafka bootstrap is ``kafka.bootstrap``
+    (``--kafka`` and ``SHADOW_AB_KAFKA_BOOTSTRAP`` set it: :func:`load_settings`)."""
 
     model_config = SettingsConfigDict(
         env_prefix="SHADOW_AB_MIRROR_",
@@ -269,13 +275,6 @@ class MirrorSettings(CommonSettings):
         validation_alias=AliasChoices("SHADOW_AB_MIRROR_DATABASE_URL", "SHADOW_AB_DATABASE_URL"),
         description="direct sink store when no Kafka is configured (default: the SQLite file)",
     )
-    kafka_bootstrap: str | None = Field(
-        default=None,
-        validation_alias=AliasChoices(
-            "SHADOW_AB_MIRROR_KAFKA_BOOTSTRAP", "SHADOW_AB_KAFKA_BOOTSTRAP"
-        ),
-        description="Kafka bootstrap servers; records then go to Kafka instead of the store",
-    )
     incumbent: IncumbentConfig
     candidate: CandidateConfig
     shadow: ShadowConfig = Field(default_factory=ShadowConfig)
@@ -284,16 +283,15 @@ class MirrorSettings(CommonSettings):
     health: HealthConfig = Field(default_factory=HealthConfig)
     health_enabled: bool = Field(default=True, description="run the health sampler")
     kafka: KafkaSinkConfig | None = Field(
-        default=None, description="Kafka sink settings (bootstrap set from --kafka if absent)"
+        default=None,
+        description="Kafka sink settings; records then go to Kafka instead of the store"
+        " (kafka.bootstrap: --kafka > SHADOW_AB_KAFKA_BOOTSTRAP > the YAML's)",
     )
     max_body_bytes: int = Field(
         default=8 * 1024 * 1024, ge=1024, description="larger request bodies get 413"
     )
     drain_timeout_s: float = Field(
         default=30.0, ge=0, description="on SIGTERM, how long shadow requests may still finish"
-    )
-    sink_close_timeout_s: float = Field(
-        default=30.0, ge=0, description="on SIGTERM, how long to keep delivering records"
     )
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     privacy: PrivacyConfig = Field(
@@ -307,16 +305,6 @@ class MirrorSettings(CommonSettings):
         description="mirror processes on the port, one per core (SO_REUSEPORT); above 1,"
         " `shadow-ab mirror` supervises them (mirror/workers.py)",
     )
-    reuse_port: bool = Field(
-        default=False,
-        description="let several mirror processes listen on the same port (SO_REUSEPORT): the"
-        " kernel spreads new connections across them, one process per core; each keeps its own"
-        " admin port, guard, shadow cap, probes, health sampler and spool (mirror/README.md)",
-    )
-    admin_host: str | None = Field(
-        default=None,
-        description="address of the admin port (/metrics, /healthz, /mirror/docs); default: host",
-    )
     admin_port: int = Field(
         default=8081, ge=0, le=65535, description="port of /metrics, /healthz and /mirror/docs"
     )
@@ -329,15 +317,15 @@ class MirrorSettings(CommonSettings):
         description="'METHOD /path' passed through to the incumbent besides the two generate"
         " routes ('/*' at the end: everything under it); others get 404 (mirror/routes.py)",
     )
-    hide_response_headers: list[str] = Field(
-        default_factory=lambda: ["server", "set-cookie"],
-        description="incumbent response headers never passed to clients (as nginx's"
-        " proxy_hide_header); [] passes them all",
-    )
     probes: ProbeConfig = Field(
         default_factory=ProbeConfig,
         description="synthetic probes to both engines, scored by the evaluator (mirror/probes.py)",
     )
+
+    @field_validator("database_url")
+    @classmethod
+    def _known_dialect(cls, v: str) -> str:
+        return normalize_database_url(v)
 
     @field_validator("routes")
     @classmethod
@@ -345,20 +333,6 @@ class MirrorSettings(CommonSettings):
         for entry in v:
             parse_route(entry)
         return v
-
-    @field_validator("hide_response_headers")
-    @classmethod
-    def _hidden(cls, v: list[str]) -> list[str]:
-        names = [n.strip().lower() for n in v]
-        if any(not n or not n.isascii() or " " in n for n in names):
-            raise ValueError("give header names, e.g. [server, set-cookie]")
-        return names
-
-    direct_queue_max_bytes: int = Field(
-        default=256 * 1024**2,
-        ge=1024,
-        description="direct sink: bytes of records held in memory at most (kafka: its own)",
-    )
 
     @classmethod
     def settings_customise_sources(
@@ -373,12 +347,6 @@ class MirrorSettings(CommonSettings):
 
     @model_validator(mode="after")
     def _usable(self) -> MirrorSettings:
-        if self.kafka_bootstrap:
-            # --kafka / SHADOW_AB_KAFKA_BOOTSTRAP beat the YAML's kafka.bootstrap
-            if self.kafka is None:
-                self.kafka = KafkaSinkConfig(bootstrap=self.kafka_bootstrap)
-            elif self.kafka.bootstrap != self.kafka_bootstrap:
-                self.kafka = self.kafka.model_copy(update={"bootstrap": self.kafka_bootstrap})
         if self.incumbent.url == self.candidate.url:
             raise ValueError(
                 f"incumbent and candidate are the same server ({redact_url(self.incumbent.url)}):"
@@ -436,10 +404,34 @@ def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def load_settings(config: Path | str | None = None, **flags: Any) -> MirrorSettings:
+KAFKA_BOOTSTRAP_ENV = "SHADOW_AB_KAFKA_BOOTSTRAP"
+"""The project-wide Kafka bootstrap variable (:class:`~shadow_ab.settings.CommonSettings`), the
+mirror's ``kafka.bootstrap`` when no ``--kafka`` is given."""
+
+
+def load_settings(
+    config: Path | str | None = None, *, kafka_bootstrap: str | None = None, **flags: Any
+) -> MirrorSettings:
     """Settings from flags (non-None values; nested ones as dicts), the environment and the
-    YAML file ``config``; raise :class:`MirrorConfigError` listing what to fix."""
+    YAML file ``config``; raise :class:`MirrorConfigError` listing what to fix.
+    ``kafka_bootstrap`` (``--kafka``), else ``SHADOW_AB_KAFKA_BOOTSTRAP``, is
+    ``kafka.bootstrap`` over the YAML's (the ``kafka:`` section's other settings kept)."""
     data = read_yaml(Path(config)) if config is not None else {}
+    if "SHADOW_AB_MIRROR_KAFKA_BOOTSTRAP" in os.environ:  # the environment ignores an unknown
+        raise MirrorConfigError(  # name: say so rather than go to the store without Kafka
+            "invalid mirror settings:\n  SHADOW_AB_MIRROR_KAFKA_BOOTSTRAP: removed setting:"
+            f" {REMOVED['kafka_bootstrap']}; unset it"
+        )
+    bootstrap = kafka_bootstrap
+    if not bootstrap and "bootstrap" not in (flags.get("kafka") or {}):
+        bootstrap = os.environ.get(KAFKA_BOOTSTRAP_ENV) or None
+    if bootstrap is not None:
+        try:
+            check_bootstrap(bootstrap)
+        except ValueError as exc:
+            where = "--kafka" if kafka_bootstrap else KAFKA_BOOTSTRAP_ENV
+            raise MirrorConfigError(f"invalid mirror settings:\n  {where}: {exc}") from None
+        flags["kafka"] = _deep_merge(flags.get("kafka") or {}, {"bootstrap": bootstrap})
     given: dict[str, Any] = {}
     for key, value in flags.items():
         if value is None:
@@ -454,6 +446,90 @@ def load_settings(config: Path | str | None = None, **flags: Any) -> MirrorSetti
         raise MirrorConfigError(explain(exc)) from None
     finally:
         _YAML.reset(token)
+
+
+_SINCE = "since issue 26"
+_GUARD = f"a constant of mirror/guard.py (GuardTuning) {_SINCE}"
+_OVERLOAD = f"a constant of mirror/overload.py {_SINCE}"
+_KAFKA = f"a constant of mirror/kafka_sink.py {_SINCE}"
+_CONNECT = f"a constant of mirror/upstream.py (CONNECT_TIMEOUT_S, 5 s) {_SINCE}"
+_HEADERS = (
+    "give the header in headers as {env: VARIABLE} or {file: PATH}, e.g. headers:"
+    f" {{authorization: {{file: /run/secrets/key}}}} {_SINCE}"
+)
+_KEEPALIVE = f"a constant of mirror/upstream.py (KEEPALIVE_S, 4 s) {_SINCE}"
+_UNCAPPED = (
+    "the engines' pools have no cap (shadow.max_concurrent bounds the shadow side, the client"
+    f" connections the incumbent's) {_SINCE}"
+)
+REMOVED: dict[str, str] = {
+    "guard.window_s": _GUARD,
+    "guard.max_samples": _GUARD,
+    "guard.min_samples": _GUARD,
+    "guard.evaluate_interval_s": _GUARD,
+    "guard.decrease_factor": _GUARD,
+    "guard.backoff_cooldown_s": _GUARD,
+    "guard.increase_step": _GUARD,
+    "guard.recovery_interval_s": _GUARD,
+    "guard.max_rate": _GUARD,
+    "guard.baseline_window_s": _GUARD,
+    "guard.baseline_ttft_s": _GUARD,
+    "guard.baseline_e2e_s": _GUARD,
+    "overload.interval_ms": _OVERLOAD,
+    "overload.window_s": _OVERLOAD,
+    "overload.scaled_lag_ms": _OVERLOAD,
+    "overload.saturated_lag_ms": _OVERLOAD,
+    "kafka.spool_segment_bytes": _KAFKA,
+    "kafka.spool_fsync": _KAFKA,
+    "kafka.queue_max": _KAFKA,
+    "kafka.max_in_flight": _KAFKA,
+    "kafka.retry_backoff_s": _KAFKA,
+    "kafka.retry_backoff_max_s": _KAFKA,
+    "incumbent.connect_timeout_s": _CONNECT,
+    "candidate.connect_timeout_s": _CONNECT,
+    "incumbent.keepalive_timeout_s": _KEEPALIVE,
+    "candidate.keepalive_timeout_s": _KEEPALIVE,
+    "incumbent.max_connections": _UNCAPPED,
+    "candidate.max_connections": _UNCAPPED,
+    "shadow.replay_pool": f"replays always use their own pool to the incumbent {_SINCE}",
+    "shadow.replay_cache_salt": f"every replay carries a random cache_salt {_SINCE}",
+    "shadow.load_parity_slack": f"a constant of mirror/sampling.py (0) {_SINCE}",
+    "health.timeout_s": f"a constant of mirror/health.py (TIMEOUT_S, 2 s) {_SINCE}",
+    "probes.seed": f"the probes' order is random per start {_SINCE}",
+    "sink_close_timeout_s": f"a constant of mirror/config.py (SINK_CLOSE_TIMEOUT_S, 30 s) {_SINCE}",
+    "direct_queue_max_bytes": f"the direct sink holds 256 MiB of records at most {_SINCE}",
+    "privacy.opt_out_header": f"the header is x-shadow-capture (mirror/privacy.py) {_SINCE}",
+    "privacy.hash_key": f"give the digest key in a file, privacy.hash_key_file {_SINCE}",
+    "hide_response_headers": (
+        "server and set-cookie are always hidden (HIDDEN_RESPONSE_HEADERS in mirror/headers.py)"
+        f" {_SINCE}"
+    ),
+    "admin_host": f"the admin port listens on host, as the client port {_SINCE}",
+    "incumbent.headers_env": _HEADERS,
+    "incumbent.headers_files": _HEADERS,
+    "candidate.headers_env": _HEADERS,
+    "candidate.headers_files": _HEADERS,
+    "kafka_bootstrap": (
+        "give kafka.bootstrap (or --kafka, SHADOW_AB_KAFKA_BOOTSTRAP); the kafka: section"
+        f" holds the sink's settings {_SINCE}"
+    ),
+    "reuse_port": (
+        f"workers: N runs N mirror processes on the port, each with SO_REUSEPORT {_SINCE}"
+    ),
+    "candidate.rewrite.model": (
+        f'candidate.rewrite.model_map with the key "*" maps every model {_SINCE}'
+    ),
+    "candidate.rewrite.completions_max_tokens": (
+        "a completions request without max_tokens gets vLLM's default, 16"
+        f" (COMPLETIONS_MAX_TOKENS in mirror/rewrite.py) {_SINCE}"
+    ),
+    "candidate.rewrite.include_usage": (
+        "a streamed candidate request always asks for its usage (its token count is what TPOT"
+        f" needs, and asking costs the engine nothing) {_SINCE}"
+    ),
+}
+"""Settings that existed and no longer do: a YAML file, a flag or a variable that still sets
+one is refused with what replaced it (issue 26, "Fewer choices")."""
 
 
 _FLAG_HINT = {
@@ -471,5 +547,7 @@ def _hint(loc: str, err: ErrorDetails) -> str | None:
     if err["type"] == "missing" and loc in _FLAG_HINT:
         return f"required: give {_FLAG_HINT[loc]}"
     if err["type"] == "extra_forbidden":
+        if loc in REMOVED:
+            return f"removed setting: {REMOVED[loc]}; delete it from the settings"
         return "unknown setting (see mirror/README.md for the settings)"
     return None

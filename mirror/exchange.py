@@ -163,8 +163,7 @@ class ExchangeCore:
         """Client headers the candidate may get (the allow-list)."""
         self.incumbent_own = settings.incumbent.own_headers("incumbent")
         """The incumbent's own headers, for the mirror's own requests to it (probes)."""
-        hidden = {h.encode("latin-1") for h in settings.hide_response_headers}
-        self.response_drop = RESPONSE_DROP | hidden
+        self.response_drop = RESPONSE_DROP
         """Incumbent response headers never passed to a client."""
         self.draining = False
         self._m_decision = {d: m.SHADOW_DECISIONS.labels(decision=d) for d in DECISIONS}
@@ -296,8 +295,7 @@ class ExchangeCore:
                     chat=chat,
                     top_logprobs=sc.top_logprobs,
                     delay_s=sc.replay_delay_s,
-                    pool=sc.replay_pool,
-                    cache_salt=uuid.uuid4().hex if sc.replay_cache_salt else None,
+                    cache_salt=uuid.uuid4().hex,
                 )
                 shadows.append(
                     self.shadows.fire(

@@ -24,7 +24,8 @@ at the ceiling), ``backoff`` (just decreased), ``recovering`` (climbing back), `
 
 Not thread-safe: the mirror calls it from its event loop only. The clock is injectable.
 
-Errors: none at run time; :class:`GuardConfig` validation raises pydantic's ValidationError.
+Errors: none at run time; :class:`GuardConfig` validation raises pydantic's ValidationError,
+:class:`GuardTuning` and the guard ValueError for inconsistent values.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -43,38 +45,70 @@ GuardState = Literal["steady", "backoff", "recovering", "off_window"]
 STATES: tuple[GuardState, ...] = ("steady", "backoff", "recovering", "off_window")
 
 
+WINDOW_S = 30.0
+"""Rolling window of the watched p95: at the tens of requests a second a mirror sees, 30 s holds
+hundreds of samples (a stable p95) and still reacts within a minute."""
+MAX_SAMPLES = 2000
+"""Most samples a window keeps: bounds the sort of a judgement (< 1 ms) at any traffic."""
+MIN_SAMPLES = 30
+"""Samples needed in the window and the baseline before judging: a p95 of fewer is one outlier."""
+EVALUATE_INTERVAL_S = 1.0
+"""How often to judge: once a second costs one sort per second, and no AIMD step is faster."""
+DECREASE_FACTOR = 0.5
+"""Multiplicative decrease: halve the shadow rate on degradation (AIMD's usual)."""
+BACKOFF_COOLDOWN_S = 5.0
+"""Least time between cuts: the window restarts after a cut, and needs a few seconds to refill."""
+INCREASE_STEP = 0.05
+"""Additive increase: 5 points of the multiplier per step (from the floor back in ~3 minutes)."""
+RECOVERY_INTERVAL_S = 10.0
+"""Time between increases: slower than cuts, so the guard settles below the degrading rate."""
+MAX_RATE = 1.0
+"""Ceiling of the multiplier: shadow.rate already caps how much is shadowed."""
+BASELINE_WINDOW_S = 600.0
+"""Window of the shadow-free baseline: ten minutes, so a short burst does not move it."""
+
+
+@dataclass(frozen=True)
+class GuardTuning:
+    """The guard's tuning (not settings since issue 26: nobody needed another value); the
+    defaults are the module's constants, tests pass tight values directly."""
+
+    window_s: float = WINDOW_S
+    max_samples: int = MAX_SAMPLES
+    min_samples: int = MIN_SAMPLES
+    evaluate_interval_s: float = EVALUATE_INTERVAL_S
+    decrease_factor: float = DECREASE_FACTOR
+    backoff_cooldown_s: float = BACKOFF_COOLDOWN_S
+    increase_step: float = INCREASE_STEP
+    recovery_interval_s: float = RECOVERY_INTERVAL_S
+    max_rate: float = MAX_RATE
+    baseline_window_s: float = BASELINE_WINDOW_S
+    baseline_ttft_s: float | None = None
+    """Absolute TTFT p95 baseline (None: measured in shadow-free exchanges)."""
+    baseline_e2e_s: float | None = None
+    """Absolute E2E p95 baseline (None: measured)."""
+
+    def __post_init__(self) -> None:
+        if self.min_samples > self.max_samples:
+            raise ValueError(
+                f"guard min_samples ({self.min_samples}) must be <= max_samples"
+                f" ({self.max_samples})"
+            )
+        if not 0.0 < self.decrease_factor < 1.0:
+            raise ValueError(f"guard decrease_factor ({self.decrease_factor}) must be in (0, 1)")
+
+
 class GuardConfig(BaseModel):
-    """Settings of the interference guard (``guard:`` in the mirror's YAML)."""
+    """Settings of the interference guard (``guard:`` in the mirror's YAML); its tuning is
+    :class:`GuardTuning` (constants)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    enabled: bool = Field(default=True, description="off: admit() follows max_rate only")
+    enabled: bool = Field(default=True, description="off: every sampled request is shadowed")
     bound: float = Field(
         default=0.25, ge=0.0, le=100.0, description="allowed p95 degradation over the baseline"
     )
-    window_s: float = Field(default=30.0, gt=0, description="rolling window of the p95 watched")
-    max_samples: int = Field(default=2000, ge=10, description="most samples a window keeps")
-    min_samples: int = Field(default=30, ge=1, description="samples needed before judging")
-    evaluate_interval_s: float = Field(
-        default=1.0, ge=0, description="how often to judge (0: on every observation)"
-    )
-    decrease_factor: float = Field(
-        default=0.5, gt=0.0, lt=1.0, description="multiplicative decrease"
-    )
-    backoff_cooldown_s: float = Field(default=5.0, ge=0, description="least time between cuts")
-    increase_step: float = Field(default=0.05, gt=0.0, le=1.0, description="additive increase")
-    recovery_interval_s: float = Field(default=10.0, gt=0, description="time between increases")
     min_rate: float = Field(default=0.05, ge=0.0, le=1.0, description="floor of the multiplier")
-    max_rate: float = Field(default=1.0, gt=0.0, le=1.0, description="ceiling of the multiplier")
-    baseline_window_s: float = Field(
-        default=600.0, gt=0, description="window of the shadow-free baseline"
-    )
-    baseline_ttft_s: float | None = Field(
-        default=None, gt=0, description="absolute TTFT p95 baseline (else measured)"
-    )
-    baseline_e2e_s: float | None = Field(
-        default=None, gt=0, description="absolute E2E p95 baseline (else measured)"
-    )
     off_window_every_s: float | None = Field(
         default=None, gt=0, description="open a shadow-off window every this many seconds"
     )
@@ -82,19 +116,10 @@ class GuardConfig(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> GuardConfig:
-        if self.min_rate > self.max_rate:
-            raise ValueError(
-                f"guard min_rate ({self.min_rate}) must be <= max_rate ({self.max_rate})"
-            )
         if self.off_window_every_s is not None and self.off_window_s >= self.off_window_every_s:
             raise ValueError(
                 f"guard off_window_s ({self.off_window_s}) must be shorter than"
                 f" off_window_every_s ({self.off_window_every_s}), or shadowing never runs"
-            )
-        if self.min_samples > self.max_samples:
-            raise ValueError(
-                f"guard min_samples ({self.min_samples}) must be <= max_samples"
-                f" ({self.max_samples})"
             )
         return self
 
@@ -143,15 +168,25 @@ def percentile(sorted_values: list[float], q: float) -> float:
 class InterferenceGuard:
     """AIMD on the shadow rate multiplier, driven by the incumbent's rolling p95 latencies."""
 
-    def __init__(self, config: GuardConfig, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        config: GuardConfig,
+        clock: Callable[[], float] = time.monotonic,
+        tuning: GuardTuning | None = None,
+    ) -> None:
         self.config = config
+        self.tuning = tuning = tuning or GuardTuning()
+        if config.min_rate > tuning.max_rate:
+            raise ValueError(
+                f"guard min_rate ({config.min_rate}) must be <= max_rate ({tuning.max_rate})"
+            )
         self._clock = clock
-        cap = config.max_samples
-        self._ttft = _Window(config.window_s, cap)
-        self._e2e = _Window(config.window_s, cap)
-        self._base_ttft = _Window(config.baseline_window_s, cap)
-        self._base_e2e = _Window(config.baseline_window_s, cap)
-        self._rate = config.max_rate
+        cap = tuning.max_samples
+        self._ttft = _Window(tuning.window_s, cap)
+        self._e2e = _Window(tuning.window_s, cap)
+        self._base_ttft = _Window(tuning.baseline_window_s, cap)
+        self._base_e2e = _Window(tuning.baseline_window_s, cap)
+        self._rate = tuning.max_rate
         self._state: GuardState = "steady"
         self._started = clock()
         self._last_eval = -math.inf
@@ -159,8 +194,8 @@ class InterferenceGuard:
         self._last_raise = self._started
         self._p95: dict[str, float | None] = {"ttft": None, "e2e": None}
         self._baseline: dict[str, float | None] = {
-            "ttft": config.baseline_ttft_s,
-            "e2e": config.baseline_e2e_s,
+            "ttft": tuning.baseline_ttft_s,
+            "e2e": tuning.baseline_e2e_s,
         }
         self._degraded = False
         self.cuts = 0
@@ -180,23 +215,23 @@ class InterferenceGuard:
             if e2e_s is not None:
                 self._e2e.add(now, e2e_s)
         else:
-            if ttft_s is not None and self.config.baseline_ttft_s is None:
+            if ttft_s is not None and self.tuning.baseline_ttft_s is None:
                 self._base_ttft.add(now, ttft_s)
-            if e2e_s is not None and self.config.baseline_e2e_s is None:
+            if e2e_s is not None and self.tuning.baseline_e2e_s is None:
                 self._base_e2e.add(now, e2e_s)
-        if now - self._last_eval >= self.config.evaluate_interval_s:
+        if now - self._last_eval >= self.tuning.evaluate_interval_s:
             self._evaluate(now)
 
     def admit(self, u: float) -> bool:
         """May a sampled request be shadowed now? ``u`` is uniform in [0, 1)."""
         if not self.config.enabled:
-            return u < self.config.max_rate
+            return u < self.tuning.max_rate
         now = self._clock()
         if self._in_off_window(now):
             if self._state != "off_window":
                 self._evaluate(now)
             return False
-        if self._state == "off_window" or now - self._last_eval >= self.config.evaluate_interval_s:
+        if self._state == "off_window" or now - self._last_eval >= self.tuning.evaluate_interval_s:
             self._evaluate(now)
         return u < self._rate
 
@@ -229,19 +264,19 @@ class InterferenceGuard:
         return phase >= every - self.config.off_window_s
 
     def _evaluate(self, now: float) -> None:
-        cfg = self.config
+        cfg, tune = self.config, self.tuning
         self._last_eval = now
         for w in (self._ttft, self._e2e, self._base_ttft, self._base_e2e):
             w.expire(now)
         degraded = False
         for name, win, base_win, fixed in (
-            ("ttft", self._ttft, self._base_ttft, cfg.baseline_ttft_s),
-            ("e2e", self._e2e, self._base_e2e, cfg.baseline_e2e_s),
+            ("ttft", self._ttft, self._base_ttft, tune.baseline_ttft_s),
+            ("e2e", self._e2e, self._base_e2e, tune.baseline_e2e_s),
         ):
-            p95 = win.p95() if len(win) >= cfg.min_samples else None
+            p95 = win.p95() if len(win) >= tune.min_samples else None
             if fixed is not None:
                 baseline: float | None = fixed
-            elif len(base_win) >= cfg.min_samples:
+            elif len(base_win) >= tune.min_samples:
                 baseline = base_win.p95()
             else:
                 baseline = self._baseline[name]  # keep the last known until enough new samples
@@ -254,21 +289,21 @@ class InterferenceGuard:
         if self._in_off_window(now):
             self._state = "off_window"
         elif degraded:
-            if now - self._last_cut >= cfg.backoff_cooldown_s and self._rate > cfg.min_rate:
-                self._rate = max(cfg.min_rate, self._rate * cfg.decrease_factor)
+            if now - self._last_cut >= tune.backoff_cooldown_s and self._rate > cfg.min_rate:
+                self._rate = max(cfg.min_rate, self._rate * tune.decrease_factor)
                 self._last_cut = now
                 self._last_raise = now
                 self.cuts += 1
                 # Judge the new rate on fresh samples only.
                 self._ttft.clear()
                 self._e2e.clear()
-            self._state = "backoff" if self._rate < cfg.max_rate else "steady"
+            self._state = "backoff" if self._rate < tune.max_rate else "steady"
         else:
-            if self._rate < cfg.max_rate and now - self._last_raise >= cfg.recovery_interval_s:
-                self._rate = min(cfg.max_rate, round(self._rate + cfg.increase_step, 9))
+            if self._rate < tune.max_rate and now - self._last_raise >= tune.recovery_interval_s:
+                self._rate = min(tune.max_rate, round(self._rate + tune.increase_step, 9))
                 self._last_raise = now
                 self.raises += 1
-            if self._rate >= cfg.max_rate:
+            if self._rate >= tune.max_rate:
                 self._state = "steady"
             elif self._last_raise > self._last_cut:
                 self._state = "recovering"

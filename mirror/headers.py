@@ -33,8 +33,13 @@ HOP_BY_HOP = frozenset(
 _REQUEST_DROP = HOP_BY_HOP | {b"host", b"content-length", b"expect", PAIR_HEADER}
 _SHADOW_DROP = _REQUEST_DROP | {b"accept-encoding"}
 _RESPONSE_DROP = HOP_BY_HOP | {PAIR_HEADER}
-RESPONSE_DROP = _RESPONSE_DROP
-"""Response headers never passed to the client (callers may drop more: :func:`client_headers`)."""
+HIDDEN_RESPONSE_HEADERS = frozenset({b"server", b"set-cookie"})
+"""The incumbent's response headers the mirror never passes to a client, as nginx's
+``proxy_hide_header`` (``hide_response_headers`` until issue 26: nobody set another list): the
+engine's software and version, and cookies of an engine that should not set any."""
+RESPONSE_DROP = _RESPONSE_DROP | HIDDEN_RESPONSE_HEADERS
+"""Response headers never passed to the client: hop-by-hop ones, the pair header and
+:data:`HIDDEN_RESPONSE_HEADERS`."""
 
 Headers = list[tuple[bytes, bytes]]
 
@@ -73,7 +78,8 @@ def client_headers(
     """The incumbent's response headers for the client, plus ``x-shadow-pair-id``.
     ``rechunked``: the mirror changes the body (a hidden usage chunk), so the length goes.
     ``drop``: lower-case names never passed on (hop-by-hop ones and the pair header by
-    default; the mirror adds its ``hide_response_headers``, e.g. ``server``, ``set-cookie``)."""
+    default; the mirror passes :data:`RESPONSE_DROP`, which also hides ``server`` and
+    ``set-cookie``)."""
     upstream = list(upstream)
     extra = _connection_tokens(upstream)
     out = []

@@ -202,6 +202,7 @@ def _on_error(holder: list[ConfluentProducer]) -> Callable[[Any], None]:
 def producer_properties(config: KafkaSinkConfig) -> dict[str, Any]:
     """The producer's librdkafka properties (secrets left out): ``kafka.client`` over
     :data:`~mirror.kafka_sink.PRODUCER_DEFAULTS`, with what the sink fixes."""
+    from mirror.kafka_sink import MAX_IN_FLIGHT
     from shadow_ab.kafka_config import lookup
 
     props: dict[str, Any] = config.producer_config()
@@ -210,10 +211,10 @@ def producer_properties(config: KafkaSinkConfig) -> dict[str, Any]:
     batch = lookup(props, "batch.size")
     if batch is not None and int(batch) > max_bytes:
         props = {k: v for k, v in props.items() if k != "batch.size"} | {"batch.size": max_bytes}
-    # The sink keeps at most max_in_flight direct sends and as many from the spool; in bytes,
+    # The sink keeps at most MAX_IN_FLIGHT direct sends and as many from the spool; in bytes,
     # 32 MiB at least. Past it produce() refuses (BufferError): the sink spools.
     if lookup(props, "queue.buffering.max.messages") is None:
-        props["queue.buffering.max.messages"] = max(100_000, 2 * config.max_in_flight + 1000)
+        props["queue.buffering.max.messages"] = max(100_000, 2 * MAX_IN_FLIGHT + 1000)
     if lookup(props, "queue.buffering.max.kbytes") is None:
         props["queue.buffering.max.kbytes"] = max(32 * 1024, 2 * max_bytes // 1024)
     # mirror.kafka_sink.OWNED_PROPERTIES: the sink's own, never from kafka.client.

@@ -10,16 +10,16 @@ background thread does the rest, in rounds every ``poll_s`` (it is not woken per
   in C threads, outside the GIL; acks=all, idempotent, ``linger.ms`` batching; its properties
   are :data:`PRODUCER_DEFAULTS` with ``kafka.client`` laid over them). Delivery reports are
   served by the sink's thread at each round and only queue the outcome for the thread; at
-  most ``max_in_flight`` records are unacknowledged at once.
+  most :data:`MAX_IN_FLIGHT` records are unacknowledged at once.
 - **spooling**: when a send fails (the broker is unreachable, a delivery timed out, the producer
   cannot even be built), Kafka is marked away and every record -- the failed ones and all new
   ones -- goes to the on-disk spool (:mod:`mirror.spool`, bounded by bytes; a full spool, or a
   disk that will not take more, drops and counts ``spool_full``, and the spool takes records
   again once space comes back). New records keep going to the spool while it holds anything,
   so spooled records are sent before newer ones.
-- **draining**: after ``retry_backoff_s`` (doubling up to ``retry_backoff_max_s`` while Kafka
+- **draining**: after ``RETRY_BACKOFF_S`` (doubling up to ``RETRY_BACKOFF_MAX_S`` while Kafka
   stays away) one spooled record is sent as a probe; once Kafka acknowledges it, the spool is
-  drained in order with up to ``max_in_flight`` records outstanding. A spooled record is deleted
+  drained in order with up to ``MAX_IN_FLIGHT`` records outstanding. A spooled record is deleted
   only after Kafka acknowledged it (and every record before it); on a failure the unacked ones
   are sent again. Delivery is at least once: the ingester is idempotent on (pair_id, role,
   sent_at) and on (engine, ts).
@@ -143,7 +143,7 @@ PRODUCER_DEFAULTS: dict[str, Value] = {
 }
 """The producer's librdkafka properties; ``kafka.client`` is laid over them. Also set, unless
 ``kafka.client`` sets them: ``queue.buffering.max.messages`` and ``queue.buffering.max.kbytes``
-(from ``max_in_flight`` and ``message.max.bytes``; :func:`mirror.kafka_confluent.
+(from :data:`MAX_IN_FLIGHT` and ``message.max.bytes``; :func:`mirror.kafka_confluent.
 producer_properties`)."""
 OWNED_PROPERTIES = {
     "bootstrap.servers": "set kafka.bootstrap (or --kafka, SHADOW_AB_KAFKA_BOOTSTRAP)",
@@ -151,6 +151,24 @@ OWNED_PROPERTIES = {
     "enable.idempotence": "a record sent again after a failed request must not be written twice",
 }
 """Producer properties the sink sets itself: ``kafka.client`` may not set them."""
+
+
+SPOOL_SEGMENT_BYTES = 16 * 1024**2
+"""A spool segment's size: a segment is deleted whole once every record in it is acknowledged,
+so 16 MiB (a few thousand records) frees space soon after Kafka is back, in few files."""
+SPOOL_FSYNC = False
+"""The spool does not fsync each record: it keeps records across a process restart (the page
+cache survives it); an fsync per record cost more than the send itself, and a node's crash
+loses seconds of shadow records, which the evaluator tolerates."""
+QUEUE_MAX = 50_000
+"""Records held in memory at most (``queue_max_bytes`` bounds their bytes): seconds of the
+highest traffic a mirror serves."""
+MAX_IN_FLIGHT = 10_000
+"""Records sent and not yet acknowledged, at most (direct sends, and as many from the spool)."""
+RETRY_BACKOFF_S = 1.0
+"""First wait before trying Kafka again after a failure (doubles each failure)."""
+RETRY_BACKOFF_MAX_S = 10.0
+"""Longest wait between tries: a broker back is used again within ten seconds."""
 
 
 class KafkaSinkConfig(BaseModel):
@@ -166,17 +184,9 @@ class KafkaSinkConfig(BaseModel):
         description="spool folder (one per mirror process; survives restarts)",
     )
     spool_max_bytes: int = Field(default=1024**3, ge=1024, description="on-disk spool bound")
-    spool_segment_bytes: int = Field(default=16 * 1024**2, ge=1024, description="segment size")
-    spool_fsync: bool = Field(default=False, description="fsync every spooled record")
-    queue_max: int = Field(default=50_000, ge=1, description="records held in memory")
     queue_max_bytes: int = Field(
         default=256 * 1024**2, ge=1024, description="bytes of records held in memory, at most"
     )
-    max_in_flight: int = Field(
-        default=10_000, ge=1, description="records sent and not yet acknowledged, at most"
-    )
-    retry_backoff_s: float = Field(default=1.0, gt=0, description="first wait to retry Kafka")
-    retry_backoff_max_s: float = Field(default=10.0, gt=0, description="longest wait")
     client: dict[str, Value] = Field(
         default_factory=dict,
         description="librdkafka producer properties laid over the sink's defaults"
@@ -358,8 +368,18 @@ class KafkaSink:
         topic_limit: Callable[[KafkaSinkConfig], int | None] | None = None,
         clock: Callable[[], float] = time.monotonic,
         poll_s: float = 0.05,
+        spool_segment_bytes: int = SPOOL_SEGMENT_BYTES,
+        spool_fsync: bool = SPOOL_FSYNC,
+        queue_max: int = QUEUE_MAX,
+        max_in_flight: int = MAX_IN_FLIGHT,
+        retry_backoff_s: float = RETRY_BACKOFF_S,
+        retry_backoff_max_s: float = RETRY_BACKOFF_MAX_S,
     ) -> None:
         self.config = config
+        self.queue_max = queue_max
+        self.max_in_flight = max_in_flight
+        self.retry_backoff_s = retry_backoff_s
+        self.retry_backoff_max_s = retry_backoff_max_s
         real = producer_factory is None or producer_factory is make_producer
         self._factory = make_producer if producer_factory is None else producer_factory
         if topic_limit is None:
@@ -375,8 +395,8 @@ class KafkaSink:
             self.spool = Spool(
                 config.spool_dir,
                 max_bytes=config.spool_max_bytes,
-                segment_bytes=config.spool_segment_bytes,
-                fsync=config.spool_fsync,
+                segment_bytes=spool_segment_bytes,
+                fsync=spool_fsync,
                 clock=clock,
             )
         except (SpoolError, OSError) as exc:
@@ -414,7 +434,7 @@ class KafkaSink:
         self._producer: Producer | None = None
         self._kafka_ok = True
         self._retry_at = 0.0
-        self._backoff = config.retry_backoff_s
+        self._backoff = retry_backoff_s
         self._pgen = 0  # producer generation: bumped when a producer is abandoned
         self._gen = 0  # spool generation: bumped by every rewind
         # Sends of the current producer not yet resolved: direct ones by number (with the frame,
@@ -437,7 +457,7 @@ class KafkaSink:
                 return False
             size = approx_bytes(record)
             if (
-                len(self._queue) >= self.config.queue_max
+                len(self._queue) >= self.queue_max
                 or self._queue_bytes + size > self.config.queue_max_bytes
             ):
                 self._drop(QUEUE_FULL)
@@ -637,17 +657,17 @@ class KafkaSink:
         if self._kafka_ok:
             log.warning("Kafka unreachable, spooling records to %s: %s", self.spool.directory, why)
             self._kafka_ok = False
-            self._backoff = self.config.retry_backoff_s
+            self._backoff = self.retry_backoff_s
             self._retry_at = now + self._backoff
         elif probe:
-            self._backoff = min(self._backoff * 2, self.config.retry_backoff_max_s)
+            self._backoff = min(self._backoff * 2, self.retry_backoff_max_s)
             self._retry_at = now + self._backoff
 
     def _mark_up(self) -> None:
         if not self._kafka_ok:
             log.warning("Kafka is back: sending %d spooled records", len(self.spool))
             self._kafka_ok = True
-            self._backoff = self.config.retry_backoff_s
+            self._backoff = self.retry_backoff_s
 
     def _encode(self, rec: Record) -> bytes | None:
         try:
@@ -674,7 +694,7 @@ class KafkaSink:
         direct = (
             self._kafka_ok
             and self._producer is not None
-            and len(self._direct_frames) < self.config.max_in_flight
+            and len(self._direct_frames) < self.max_in_flight
             and len(self.spool) == 0
         )
         if direct:
@@ -858,7 +878,7 @@ class KafkaSink:
         else:
             if not self._ensure_producer():
                 return
-            limit = min(1000, self.config.max_in_flight - len(self._spool_sent))
+            limit = min(1000, self.max_in_flight - len(self._spool_sent))
         if limit <= 0:
             return
         for entry in self.spool.read(limit):

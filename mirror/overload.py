@@ -28,8 +28,8 @@ turning shedding on.
 
 Not thread-safe: the mirror calls it from its event loop only.
 
-Errors: none at run time; :class:`OverloadConfig` validation raises pydantic's
-ValidationError (``saturated_lag_ms`` must exceed ``scaled_lag_ms``).
+Errors: none at run time; :class:`LoopLag` raises ValueError unless ``saturated_lag_ms``
+exceeds ``scaled_lag_ms``.
 """
 
 from __future__ import annotations
@@ -37,13 +37,26 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 from mirror.metrics import LOOP_LAG, OVERLOAD_ADMIT
 
+INTERVAL_MS = 50.0
+"""How often the loop's lag is measured: 20 timer callbacks a second cost nothing measurable and
+see every stall of 50 ms or more (issue 26: a constant)."""
+WINDOW_S = 1.0
+"""The loop's lag is the largest timer lateness over this window: one second reacts within a
+second and forgets a single stall as fast."""
+SCALED_LAG_MS = 10.0
+"""Above this lag fewer sampled requests are shadowed: 10 ms is where the client's TTFT started
+to move in the measurements (mirror/README.md, "The mirror's own overload")."""
+SATURATED_LAG_MS = 50.0
+"""From this lag on no request is shadowed (linear between the two)."""
+
 
 class OverloadConfig(BaseModel):
-    """Settings of the mirror's own overload shedding (``overload:`` in the mirror's YAML)."""
+    """Settings of the mirror's own overload shedding (``overload:`` in the mirror's YAML); the
+    lag's thresholds are the module's constants."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -52,30 +65,6 @@ class OverloadConfig(BaseModel):
         description="scale shadowing down while the mirror's event loop lags (the lag is"
         " measured either way)",
     )
-    interval_ms: float = Field(
-        default=50.0, ge=5.0, le=10_000.0, description="how often the loop's lag is measured"
-    )
-    window_s: float = Field(
-        default=1.0,
-        gt=0,
-        le=600.0,
-        description="the loop's lag is the largest timer lateness over this window",
-    )
-    scaled_lag_ms: float = Field(
-        default=10.0, ge=0, description="above this lag, fewer sampled requests are shadowed"
-    )
-    saturated_lag_ms: float = Field(
-        default=50.0, gt=0, description="from this lag on, no request is shadowed"
-    )
-
-    @model_validator(mode="after")
-    def _ordered(self) -> OverloadConfig:
-        if self.saturated_lag_ms <= self.scaled_lag_ms:
-            raise ValueError(
-                f"overload.saturated_lag_ms ({self.saturated_lag_ms:g}) must be larger than"
-                f" overload.scaled_lag_ms ({self.scaled_lag_ms:g})"
-            )
-        return self
 
 
 class LoopLag:
@@ -84,11 +73,25 @@ class LoopLag:
     :meth:`start` arms the timer on the running loop, :meth:`stop` disarms it;
     :meth:`observe` is the timer's arithmetic, callable with any times (tests)."""
 
-    def __init__(self, config: OverloadConfig) -> None:
+    def __init__(
+        self,
+        config: OverloadConfig,
+        *,
+        interval_ms: float = INTERVAL_MS,
+        window_s: float = WINDOW_S,
+        scaled_lag_ms: float = SCALED_LAG_MS,
+        saturated_lag_ms: float = SATURATED_LAG_MS,
+    ) -> None:
+        if saturated_lag_ms <= scaled_lag_ms:
+            raise ValueError(
+                f"saturated_lag_ms ({saturated_lag_ms:g}) must be larger than scaled_lag_ms"
+                f" ({scaled_lag_ms:g})"
+            )
         self.config = config
-        self.interval_s = config.interval_ms / 1000.0
-        self._scaled = config.scaled_lag_ms / 1000.0
-        self._saturated = config.saturated_lag_ms / 1000.0
+        self.interval_s = interval_ms / 1000.0
+        self.window_s = window_s
+        self._scaled = scaled_lag_ms / 1000.0
+        self._saturated = saturated_lag_ms / 1000.0
         self._recent: deque[tuple[float, float]] = deque()
         self.lag_s = 0.0
         """The largest lateness over the last ``window_s``."""
@@ -113,7 +116,7 @@ class LoopLag:
         while recent and recent[-1][1] <= late_s:
             recent.pop()
         recent.append((now, late_s))
-        horizon = now - self.config.window_s
+        horizon = now - self.window_s
         while recent[0][0] < horizon:
             recent.popleft()
         lag = recent[0][1]

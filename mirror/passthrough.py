@@ -29,6 +29,7 @@ from mirror.config import MirrorSettings
 from mirror.headers import PAIR_HEADER, client_headers, header_value, upstream_headers
 from mirror.problem import PROBLEM_JSON, problem_body
 from mirror.routes import Router, canonical_path, quoted
+from mirror.upstream import CONNECT_TIMEOUT_S, KEEPALIVE_S
 from shadow_ab.privacy import redact_urls
 
 log = logging.getLogger(__name__)
@@ -76,12 +77,12 @@ class Passthrough:
         read = getattr(cfg, "read_timeout_s", None)
         session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(
-                limit=cfg.max_connections,
+                limit=0,
                 ttl_dns_cache=300,
-                keepalive_timeout=cfg.keepalive_timeout_s,
+                keepalive_timeout=KEEPALIVE_S,
             ),
             timeout=aiohttp.ClientTimeout(
-                total=None, sock_connect=cfg.connect_timeout_s, sock_read=read
+                total=None, sock_connect=CONNECT_TIMEOUT_S, sock_read=read
             ),
             auto_decompress=False,
             cookie_jar=aiohttp.DummyCookieJar(),

@@ -36,7 +36,7 @@ import os
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from mirror.errors import RedactionError
 from shadow_ab.privacy import (
@@ -126,6 +126,11 @@ class _Budgeted:
         return self.redact(text)
 
 
+OPT_OUT_HEADER = b"x-shadow-capture"
+"""The request header that lowers a request's capture level (``metadata`` or ``none``); a
+setting (``privacy.opt_out_header``) until issue 26: one name the clients and docs can rely on."""
+
+
 class PrivacyConfig(BaseModel):
     """``privacy:`` in the mirror's YAML (``SHADOW_AB_MIRROR_PRIVACY__CAPTURE=metadata``, ...)."""
 
@@ -136,30 +141,17 @@ class PrivacyConfig(BaseModel):
         description="full: text kept (redacted); metadata: timings, counts and keyed digests"
         " only; none: no text and no digests",
     )
-    opt_out_header: str = Field(
-        default="x-shadow-capture",
-        min_length=1,
-        description="a request with this header (value metadata or none) is captured at that"
-        " level if lower than `capture`",
-    )
     redactor: str = Field(
         default="builtin",
         description="run on every string of a record kept with text: builtin, none, or a"
         " Python callable module:function (str -> str)",
     )
-    hash_key: SecretStr | None = Field(
-        default=None,
-        description="key of the digests (metadata mode); default: a random key per process"
-        " (pairs compare, digests of different processes do not)",
-    )
     hash_key_file: Path | None = Field(
-        default=None, description="file holding the digest key (a mounted Secret)"
+        default=None,
+        description="file holding the key of the digests (metadata mode; a mounted Secret);"
+        " default: a random key per process (pairs compare, digests of different processes"
+        " do not)",
     )
-
-    @field_validator("opt_out_header")
-    @classmethod
-    def _lower(cls, v: str) -> str:
-        return v.strip().lower()
 
     @field_validator("redactor")
     @classmethod
@@ -177,8 +169,6 @@ class PrivacyConfig(BaseModel):
     def key(self) -> bytes | None:
         if self.hash_key_file is not None:
             return self.hash_key_file.read_bytes().strip() or None
-        if self.hash_key is not None:
-            return self.hash_key.get_secret_value().encode() or None
         return None
 
 
@@ -188,7 +178,7 @@ class Privacy:
     def __init__(self, config: PrivacyConfig) -> None:
         self.config = config
         self.level = config.capture
-        self.header = config.opt_out_header.encode("latin-1")
+        self.header = OPT_OUT_HEADER
         self.redactor = load_redactor(config.redactor)
         self.digester = Digester(config.key())
 

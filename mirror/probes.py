@@ -75,12 +75,13 @@ class ProbeInjector:
         config: ProbeConfig,
         session: aiohttp.ClientSession | None,
         probes: ProbeSet | None = None,
+        seed: int | None = None,
     ) -> None:
         self.core = core
         self.session = session
         self.config = config
         self.probes = probes or load_probe_set(config.set)
-        self.rng = random.Random(config.seed)
+        self.rng = random.Random(seed)  # None: a random order per start (tests fix it)
         self._order: list[int] = []
         self._m = {d: m.PROBES.labels(decision=d) for d in DECISIONS}
         self._model: str | None = config.model

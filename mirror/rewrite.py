@@ -7,7 +7,8 @@ with the names of the rewrites, which go into ``ExchangeRecord.rewrites``):
   then the candidate-specific rewrites of :class:`CandidateRewrite` -- model-name mapping
   (``model``), fields the candidate rejects (``drop:<field>``; TensorRT-LLM answers 400 to
   fields it does not know), an explicit ``max_tokens`` where the client left it out
-  (``max_tokens``; vLLM's completions default is 16, TensorRT-LLM's is none), and
+  (``max_tokens``; completions: :data:`COMPLETIONS_MAX_TOKENS`, what the vLLM incumbent
+  applied), and
   ``stream_options.include_usage`` on streams so the token count (hence TPOT) is known.
 - :func:`with_stream_usage`: ``include_usage`` for the incumbent's stream too; the mirror then
   hides the usage chunk from a client that did not ask for it (and gives the finish chunks back
@@ -36,6 +37,16 @@ CREDENTIAL = "credential"
 LOGPROBS = "logprobs"
 CACHE_SALT = "cache_salt"
 
+ANY_MODEL = "*"
+"""The ``model_map`` key that maps every model name without an entry of its own (the single
+``candidate.rewrite.model`` setting until issue 26)."""
+
+COMPLETIONS_MAX_TOKENS = 16
+"""``max_tokens`` of a candidate's /v1/completions request whose client left it out: vLLM's
+default (the OpenAI API's), so the candidate generates what the incumbent did; TensorRT-LLM
+would run to end-of-sequence (``candidate.rewrite.completions_max_tokens`` until issue 26:
+another value only made the pair differ)."""
+
 SECRET_FIELDS = CREDENTIAL_KEYS
 """Top-level body fields never stored (compared case-insensitively); deeper ones are removed
 before a record leaves the mirror (:mod:`mirror.privacy`)."""
@@ -46,32 +57,20 @@ class CandidateRewrite(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    model: str | None = Field(
-        default=None, description="send every request to the candidate with this model name"
-    )
     model_map: dict[str, str] = Field(
         default_factory=dict,
-        description="client model name -> candidate model name (checked before `model`)",
+        description='client model name -> candidate model name; "*": every other model'
+        ' (e.g. {"*": llama-trt} sends every request with that name)',
     )
     drop_fields: list[str] = Field(
         default_factory=list,
         description="top-level request fields removed before sending to the candidate",
-    )
-    completions_max_tokens: int | None = Field(
-        default=16,
-        ge=1,
-        description="max_tokens for /v1/completions requests that leave it out (vLLM's default"
-        " is 16; TensorRT-LLM would run to end-of-sequence); null: leave it out",
     )
     chat_max_tokens: int | None = Field(
         default=None,
         ge=1,
         description="max_tokens for chat requests with neither max_tokens nor"
         " max_completion_tokens; null: leave it out (both engines run to the context limit)",
-    )
-    include_usage: bool = Field(
-        default=True,
-        description="add stream_options.include_usage to streamed requests (token counts)",
     )
 
 
@@ -110,7 +109,7 @@ def candidate_request(
     model = out.get("model")
     target = rewrite.model_map.get(model) if isinstance(model, str) else None
     if target is None:
-        target = rewrite.model
+        target = rewrite.model_map.get(ANY_MODEL)
     if target is not None and target != model:
         out["model"] = target
         done.append(MODEL)
@@ -126,14 +125,13 @@ def candidate_request(
         ):
             out["max_tokens"] = rewrite.chat_max_tokens
             done.append(MAX_TOKENS)
-    elif rewrite.completions_max_tokens is not None and "max_tokens" not in out:
-        out["max_tokens"] = rewrite.completions_max_tokens
+    elif "max_tokens" not in out:
+        out["max_tokens"] = COMPLETIONS_MAX_TOKENS
         done.append(MAX_TOKENS)
-    if rewrite.include_usage:
-        usage = with_stream_usage(out, hideable=False)
-        if usage is not None:
-            out = usage
-            done.append(INCLUDE_USAGE)
+    usage = with_stream_usage(out, hideable=False)  # the token count TPOT needs
+    if usage is not None:
+        out = usage
+        done.append(INCLUDE_USAGE)
     return out, done
 
 
@@ -171,17 +169,16 @@ def replay_request(
     chat: bool,
     top_logprobs: int | None,
     delay_s: float,
-    pool: str,
     cache_salt: str | None = None,
 ) -> tuple[dict[str, Any], list[str]]:
-    """The replay's body (the incumbent's, with top logprobs and an optional ``cache_salt``)
-    and its rewrites, which also record how it was sent apart from the original
-    (``replay_delay:<s>``, ``replay_pool:<separate|shared>``)."""
+    """The replay's body (the incumbent's, with top logprobs and a ``cache_salt``, so it cannot
+    reuse the original's prefix cache) and its rewrites, which also record how it was sent
+    apart from the original (``replay_delay:<s>``, ``replay_pool:separate``: its own pool)."""
     out, done = ask_top_logprobs(body, rewrites, chat=chat, k=top_logprobs)
     if cache_salt is not None:
         out = {**out, "cache_salt": cache_salt}
         done = [*done, CACHE_SALT]
-    return out, [*done, f"replay_delay:{delay_s:g}", f"replay_pool:{pool}"]
+    return out, [*done, f"replay_delay:{delay_s:g}", "replay_pool:separate"]
 
 
 def stored_request(body: dict[str, Any]) -> dict[str, Any]:

@@ -16,11 +16,17 @@ from __future__ import annotations
 import hashlib
 import random
 from collections.abc import Callable
-from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 _SCALE = float(2**64)
+
+
+LOAD_PARITY_SLACK = 0
+"""Candidate requests in flight allowed beyond ``load_parity`` x the incumbent's: none, so the
+bound is the ratio itself (a setting until issue 26; nobody set it). Replays always go through
+their own connection pool to the incumbent and carry a random ``cache_salt`` (settings
+``replay_pool`` and ``replay_cache_salt`` until issue 26): :mod:`mirror.shadow`."""
 
 
 class ShadowConfig(BaseModel):
@@ -54,14 +60,9 @@ class ShadowConfig(BaseModel):
         gt=0.0,
         le=1000.0,
         description="bound the candidate's requests in flight at dispatch to this ratio of the"
-        " incumbent's client requests in flight (plus load_parity_slack), this request counted on"
+        " incumbent's client requests in flight (plus LOAD_PARITY_SLACK), this request counted on"
         " both sides; past it, requests are not shadowed (counted as skipped_load_parity), so"
         " both engines are compared at the same concurrency. None: no bound",
-    )
-    load_parity_slack: int = Field(
-        default=0,
-        ge=0,
-        description="candidate requests in flight allowed beyond load_parity * incumbent's",
     )
     replay_delay_s: float = Field(
         default=1.0,
@@ -70,16 +71,6 @@ class ShadowConfig(BaseModel):
         description="a replay waits this long before it is sent, so it is not batched with the"
         " request it repeats and measures the incumbent's run-to-run variation (recorded as the"
         " replay's rewrite replay_delay:<s>); 0: sent at once",
-    )
-    replay_pool: Literal["separate", "shared"] = Field(
-        default="separate",
-        description="separate: replays use their own connection pool to the incumbent (recorded"
-        " as replay_pool:separate); shared: the clients' pool",
-    )
-    replay_cache_salt: bool = Field(
-        default=False,
-        description="add a random cache_salt to each replay (vLLM >= 0.9) so it cannot reuse the"
-        " original's prefix cache (recorded as cache_salt); only for an incumbent that accepts it",
     )
     top_logprobs: int | None = Field(
         default=5,
@@ -90,13 +81,18 @@ class ShadowConfig(BaseModel):
         " rewrite logprobs), for the near-tie margin; null: never",
     )
 
-    def parity_allows(self, inflight_candidate: int, inflight_incumbent: int) -> bool:
+    def parity_allows(
+        self, inflight_candidate: int, inflight_incumbent: int, slack: int | None = None
+    ) -> bool:
         """Whether one more candidate request keeps ``load_parity``: with this request on both
-        sides, ``candidate + 1 <= load_parity * (incumbent + 1) + load_parity_slack``."""
+        sides, ``candidate + 1 <= load_parity * (incumbent + 1) + slack`` (default
+        :data:`LOAD_PARITY_SLACK`)."""
         ratio = self.load_parity
         if ratio is None:
             return True
-        return inflight_candidate + 1 <= ratio * (inflight_incumbent + 1) + self.load_parity_slack
+        if slack is None:
+            slack = LOAD_PARITY_SLACK
+        return inflight_candidate + 1 <= ratio * (inflight_incumbent + 1) + slack
 
     @field_validator("header")
     @classmethod

@@ -61,7 +61,7 @@ from mirror.problem import PROBLEM_JSON, problem_body
 from mirror.recording import status_of
 from mirror.routes import canonical_path
 from mirror.sse import UsageHider
-from mirror.upstream import Upstream, UpstreamConnection
+from mirror.upstream import KEEPALIVE_S, Upstream, UpstreamConnection
 from shadow_ab.privacy import redact_urls
 from shadow_ab.records import Status
 
@@ -930,7 +930,12 @@ class ClientServer:
     docstring)."""
 
     def __init__(
-        self, settings: MirrorSettings, core: ExchangeCore, passthrough: Passthrough
+        self,
+        settings: MirrorSettings,
+        core: ExchangeCore,
+        passthrough: Passthrough,
+        *,
+        keepalive_s: float = KEEPALIVE_S,
     ) -> None:
         self.settings = settings
         self.core = core
@@ -940,8 +945,7 @@ class ClientServer:
         self.connections: set[ClientConnection] = set()
         self.body_bytes = 0
         """Request body bytes held across the connections (read, not yet answered)."""
-        self.upstream = Upstream.to(settings.incumbent)
-        core.shadows.client_pool = self.upstream  # replays with shadow.replay_pool: shared
+        self.upstream = Upstream.to(settings.incumbent, keepalive_s=keepalive_s)
         self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]
         self._server: asyncio.Server | None = None
 

@@ -9,7 +9,7 @@ the client is answered. The one await on the shadow is :meth:`Shadows.drain`, at
 the server takes no more requests.
 
 A replay waits ``shadow.replay_delay_s`` before it is sent and goes through its own connection
-pool (``shadow.replay_pool``), so it is not batched with the request it repeats: the noise floor
+pool, so it is not batched with the request it repeats: the noise floor
 is the incumbent's run-to-run variation, not an echo of one batch (a replay cancelled while it
 waits was never sent and is not recorded). A shadow request ends within ``shadow.timeout_s``
 (a timeout is recorded, not raised); its answer is read whole (a stream's chunks are kept with
@@ -22,9 +22,7 @@ kept: no text, logprobs or timings), counted in
 ``shadow_ab_mirror_shadow_answers_truncated_total``.
 
 The requests go through this module's own raw connection pools (:mod:`mirror.shadow_client`:
-one per engine, plus the replays' own): a chunk costs one parser callback. A replay with
-``shadow.replay_pool: shared`` uses the clients' pool (:attr:`Shadows.client_pool`, the client
-server's :class:`~mirror.upstream.Upstream`). Each exchange ends in the
+one per engine, plus the replays' own): a chunk costs one parser callback. Each exchange ends in the
 :class:`~mirror.recorder.Recorder`, which this module shares with the client's path.
 """
 
@@ -44,7 +42,7 @@ from mirror.recording import ERROR_BODY_KEEP, Dispatch, error_text, status_of
 from mirror.rewrite import stored_request
 from mirror.shadow_client import AnswerTruncated, ShadowAnswer, request_head
 from mirror.trace import Outcome, parse_body, stream_trace
-from mirror.upstream import Upstream
+from mirror.upstream import KEEPALIVE_S, Upstream
 from shadow_ab.records import Endpoint, Role, Status
 
 if TYPE_CHECKING:
@@ -67,9 +65,11 @@ class Shadows:
         *,
         clock: Callable[[], float],
         wall: Callable[[], datetime],
+        keepalive_s: float = KEEPALIVE_S,
     ) -> None:
         self.settings = settings
         self.recorder = recorder
+        self.keepalive_s = keepalive_s
         self.clock = clock
         self.wall = wall
         self.inflight = 0
@@ -77,8 +77,6 @@ class Shadows:
         self.tasks: set[asyncio.Task[None]] = set()
         self.pools: dict[Role, Upstream] = {}
         """Raw connection pools per role (:meth:`start`)."""
-        self.client_pool: Upstream | None = None
-        """The clients' pool to the incumbent (shared replays), set by the client server."""
         self._engines = {
             Role.CANDIDATE: (settings.candidate.url, settings.candidate_engine()),
             Role.REPLAY: (settings.incumbent.url, settings.incumbent_engine()),
@@ -88,11 +86,8 @@ class Shadows:
     def start(self) -> None:
         """Open the candidate's and the replays' pools (at the mirror's start)."""
         s = self.settings
-        self.pools[Role.CANDIDATE] = Upstream.to(s.candidate)
-        if s.shadow.replay_pool == "separate" or self.client_pool is None:
-            self.pools[Role.REPLAY] = Upstream.to(s.incumbent)
-        else:
-            self.pools[Role.REPLAY] = self.client_pool
+        self.pools[Role.CANDIDATE] = Upstream.to(s.candidate, keepalive_s=self.keepalive_s)
+        self.pools[Role.REPLAY] = Upstream.to(s.incumbent, keepalive_s=self.keepalive_s)
 
     def _path(self, role: Role, route: str) -> str:
         """The request target of ``route`` on ``role``'s engine (its URL's path prefix kept)."""
@@ -107,8 +102,7 @@ class Shadows:
     def close(self) -> None:
         """Close the pools' idle connections (after the drain)."""
         for pool in self.pools.values():
-            if pool is not self.client_pool:  # the clients' pool is the data plane's to close
-                pool.close()
+            pool.close()
         self.pools.clear()
 
     def fire(

@@ -5,8 +5,9 @@ parser: the incumbent's bytes are parsed in ``data_received`` and handed, in the
 the :class:`Exchange` that asked (its ``head``, ``body``, ``done`` and ``broken``), which writes
 them to the client's transport. No stream reader, future or task wake-up per chunk.
 :class:`Upstream` keeps the idle keep-alive connections (newest first, none older than
-``keepalive_s``) and an optional cap on open connections (``incumbent.max_connections``; 0: no
-cap), and times the connect (``incumbent.connect_timeout_s``). A URL's user info is not used
+``keepalive_s``, :data:`KEEPALIVE_S` in the mirror) and an optional cap on open connections
+(``max_connections``; the mirror's pools have none), and times the connect
+(:data:`CONNECT_TIMEOUT_S`). A URL's user info is not used
 here: the mirror's own credentials for an engine are headers its callers add
 (:meth:`mirror.config.EngineConfig.own_headers`).
 
@@ -27,6 +28,17 @@ import yarl
 
 if TYPE_CHECKING:
     from mirror.config import EngineConfig
+
+CONNECT_TIMEOUT_S = 5.0
+"""TCP connect timeout to either engine (``incumbent``/``candidate.connect_timeout_s`` until
+issue 26): the engines sit next to the mirror, so a connect that takes seconds is a dead
+engine, not a slow one."""
+
+KEEPALIVE_S = 4.0
+"""A pooled connection idle longer than this is not reused (``incumbent``/
+``candidate.keepalive_timeout_s`` until issue 26): under the engines' own keep-alive (vLLM and
+uvicorn: 5 s), else a request can go out on a connection the engine is closing and fail as a
+connection error (tests/mirror/test_mirror_keepalive.py plays that race)."""
 
 
 class Exchange(Protocol):
@@ -169,7 +181,7 @@ class Upstream:
         *,
         connect_timeout_s: float,
         max_connections: int = 0,
-        keepalive_s: float = 4.0,
+        keepalive_s: float = KEEPALIVE_S,
     ) -> None:
         u = yarl.URL(url)
         self.host = u.raw_host or "127.0.0.1"
@@ -192,14 +204,11 @@ class Upstream:
         self.closing = False
 
     @classmethod
-    def to(cls, engine: EngineConfig) -> Upstream:
-        """A pool to ``engine`` with its connect timeout, connection cap and keep-alive."""
-        return cls(
-            engine.url,
-            connect_timeout_s=engine.connect_timeout_s,
-            max_connections=engine.max_connections,
-            keepalive_s=engine.keepalive_timeout_s,
-        )
+    def to(cls, engine: EngineConfig, *, keepalive_s: float = KEEPALIVE_S) -> Upstream:
+        """An uncapped pool to ``engine`` (``shadow.max_concurrent`` bounds the shadow side,
+        the client connections the incumbent's) with the mirror's connect timeout and
+        keep-alive."""
+        return cls(engine.url, connect_timeout_s=CONNECT_TIMEOUT_S, keepalive_s=keepalive_s)
 
     async def acquire(self) -> tuple[UpstreamConnection, bool]:
         """A connection (and whether it was used before): an idle one, else a new one."""

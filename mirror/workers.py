@@ -6,7 +6,8 @@ and uvicorn's ``--workers`` are: it reserves the client port, starts ``workers``
 processes that listen on it with ``SO_REUSEPORT`` (the kernel spreads new connections across
 them), and keeps them running:
 
-- **What each worker gets** (:func:`worker_settings`): ``reuse_port``; the admin port
+- **What each worker gets** (:func:`worker_settings`; it listens with ``SO_REUSEPORT``,
+  :func:`mirror.cli.run_worker`): the admin port
   ``admin_port + i`` (its own ``/metrics`` and ``/healthz``; ``admin_port: 0`` gives each a
   free one); with Kafka, the spool folder ``<spool_dir>.worker-<i>`` for worker ``i > 0``
   (worker 0 keeps ``spool_dir``: records a single mirror spooled are delivered by it). Probes
@@ -39,7 +40,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from mirror.config import MirrorConfigError, MirrorSettings
+from mirror.config import SINK_CLOSE_TIMEOUT_S, MirrorConfigError, MirrorSettings
 from mirror.listen import ListenError, bound_socket, reset_on_close_warning
 
 log = logging.getLogger("mirror.workers")
@@ -69,7 +70,7 @@ def worker_settings(settings: MirrorSettings, index: int, port: int) -> MirrorSe
             f" client port {port}: choose an admin_port whose next {settings.workers} ports"
             " are free"
         )
-    update: dict[str, Any] = {"port": port, "reuse_port": True, "admin_port": admin, "workers": 1}
+    update: dict[str, Any] = {"port": port, "admin_port": admin, "workers": 1}
     if index > 0:
         update["health_enabled"] = False
         update["probes"] = settings.probes.model_copy(update={"per_minute": 0})
@@ -188,7 +189,7 @@ class Supervisor:
     def _join(self) -> int:
         """Wait for every worker to drain; kill what is left after its drain's time."""
         s = self.settings
-        deadline = time.monotonic() + s.drain_timeout_s + s.sink_close_timeout_s + 15.0
+        deadline = time.monotonic() + s.drain_timeout_s + SINK_CLOSE_TIMEOUT_S + 15.0
         for proc in self.procs:
             proc.join(max(0.0, deadline - time.monotonic()))
         status = 0

@@ -44,6 +44,15 @@ def normalize_database_url(url: str) -> str:
     return url
 
 
+def check_bootstrap(v: str) -> str:
+    """``v`` if it is ``HOST:PORT[,HOST:PORT]``; else ValueError saying what to give."""
+    for part in v.split(","):
+        host, sep, port = part.strip().rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise ValueError(f"Kafka bootstrap {part!r} must be HOST:PORT (e.g. 127.0.0.1:59092)")
+    return v
+
+
 class CommonSettings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="SHADOW_AB_",
@@ -68,10 +77,4 @@ class CommonSettings(BaseSettings):
     def _host_port(cls, v: str | None) -> str | None:
         if v is None or v == "":
             return None
-        for part in v.split(","):
-            host, sep, port = part.strip().rpartition(":")
-            if not sep or not host or not port.isdigit():
-                raise ValueError(
-                    f"Kafka bootstrap {part!r} must be HOST:PORT (e.g. 127.0.0.1:59092)"
-                )
-        return v
+        return check_bootstrap(v)

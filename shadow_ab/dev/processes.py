@@ -513,7 +513,8 @@ def running_mirror(
     the mirror), or to Kafka at ``kafka`` (``HOST:PORT``; ``kafka_settings`` are the rest of
     the sink's ``kafka:`` settings, e.g. its topics). ``overrides`` are settings, e.g.
     ``shadow={"rate": 0.5, "replay_rate": 0.1}``, ``deployment="exp1"``,
-    ``candidate={"rewrite": {"model": "m"}}`` (merged with the URLs), ``health_enabled=False``.
+    ``candidate={"rewrite": {"model_map": {"*": "m"}}}`` (merged with the URLs),
+    ``health_enabled=False``.
     ``health_only=True`` runs ``shadow-ab mirror --health-only`` (the sampler and its /metrics).
     With ``workers=N`` the mirror runs N worker processes; worker i's admin port is
     ``mirror.admin_port + i``.

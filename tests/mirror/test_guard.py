@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 from prometheus_client import REGISTRY
 
-from mirror.guard import GuardConfig, InterferenceGuard, percentile
+from mirror.guard import GuardConfig, GuardTuning, InterferenceGuard, percentile
 
 
 class FakeClock:
@@ -36,7 +37,11 @@ def feed(
         guard.observe(ttft, e2e, shadow)
 
 
-def config(**kw: object) -> GuardConfig:
+_TUNING = {f.name for f in dataclasses.fields(GuardTuning)}
+
+
+def config(**kw: object) -> tuple[GuardConfig, GuardTuning]:
+    """Settings and tight tuning (the tuning's constants are for production traffic)."""
     base: dict[str, object] = {
         "min_samples": 20,
         "window_s": 10.0,
@@ -49,7 +54,14 @@ def config(**kw: object) -> GuardConfig:
         "bound": 0.25,
     }
     base.update(kw)
-    return GuardConfig.model_validate(base)
+    tuning = GuardTuning(**{k: v for k, v in base.items() if k in _TUNING})  # type: ignore[arg-type]
+    cfg = GuardConfig.model_validate({k: v for k, v in base.items() if k not in _TUNING})
+    return cfg, tuning
+
+
+def guard(clock: FakeClock, **kw: object) -> InterferenceGuard:
+    cfg, tuning = config(**kw)
+    return InterferenceGuard(cfg, clock, tuning)
 
 
 def test_percentile() -> None:
@@ -60,7 +72,7 @@ def test_percentile() -> None:
 
 def test_steady_while_latency_stays_at_the_baseline() -> None:
     clock = FakeClock()
-    g = InterferenceGuard(config(), clock)
+    g = guard(clock)
     feed(g, clock, 100, 0.040, 0.200, shadow=False)
     feed(g, clock, 200, 0.042, 0.205, shadow=True)  # within 25 %
     assert g.rate == 1.0
@@ -71,7 +83,7 @@ def test_steady_while_latency_stays_at_the_baseline() -> None:
 
 def test_backs_off_multiplicatively_under_degradation_with_cooldown() -> None:
     clock = FakeClock()
-    g = InterferenceGuard(config(), clock)
+    g = guard(clock)
     feed(g, clock, 100, 0.040, 0.200, shadow=False)  # baseline, 5 s
     feed(g, clock, 20, 0.080, 0.200, shadow=True)  # TTFT p95 doubles: cut at min_samples
     assert g.rate == 0.5
@@ -92,7 +104,7 @@ def test_backs_off_multiplicatively_under_degradation_with_cooldown() -> None:
 
 def test_e2e_degradation_alone_backs_off() -> None:
     clock = FakeClock()
-    g = InterferenceGuard(config(), clock)
+    g = guard(clock)
     feed(g, clock, 100, 0.040, 0.200, shadow=False)
     feed(g, clock, 25, 0.040, 0.400, shadow=True)
     assert g.rate == 0.5
@@ -100,7 +112,7 @@ def test_e2e_degradation_alone_backs_off() -> None:
 
 def test_recovers_additively_and_slowly() -> None:
     clock = FakeClock()
-    g = InterferenceGuard(config(), clock)
+    g = guard(clock)
     feed(g, clock, 100, 0.040, 0.200, shadow=False)
     feed(g, clock, 20, 0.080, 0.200, shadow=True)  # the cut comes with the 20th sample
     assert g.rate == 0.5
@@ -124,14 +136,14 @@ def test_recovers_additively_and_slowly() -> None:
 
 def test_min_samples_respected() -> None:
     clock = FakeClock()
-    g = InterferenceGuard(config(min_samples=50), clock)
+    g = guard(clock, min_samples=50)
     feed(g, clock, 49, 0.040, 0.200, shadow=False)  # a baseline of 49 is not yet a baseline
     feed(g, clock, 200, 0.500, 1.000, shadow=True)
     assert g.rate == 1.0
     assert g.state()["ttft_baseline_s"] is None
 
     clock2 = FakeClock()
-    g2 = InterferenceGuard(config(min_samples=50), clock2)
+    g2 = guard(clock2, min_samples=50)
     feed(g2, clock2, 100, 0.040, 0.200, shadow=False)
     feed(g2, clock2, 49, 0.500, 1.000, shadow=True)  # 49 watched samples: no judgement yet
     assert g2.rate == 1.0
@@ -142,7 +154,7 @@ def test_min_samples_respected() -> None:
 
 def test_judges_at_most_every_evaluate_interval() -> None:
     clock = FakeClock()
-    g = InterferenceGuard(config(evaluate_interval_s=1.0), clock)
+    g = guard(clock, evaluate_interval_s=1.0)
     for _ in range(30):
         g.observe(0.040, 0.200, False)  # judged with the first only
     clock.advance(1.0)
@@ -160,7 +172,7 @@ def test_judges_at_most_every_evaluate_interval() -> None:
 def test_min_samples_counts_after_a_cut() -> None:
     """After a cut the window restarts: no second cut until min_samples fresh ones."""
     clock = FakeClock()
-    g = InterferenceGuard(config(min_samples=30, backoff_cooldown_s=0.0), clock)
+    g = guard(clock, min_samples=30, backoff_cooldown_s=0.0)
     feed(g, clock, 100, 0.040, 0.200, shadow=False)
     feed(g, clock, 30, 0.080, 0.200, shadow=True)
     assert g.rate == 0.5
@@ -172,7 +184,7 @@ def test_min_samples_counts_after_a_cut() -> None:
 
 def test_configured_baseline_needs_no_shadow_free_traffic() -> None:
     clock = FakeClock()
-    g = InterferenceGuard(config(baseline_ttft_s=0.040, baseline_e2e_s=0.200), clock)
+    g = guard(clock, baseline_ttft_s=0.040, baseline_e2e_s=0.200)
     feed(g, clock, 25, 0.070, 0.200, shadow=True)
     assert g.rate == 0.5
     assert g.state()["ttft_baseline_s"] == 0.040
@@ -180,7 +192,7 @@ def test_configured_baseline_needs_no_shadow_free_traffic() -> None:
 
 def test_shadow_traffic_does_not_enter_the_baseline() -> None:
     clock = FakeClock()
-    g = InterferenceGuard(config(), clock)
+    g = guard(clock)
     feed(g, clock, 100, 0.500, 1.000, shadow=True)  # only shadowed traffic: no baseline
     assert g.state()["ttft_baseline_s"] is None
     assert g.rate == 1.0
@@ -188,7 +200,7 @@ def test_shadow_traffic_does_not_enter_the_baseline() -> None:
 
 def test_off_windows_admit_nothing_and_measure_the_baseline() -> None:
     clock = FakeClock()
-    g = InterferenceGuard(config(off_window_every_s=10.0, off_window_s=2.0), clock)
+    g = guard(clock, off_window_every_s=10.0, off_window_s=2.0)
     # 0..8 s: on, 8..10 s: off, 10..18 s: on ...
     clock.advance(1.0)
     assert g.admit(0.0)
@@ -211,7 +223,7 @@ def test_off_windows_admit_nothing_and_measure_the_baseline() -> None:
 
 def test_disabled_guard_follows_max_rate_only() -> None:
     clock = FakeClock()
-    g = InterferenceGuard(config(enabled=False, max_rate=0.5, min_rate=0.1), clock)
+    g = guard(clock, enabled=False, max_rate=0.5, min_rate=0.1)
     feed(g, clock, 100, 0.040, 0.200, shadow=False)
     feed(g, clock, 100, 1.0, 5.0, shadow=True)
     assert g.admit(0.4)
@@ -220,7 +232,7 @@ def test_disabled_guard_follows_max_rate_only() -> None:
 
 def test_state_is_json_and_gauges_follow() -> None:
     clock = FakeClock()
-    g = InterferenceGuard(config(), clock)
+    g = guard(clock)
     feed(g, clock, 100, 0.040, 0.200, shadow=False)
     feed(g, clock, 25, 0.080, 0.200, shadow=True)
     state = json.loads(json.dumps(g.state()))
@@ -242,4 +254,4 @@ def test_state_is_json_and_gauges_follow() -> None:
 )
 def test_config_validation(kw: dict[str, object], match: str) -> None:
     with pytest.raises(ValueError, match=match):
-        GuardConfig.model_validate(kw)
+        guard(FakeClock(), **kw)

@@ -145,8 +145,9 @@ def test_a_fatal_producer_is_replaced_by_the_sink(tmp_path: Path) -> None:
         return p
 
     sink = KafkaSink(
-        KafkaSinkConfig(bootstrap="x:1", spool_dir=tmp_path / "spool", retry_backoff_s=0.05),
+        KafkaSinkConfig(bootstrap="x:1", spool_dir=tmp_path / "spool"),
         producer_factory=factory,
+        retry_backoff_s=0.05,
         poll_s=0.01,
     )
     try:

@@ -63,9 +63,12 @@ def config(bootstrap: str, topics: Topics, spool_dir: Path, **client: int | str)
         topic_exchanges=topics.exchanges,
         topic_health=topics.health,
         spool_dir=spool_dir,
-        retry_backoff_s=0.2,
         client=client,
     )
+
+
+FAST = {"retry_backoff_s": 0.2}
+"""The sink's first retry sooner than RETRY_BACKOFF_S: Kafka back is used within the test."""
 
 
 def consume(bootstrap: str, topic: str, expected: int, timeout_s: float = 60.0) -> list[Any]:
@@ -129,7 +132,7 @@ def test_unusable_spool_folder_fails_at_start(tmp_path: Path) -> None:
 def test_records_reach_their_topics_with_their_keys(
     kafka_bootstrap: str, topics: Topics, tmp_path: Path
 ) -> None:
-    sink = KafkaSink(config(kafka_bootstrap, topics, tmp_path / "spool"))
+    sink = KafkaSink(config(kafka_bootstrap, topics, tmp_path / "spool"), **FAST)
     records = [numbered_exchange(DEP, i) for i in range(200)]
     samples = [numbered_health(DEP, i, "candidate") for i in range(5)]
     for r in records:
@@ -154,7 +157,7 @@ def test_unreachable_broker_spools_then_next_process_drains(
     kafka_bootstrap: str, topics: Topics, tmp_path: Path
 ) -> None:
     spool_dir = tmp_path / "spool"
-    away = KafkaSink(config(closed_port(), topics, spool_dir))
+    away = KafkaSink(config(closed_port(), topics, spool_dir), **FAST)
     records = [numbered_exchange(DEP, i) for i in range(300)]
     assert all(away.submit(r) for r in records)
     assert not away.flush(30.0)  # nothing can be acknowledged: returns once all is spooled
@@ -164,7 +167,7 @@ def test_unreachable_broker_spools_then_next_process_drains(
 
     # A new mirror process on the same spool folder, Kafka reachable: everything goes out,
     # spooled records first.
-    back = KafkaSink(config(kafka_bootstrap, topics, spool_dir))
+    back = KafkaSink(config(kafka_bootstrap, topics, spool_dir), **FAST)
     later = [numbered_exchange(DEP, i) for i in range(300, 350)]
     for r in later:
         back.submit(r)
@@ -197,8 +200,9 @@ def test_full_queue_drops_and_counts(tmp_path: Path) -> None:
         raise ConnectionError("no broker here")
 
     sink = KafkaSink(
-        KafkaSinkConfig(bootstrap="x:1", spool_dir=tmp_path / "spool", queue_max=10),
+        KafkaSinkConfig(bootstrap="x:1", spool_dir=tmp_path / "spool"),
         producer_factory=stuck_factory,
+        queue_max=10,
     )
     results = [sink.submit(numbered_exchange(DEP, i)) for i in range(15)]
     assert results == [True] * 10 + [False] * 5
@@ -302,7 +306,7 @@ def test_a_record_too_large_for_kafka_fails_alone(
     cfg = config(
         kafka_bootstrap, small_topics, tmp_path / "spool", **{"message.max.bytes": max_request_size}
     )
-    sink = KafkaSink(cfg, topic_limit=topic_limit() if topic_limit else None)
+    sink = KafkaSink(cfg, topic_limit=topic_limit() if topic_limit else None, **FAST)
     before = [numbered_exchange(DEP, i) for i in range(20)]
     after = [numbered_exchange(DEP, i) for i in range(21, 60)]
     for r in [*before, _big(20), *after]:
@@ -328,7 +332,10 @@ def test_a_too_large_record_at_the_spools_head_is_dropped_and_the_rest_drains(
         for r in [_big(100), *records[:15], _big(101), *records[15:]]:
             spool.append(encode_frame(small_topics.exchanges, str(r.pair_id).encode(), r.to_json()))
     sink = KafkaSink(
-        config(kafka_bootstrap, small_topics, spool_dir, **{"message.max.bytes": SMALL_TOPIC_BYTES})
+        config(
+            kafka_bootstrap, small_topics, spool_dir, **{"message.max.bytes": SMALL_TOPIC_BYTES}
+        ),
+        **FAST,
     )
     assert sink.flush(60)
     assert not sink.close(10)  # two records were dropped: close() says so

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from mirror_helpers import FAST, MODEL, ListSink, decisions, served_in_process
 
+from mirror import sampling
 from mirror.app import Mirror
 from mirror.config import MirrorSettings, load_settings
 from mirror.errors import MirrorConfigError
@@ -94,10 +95,15 @@ def test_without_parity_the_slow_candidate_piles_up(
 
 @pytest.mark.parametrize(("ratio", "slack", "workers"), [(1.0, 0, 3), (0.5, 1, 4), (2.0, 0, 2)])
 def test_parity_bounds_the_candidate_and_counts_what_it_skips(
-    slow_pair: tuple[RunningSim, RunningSim], ratio: float, slack: int, workers: int
+    slow_pair: tuple[RunningSim, RunningSim],
+    ratio: float,
+    slack: int,
+    workers: int,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    monkeypatch.setattr(sampling, "LOAD_PARITY_SLACK", slack)  # a constant since issue 26
     before = decisions()
-    records = run(slow_pair, workers, load_parity=ratio, load_parity_slack=slack)
+    records = run(slow_pair, workers, load_parity=ratio)
     after = decisions()
     counted = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
 
@@ -126,9 +132,9 @@ def test_the_bound_itself() -> None:
     one = ShadowConfig(load_parity=1.0)
     assert one.parity_allows(0, 0) and one.parity_allows(2, 2)
     assert not one.parity_allows(1, 0) and not one.parity_allows(3, 2)
-    slack = ShadowConfig(load_parity=0.5, load_parity_slack=1)
-    assert slack.parity_allows(1, 1) and not slack.parity_allows(2, 1)
-    assert slack.parity_allows(2, 3) and not slack.parity_allows(3, 3)
+    half = ShadowConfig(load_parity=0.5)
+    assert half.parity_allows(1, 1, slack=1) and not half.parity_allows(2, 1, slack=1)
+    assert half.parity_allows(2, 3, slack=1) and not half.parity_allows(3, 3, slack=1)
     assert ShadowConfig().parity_allows(1000, 0)  # off by default
 
 

@@ -30,7 +30,7 @@ def test_yaml_then_env_then_flags(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
 incumbent: {url: "http://inc:8000/v1/"}
 candidate:
   url: http://cand:8000
-  rewrite: {model: trt-model, drop_fields: [top_k]}
+  rewrite: {model_map: {'*': trt-model}, drop_fields: [top_k]}
 shadow: {rate: 0.25, header: X-Session-Id, replay_rate: 0.05}
 guard: {bound: 0.5}
 deployment: from-yaml
@@ -39,7 +39,7 @@ port: 9000
     )
     s = load_settings(cfg)
     assert s.incumbent.url == "http://inc:8000"  # the OpenAI base URL is accepted
-    assert s.candidate.rewrite.model == "trt-model"
+    assert s.candidate.rewrite.model_map == {"*": "trt-model"}
     assert (s.shadow.rate, s.shadow.header, s.shadow.replay_rate) == (0.25, "x-session-id", 0.05)
     assert s.guard.bound == 0.5 and s.port == 9000
     assert s.incumbent_engine() == "vllm@incumbent" and s.candidate_engine() == "trtllm@candidate"
@@ -56,9 +56,23 @@ port: 9000
     assert s.kafka is not None and s.kafka.bootstrap == "127.0.0.1:59092"
 
     # a kafka: section in YAML keeps its settings; the flag's bootstrap wins
-    cfg.write_text(cfg.read_text() + "kafka: {bootstrap: yaml-host:9092, queue_max: 77}\n")
+    cfg.write_text(cfg.read_text() + "kafka: {bootstrap: yaml-host:9092, spool_max_bytes: 7777}\n")
     s = load_settings(cfg, kafka_bootstrap="flag-host:9092")
-    assert s.kafka is not None and (s.kafka.bootstrap, s.kafka.queue_max) == ("flag-host:9092", 77)
+    assert s.kafka is not None
+    assert (s.kafka.bootstrap, s.kafka.spool_max_bytes) == ("flag-host:9092", 7777)
+
+    s = load_settings(cfg)  # SHADOW_AB_KAFKA_BOOTSTRAP beats the YAML's
+    assert s.kafka is not None
+    assert (s.kafka.bootstrap, s.kafka.spool_max_bytes) == ("127.0.0.1:59092", 7777)
+    monkeypatch.delenv("SHADOW_AB_KAFKA_BOOTSTRAP")
+    s = load_settings(cfg)
+    assert s.kafka is not None and s.kafka.bootstrap == "yaml-host:9092"
+    with pytest.raises(MirrorConfigError, match="--kafka: Kafka bootstrap 'nope' must be HOST"):
+        load_settings(cfg, kafka_bootstrap="nope")
+    monkeypatch.setenv("SHADOW_AB_MIRROR_KAFKA_BOOTSTRAP", "old:9092")
+    with pytest.raises(MirrorConfigError, match=r"removed setting: give kafka\.bootstrap"):
+        load_settings(cfg)
+    monkeypatch.delenv("SHADOW_AB_MIRROR_KAFKA_BOOTSTRAP")
 
     s = load_settings(cfg, deployment="from-flag", shadow={"rate": 0.75}, port=9100)
     assert (s.deployment, s.shadow.rate, s.port) == ("from-flag", 0.75, 9100)

@@ -142,8 +142,6 @@ def test_kafka_outage_loses_and_doubles_nothing(
         "SHADOW_AB_MIRROR_KAFKA__CLIENT": orjson.dumps(
             {"request.timeout.ms": 1500, "message.timeout.ms": 3000}
         ).decode(),
-        "SHADOW_AB_MIRROR_KAFKA__RETRY_BACKOFF_S": "0.5",
-        "SHADOW_AB_MIRROR_KAFKA__RETRY_BACKOFF_MAX_S": "2",
     }
     with running_mirror(
         inc.base_url,
@@ -152,7 +150,6 @@ def test_kafka_outage_loses_and_doubles_nothing(
         deployment=deployment,
         health_enabled=False,  # exchange records only: their number is known exactly
         shadow={"rate": 1.0},
-        sink_close_timeout_s=60,
     ) as mirror:
         with Traffic(mirror.v1) as traffic:
             traffic.wait_for(20)

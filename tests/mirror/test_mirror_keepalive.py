@@ -1,4 +1,4 @@
-"""Pooled connections are not reused past ``keepalive_timeout_s``.
+"""Pooled connections are not reused past their keep-alive (``KEEPALIVE_S`` in mirror/upstream.py).
 
 Real vLLM (uvicorn) closes a keep-alive connection idle for 5 s; aiohttp's pool kept one for
 15 s by default. A request sent on a connection the engine is closing at that moment fails as a
@@ -79,14 +79,14 @@ async def twice_apart(keepalive_s: float, pause_s: float) -> tuple[list[int], An
     inc_url, cand_url = (f"http://127.0.0.1:{s.sockets[0].getsockname()[1]}" for s in servers)
     settings = load_settings(
         None,
-        incumbent={"url": inc_url, "keepalive_timeout_s": keepalive_s},
-        candidate={"url": cand_url, "keepalive_timeout_s": keepalive_s},
+        incumbent={"url": inc_url},
+        candidate={"url": cand_url},
         shadow={"rate": 1.0, "replay_rate": 1.0, "replay_delay_s": 0.0},
         health_enabled=False,
         database_url="sqlite:///unused.db",
     )
     sink = ListSink()
-    mirror = Mirror(settings, sink=sink)
+    mirror = Mirror(settings, sink=sink, keepalive_s=keepalive_s)
     body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "temperature": 0}
     statuses = []
     try:

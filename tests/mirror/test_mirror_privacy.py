@@ -159,8 +159,10 @@ def test_candidate_gets_only_allowed_headers_and_its_own_credentials(tmp_path: P
             cand,
             [(body, headers)],
             candidate={
-                "headers_files": {"Authorization": str(key_file)},
-                "headers_env": {"openai-organization": "TEST_CANDIDATE_ORG"},
+                "headers": {
+                    "Authorization": {"file": str(key_file)},
+                    "openai-organization": {"env": "TEST_CANDIDATE_ORG"},
+                },
                 "forward_headers": ["content-type", "accept", "x-trace"],
             },
         )
@@ -215,7 +217,16 @@ def test_forwarding_a_credential_header_is_refused() -> None:
             incumbent={"url": "http://127.0.0.1:1"},
             candidate={
                 "url": "http://127.0.0.1:2",
-                "headers_env": {"authorization": "TEST_NOT_SET_ANYWHERE"},
+                "headers": {"authorization": {"env": "TEST_NOT_SET_ANYWHERE"}},
+            },
+        )
+    with pytest.raises(MirrorConfigError, match="give one of env"):
+        load_settings(
+            None,
+            incumbent={"url": "http://127.0.0.1:1"},
+            candidate={
+                "url": "http://127.0.0.1:2",
+                "headers": {"x-key": {"env": "A", "file": "b"}},
             },
         )
 
@@ -377,16 +388,18 @@ def test_custom_redactor_and_a_failing_one(caplog: pytest.LogCaptureFixture) -> 
 
 
 def test_metadata_capture_keeps_no_text_and_pairs_still_compare(
-    engines: tuple[RunningSim, RunningSim],
+    engines: tuple[RunningSim, RunningSim], tmp_path: Path
 ) -> None:
     inc, cand = engines
+    key = tmp_path / "hash-key"
+    key.write_text("deployment-key\n")
     s = load_settings(
         None,
         incumbent={"url": inc.base_url},
         candidate={"url": cand.base_url},
         health_enabled=False,
         database_url="sqlite:///unused.db",
-        privacy={"capture": "metadata", "hash_key": "deployment-key"},
+        privacy={"capture": "metadata", "hash_key_file": str(key)},
     )
     sink = ListSink()
     body = chat(stream=True, logprobs=True, top_logprobs=2, user="dave@example.com")

@@ -95,7 +95,7 @@ def test_probes_reach_both_engines_marked_and_the_client_is_unaffected(
     direct = httpx.post(inc.base_url + "/v1/chat/completions", json=BODY, timeout=10).content
     inc_model = httpx.get(inc.base_url + "/v1/models", timeout=10).json()["data"][0]["id"]
     sink = ListSink()
-    mirror = Mirror(settings(sims, probes={"per_minute": 600, "seed": 3}), sink=sink)
+    mirror = Mirror(settings(sims, probes={"per_minute": 600}), sink=sink)
     bodies = asyncio.run(traffic(mirror, 10, settle_s=1.0))
     # The client's bytes are the incumbent's, probes or not.
     assert all(normalize(b) == normalize(direct) for b in bodies)
@@ -267,7 +267,7 @@ class LockedEngine(StandInEngine):
 def test_probes_to_an_incumbent_behind_an_api_key_carry_its_own_headers(
     sims: tuple[RunningSim, RunningSim],
 ) -> None:
-    """``incumbent.headers`` (or ``headers_env`` / ``headers_files``) go on the mirror's own
+    """``incumbent.headers`` (values, ``{env: ...}`` or ``{file: ...}``) go on the mirror's own
     requests to the incumbent: the model lookup and the probes succeed against an engine that
     requires a key, and the candidate never sees the incumbent's key."""
     _, cand = sims

@@ -50,10 +50,12 @@ def test_candidate_without_rewrites_is_the_same_request() -> None:
 
 
 def test_model_fallback_and_chat_max_tokens() -> None:
-    rw = CandidateRewrite(model="cand", chat_max_tokens=256)
+    rw = CandidateRewrite(model_map={"*": "cand", "x": "x-trt"}, chat_max_tokens=256)
     out, done = candidate_request({"model": "m", "messages": []}, chat=True, rewrite=rw)
     assert out["model"] == "cand" and out["max_tokens"] == 256
     assert done == ["model", "max_tokens"]
+    out, _ = candidate_request({"model": "x", "messages": []}, chat=True, rewrite=rw)
+    assert out["model"] == "x-trt"  # its own entry before "*"
     out, done = candidate_request(
         {"model": "cand", "messages": [], "max_completion_tokens": 9}, chat=True, rewrite=rw
     )
@@ -179,12 +181,13 @@ def test_top_logprobs_asked_where_the_request_did_not() -> None:
         chat=False,
         top_logprobs=4,
         delay_s=1.5,
-        pool="shared",
+        cache_salt="s1",
     )
-    assert body == {**cmpl, "logprobs": 4}
+    assert body == {**cmpl, "logprobs": 4, "cache_salt": "s1"}
     assert done == [
         "stream_options.include_usage",
         "logprobs",
+        "cache_salt",
         "replay_delay:1.5",
-        "replay_pool:shared",
+        "replay_pool:separate",
     ]

@@ -162,7 +162,7 @@ def test_answers_are_the_incumbents_bytes(
     assert normalize(b1) == normalize(b2)
     assert h1["content-type"] == h2["content-type"]
     # Neither the mirror's Server header nor the engine's (its name and version stay behind
-    # the mirror: hide_response_headers, mirror/README.md); the Date is the incumbent's.
+    # the mirror: HIDDEN_RESPONSE_HEADERS, mirror/headers.py); the Date is the incumbent's.
     assert "server" in h2 and "server" not in h1
     assert "date" in h1
     assert "x-shadow-pair-id" in h1

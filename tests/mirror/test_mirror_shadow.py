@@ -122,7 +122,7 @@ def test_candidate_rewrites_are_recorded(
     engines: tuple[RunningSim, RunningSim], drop: bool
 ) -> None:
     # vLLM ignores a field it does not know; TensorRT-LLM answers 400 unless the field is dropped
-    rewrite: dict[str, Any] = {"model": "trt-engine-model"}
+    rewrite: dict[str, Any] = {"model_map": {"*": "trt-engine-model"}}
     if drop:
         rewrite["drop_fields"] = ["guided_choice"]
     s = settings(engines, candidate={"rewrite": rewrite})
@@ -202,7 +202,7 @@ def test_replay_sent_apart_and_shadows_asked_for_logprobs(
     top logprobs, the client's request never is."""
     s = settings(
         engines,
-        shadow={"replay_rate": 1.0, "replay_delay_s": 0.3, "replay_cache_salt": True},
+        shadow={"replay_rate": 1.0, "replay_delay_s": 0.3},
     )
     sink = ListSink()
     mirror = Mirror(s, sink=sink)

@@ -16,27 +16,26 @@ from mirror_helpers import MODEL, ListSink, decisions, served_in_process
 from mirror import metrics as m
 from mirror.app import Mirror
 from mirror.config import MirrorSettings, load_settings
-from mirror.errors import MirrorConfigError
 from mirror.overload import LoopLag, OverloadConfig
 from shadow_ab.dev.processes import RunningSim
 from shadow_ab.records import ExchangeRecord, Role
 
 
 def test_the_lag_maps_to_a_fraction_between_the_scaled_and_saturated_lags() -> None:
-    lag = LoopLag(OverloadConfig(enabled=True, scaled_lag_ms=10, saturated_lag_ms=50))
+    lag = LoopLag(OverloadConfig(enabled=True), scaled_lag_ms=10, saturated_lag_ms=50)
     for late_ms, ratio in [(0, 1.0), (10, 1.0), (20, 0.75), (30, 0.5), (50, 0.0), (400, 0.0)]:
-        fresh = LoopLag(lag.config)
+        fresh = LoopLag(lag.config, scaled_lag_ms=10, saturated_lag_ms=50)
         fresh.observe(100.0, late_ms / 1000)
         assert fresh.ratio == pytest.approx(ratio)
         assert fresh.admit_ratio == pytest.approx(ratio)
     # admit() compares the guard's draw with the fraction.
-    half = LoopLag(lag.config)
+    half = LoopLag(lag.config, scaled_lag_ms=10, saturated_lag_ms=50)
     half.observe(0.0, 0.030)
     assert half.admit(0.49) and not half.admit(0.51)
 
 
 def test_the_largest_lateness_of_the_window_counts_until_it_leaves_the_window() -> None:
-    lag = LoopLag(OverloadConfig(enabled=True, window_s=1.0))
+    lag = LoopLag(OverloadConfig(enabled=True), window_s=1.0)
     lag.observe(10.0, 0.200)  # one stall
     for i in range(1, 10):  # calm ticks inside the window keep the stall's lag
         lag.observe(10.0 + i * 0.1, 0.001)
@@ -62,12 +61,11 @@ def test_disabled_it_measures_but_sheds_nothing() -> None:
 
 
 def test_the_timer_sees_a_blocked_loop_and_the_lag_clears_after_the_window() -> None:
-    config = OverloadConfig(
-        enabled=True, interval_ms=10, window_s=0.3, scaled_lag_ms=100, saturated_lag_ms=110
-    )
+    config = OverloadConfig(enabled=True)
+    tight = {"interval_ms": 10, "window_s": 0.3, "scaled_lag_ms": 100, "saturated_lag_ms": 110}
 
     async def scenario() -> tuple[float, float, float]:
-        lag = LoopLag(config)
+        lag = LoopLag(config, **tight)
         lag.start()
         try:
             await asyncio.sleep(0.05)
@@ -88,13 +86,8 @@ def test_the_timer_sees_a_blocked_loop_and_the_lag_clears_after_the_window() -> 
 
 
 def test_saturated_must_exceed_scaled_and_the_error_names_both() -> None:
-    with pytest.raises(MirrorConfigError, match=r"overload\.saturated_lag_ms.*scaled_lag_ms"):
-        load_settings(
-            None,
-            incumbent={"url": "http://127.0.0.1:1"},
-            candidate={"url": "http://127.0.0.1:2"},
-            overload={"scaled_lag_ms": 50, "saturated_lag_ms": 20},
-        )
+    with pytest.raises(ValueError, match=r"saturated_lag_ms.*scaled_lag_ms"):
+        LoopLag(OverloadConfig(), scaled_lag_ms=50, saturated_lag_ms=20)
 
 
 # -- the mirror ----------------------------------------------------------------------------------
@@ -110,7 +103,7 @@ def settings(pair: tuple[RunningSim, RunningSim], **overload: Any) -> MirrorSett
         database_url="sqlite:///unused.db",
         guard={"enabled": False},
         shadow={"rate": 1.0},
-        overload={"interval_ms": 10, "window_s": 30.0, **overload},
+        overload=overload,
     )
 
 
@@ -149,7 +142,9 @@ def run(
 ) -> tuple[list[str], Counter[str], list[ExchangeRecord]]:
     sink = ListSink()
     before = decisions()
-    bodies = asyncio.run(stall_then_ask(Mirror(settings(pair, **overload), sink=sink), 5))
+    s = settings(pair, **overload)
+    lag = LoopLag(s.overload, interval_ms=10, window_s=30.0)
+    bodies = asyncio.run(stall_then_ask(Mirror(s, sink=sink, loop_lag=lag), 5))
     after = decisions()
     counted = Counter({k: int(after[k] - before.get(k, 0.0)) for k in after})
     records = [r for r in sink.records if isinstance(r, ExchangeRecord)]

@@ -146,10 +146,8 @@ def test_the_kafka_sink_survives_a_full_disk_counts_spool_full_and_recovers(
     """Kafka away, the spool's disk full: records are dropped as spool_full (counted), the
     sink's thread lives on, and once space is back new records are spooled again."""
     folder = (small_disk or tmp_path) / "spool"
-    cfg = KafkaSinkConfig(
-        bootstrap=f"127.0.0.1:{free_port()}", spool_dir=folder, retry_backoff_s=60
-    )
-    sink = KafkaSink(cfg)
+    cfg = KafkaSinkConfig(bootstrap=f"127.0.0.1:{free_port()}", spool_dir=folder)
+    sink = KafkaSink(cfg, retry_backoff_s=60)
     filler = (small_disk or tmp_path) / "filler"
     if disk is not None:
         disk.room = 4 * len(_frame(0))

@@ -42,7 +42,7 @@ def test_each_worker_gets_its_admin_port_and_spool_and_only_worker_0_probes_and_
     )
     w = [worker_settings(s, i, 8123) for i in range(3)]
     assert [x.admin_port for x in w] == [9100, 9101, 9102]
-    assert all(x.port == 8123 and x.reuse_port and x.workers == 1 for x in w)
+    assert all(x.port == 8123 and x.workers == 1 for x in w)
     assert [x.probes.per_minute for x in w] == [2, 0, 0]
     assert [x.health_enabled for x in w] == [True, False, False]
     spools = [Path(x.kafka.spool_dir) for x in w if x.kafka is not None]
