@@ -5,7 +5,8 @@ A reviewer looks at a deployment's review any day of a planned horizon (``horizo
 30 by default: one planned look a day). Each look judges every criterion of the policy on an
 interval; a criterion FAILs at a look when its interval lies wholly beyond its threshold.
 Without a correction every look is a new chance of a false FAIL, and every criterion another
-one: 30 daily looks at 11 criteria at 95 % each made most identical-engine months a NO-GO.
+one: 30 daily looks at 11 criteria (the default policy then; 16 now) at 95 % each made most
+identical-engine months a NO-GO.
 
 **Family-wise budget** (Bonferroni over criteria). The policy's ``false_nogo`` (0.05) is the
 chance, at most, that a review of two identical engines is NO-GO at some look of the plan.
