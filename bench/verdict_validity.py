@@ -122,7 +122,8 @@ def _policy(keys: tuple[str, ...]) -> Policy:
 
 
 def leak_policy() -> Policy:
-    """The default policy's leak criterion alone, with its share (1/11) of the budget."""
+    """The default policy's leak criterion alone, with its share (1/K of K criteria: 1/16) of the
+    budget."""
     base = simulated_policy(keys=("errors.rate_ratio",))  # one criterion's share of the plan
     crit = parse_policy({"criteria": [f"{LEAK} <= 20"]}).criteria
     return replace(base, criteria=crit)

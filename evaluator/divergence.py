@@ -20,6 +20,7 @@ counts as not comparable.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections import defaultdict
 from collections.abc import Sequence
@@ -539,6 +540,14 @@ BLOCK_SAMPLE_FACTOR = 4
 (reading every row for its pair id would cost a scan of the day's wide rows)."""
 
 
+def sample_seed(deployment: str, day: datetime) -> int:
+    """The seed of a day's block sample: a function of the deployment and the UTC day alone
+    (not of the window, nor of how many reviews ran), so every review of the day draws the
+    same blocks."""
+    key = f"{deployment}/{as_utc(day).date().isoformat()}".encode()
+    return int.from_bytes(hashlib.sha256(key).digest()[:4], "little") & 0x7FFFFFFF
+
+
 def sample_pair_ids(
     conn: Connection,
     deployment: str,
@@ -555,7 +564,8 @@ def sample_pair_ids(
 
     Small days (and SQLite): the smallest pair ids (random UUIDs, so a uniform sample).
     Large days on PostgreSQL: ``TABLESAMPLE SYSTEM`` (random table blocks, twice as many rows
-    as needed in expectation, ``REPEATABLE`` so a report is reproducible), so the cost follows
+    as needed in expectation, ``REPEATABLE`` with a seed of the deployment and day,
+    :func:`sample_seed`, so every review of the day draws the same sample), so the cost follows
     the sample, not the day; the sampled rows are **ordered by pair id before the limit**, so
     the sample is drawn from every sampled block across the day (without the ordering the limit
     kept the first blocks in table order: the day's early hours). Rows of one block were
@@ -563,7 +573,8 @@ def sample_pair_ids(
     x = EXCHANGES.c
     if conn.dialect.name == "postgresql" and total > BLOCK_SAMPLE_FACTOR * limit:
         pct = min(100.0, 100.0 * 2.0 * limit / total)
-        sampled = tablesample(EXCHANGES, func.system(pct), name="sampled", seed=literal(7))
+        seed = sample_seed(deployment, lo)
+        sampled = tablesample(EXCHANGES, func.system(pct), name="sampled", seed=literal(seed))
         s = sampled.c
         q = (
             select(s.pair_id)

@@ -36,6 +36,7 @@ from sqlalchemy import Engine, func, insert, select, update
 from evaluator.errors import EmptyWindow, UnknownDeployment
 from evaluator.policy import Policy
 from evaluator.results import Measurement, Progress, Section, Window
+from evaluator.sequential import Look
 from evaluator.verdict import Verdict, decide
 from shadow_ab.gc_tuning import fewer_collections
 from shadow_ab.timestamps import as_utc
@@ -419,6 +420,35 @@ def resolve_window(
     return lo, hi
 
 
+def plan_start(
+    engine: Engine, deployment: str, info: Mapping[str, Any] | None = None
+) -> tuple[datetime | None, str]:
+    """When the deployment's plan of looks starts, and from what: its stored ``started_at``
+    (``deployments``), or its first mirrored pair, whichever is earlier (data before a stored
+    start is information the plan has seen); (None, "") with neither."""
+    info = info if info is not None else deployment_info(engine, deployment)
+    stored = info.get("started_at")
+    first = data_extent(engine, deployment)["first"]
+    starts = []
+    if stored:
+        starts.append((as_utc(datetime.fromisoformat(stored)), "its stored start (started_at)"))
+    if first:
+        starts.append((as_utc(datetime.fromisoformat(first)), "its first mirrored pair"))
+    if not starts:
+        return None, ""
+    return min(starts, key=lambda s: s[0])
+
+
+def plan_days(start: datetime | None, data: Mapping[str, Any]) -> float:
+    """Days of the plan a window's review is at: from the deployment's start (:func:`plan_start`)
+    to the window's last mirrored pair, in whole UTC hours (:func:`days_spanned`), whatever
+    day the window starts on; the window's own days without a start or a pair."""
+    last = data.get("last")
+    if start is None or not last:
+        return float(data["days"])
+    return max(float(data["days"]), days_spanned(start, datetime.fromisoformat(last)))
+
+
 def data_measurements(data: Mapping[str, Any]) -> list[Measurement]:
     pairs = int(data["pairs"])
     return [
@@ -437,6 +467,23 @@ def data_measurements(data: Mapping[str, Any]) -> list[Measurement]:
 def _simulated(deployment: Mapping[str, Any]) -> bool:
     fields = ("incumbent_engine", "candidate_engine", "hardware")
     return any("simulat" in str(deployment.get(f) or "").lower() for f in fields)
+
+
+def _plan_notes(
+    look: Look, start: datetime | None, start_from: str, data: Mapping[str, Any]
+) -> list[str]:
+    """What the review says about its place in the plan: a look past the horizon, and a
+    window that starts after the deployment did."""
+    out = []
+    if look.past_horizon:
+        out.append(f"This review is {look.horizon_text()}.")
+    if start is not None and look.days > float(data["days"]) + 1.0 / 24.0:
+        out.append(
+            f"The look is counted from the deployment's start ({start.isoformat()},"
+            f" {start_from}): day {look.days:.3g} of the plan, look {look.look} of"
+            f" {look.looks}, though this window holds {float(data['days']):.3g} days of data."
+        )
+    return out
 
 
 class _Stages:
@@ -523,8 +570,19 @@ def build_review(
             )
         run = analyses or default_analyses()
         # The look within the policy's plan fixes the level of every interval (the sequential
-        # decision: evaluator/sequential.py); the analyses compute theirs at it.
-        look = policy.look(float(data["days"]))
+        # decision: evaluator/sequential.py); the analyses compute theirs at it. Looks count
+        # days from the deployment's start, not from the window's: a review of a later window
+        # (--from) is the same look of the same plan, not look 1 of a new one.
+        start, start_from = plan_start(engine, deployment, info)
+        look = policy.look(plan_days(start, data))
+        data["plan"] = {
+            "start": _iso(start),
+            "start_from": start_from,
+            "days": look.days,
+            "look": look.look,
+            "looks": look.looks,
+            "past_horizon": look.past_horizon,
+        }
         if policy.near_tie_nats is not None and run.with_near_tie is not None:
             run = run.with_near_tie(
                 policy.near_tie_nats, f"the policy's near_tie_nats, {policy.name}"
@@ -565,8 +623,9 @@ def build_review(
         measurements = data_measurements(data) + [
             m for s in sections.values() for m in s.measurements() if not m.key.startswith("data.")
         ]
-        verdict: Verdict = stages.run("verdict", lambda: decide(policy, measurements))
+        verdict: Verdict = stages.run("verdict", lambda: decide(policy, measurements, look))
         all_notes = ([SIMULATOR_NOTE] if _simulated(info) else []) + list(notes)
+        all_notes += _plan_notes(look, start, start_from, data)
         review = Review(
             deployment=info,
             window=window,

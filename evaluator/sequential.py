@@ -5,7 +5,8 @@ A reviewer looks at a deployment's review any day of a planned horizon (``horizo
 30 by default: one planned look a day). Each look judges every criterion of the policy on an
 interval; a criterion FAILs at a look when its interval lies wholly beyond its threshold.
 Without a correction every look is a new chance of a false FAIL, and every criterion another
-one: 30 daily looks at 11 criteria at 95 % each made most identical-engine months a NO-GO.
+one: 30 daily looks at 11 criteria (the default policy then; 16 now) at 95 % each made most
+identical-engine months a NO-GO.
 
 **Family-wise budget** (Bonferroni over criteria). The policy's ``false_nogo`` (0.05) is the
 chance, at most, that a review of two identical engines is NO-GO at some look of the plan.
@@ -51,8 +52,13 @@ the same error bound on the other side.
 - one look a day: looks are counted by whole days of data, rounded down (so a look on day
   2.5 uses day 2's boundary, and any number of looks within one day share one boundary: they
   see almost the same data, a small excess not covered by the bound);
-- after the horizon the boundary stays at the last planned look's: such looks are outside the
-  plan and not covered.
+- looks are counted from the deployment's start (its stored ``started_at``, or its first
+  mirrored pair), not from a review window's own first day: a review asked for a later
+  window (``--from``) is the same look of the same plan, not look 1 of a new one
+  (:func:`evaluator.review.build_review`);
+- after the horizon the plan is spent: such a look spends no further alpha
+  (:attr:`Look.spends` is 0), its boundary stays the horizon's, and the verdict says in its
+  reason that it is past the horizon and outside the plan's error bounds.
 
 What it does not do: correct an interval that is too narrow for its data (clustered requests,
 overdispersed counts); that is each analysis' own interval's job.
@@ -149,7 +155,9 @@ class Look:
     """One look at a review within its plan: the level every criterion's interval must have."""
 
     days: float
-    """Days of data at this look (``data.days``)."""
+    """Days of the plan at this look: from the deployment's start to the window's last pair
+    (:func:`evaluator.review.plan_days`; a window's own ``data.days`` where no start is
+    known)."""
     look: int
     """The planned look it counts as: whole days, rounded down, between 1 and ``looks``."""
     looks: int
@@ -183,7 +191,28 @@ class Look:
 
     @property
     def past_horizon(self) -> bool:
+        """More than an hour of data past the planned horizon: the plan is spent."""
         return self.days > self.horizon_days + 1.0 / 24.0
+
+    @property
+    def spends(self) -> float:
+        """Of ``alpha``, what this look adds to what the plan's earlier looks spent: the
+        increment of its planned look, 0 past the horizon (the plan spent it all at the
+        horizon's look, and a later look spends nothing more)."""
+        if self.past_horizon:
+            return 0.0
+        return self.spent - spent((self.look - 1) / self.looks, self.alpha, self.spending)
+
+    def horizon_text(self) -> str:
+        """The plain-words note of a look past the horizon ("" within the plan)."""
+        if not self.past_horizon:
+            return ""
+        return (
+            f"past the planned horizon: {self.days:.3g} days into the deployment, after the"
+            f" plan's {self.horizon_days:g} days; the plan's alpha is spent and this look spends"
+            f" none more: it is judged at the horizon's boundary ({self.z:.2f} standard errors,"
+            f" {level_text(self.level)}), and its error rates are not covered by the plan"
+        )
 
     def text(self) -> str:
         where = (
@@ -192,7 +221,7 @@ class Look:
             else f"look {self.look} of {self.looks}"
         )
         return (
-            f"{where}: {self.days:.3g} days of data; intervals at {level_text(self.level)}"
+            f"{where}: {self.days:.3g} days into the plan; intervals at {level_text(self.level)}"
             f" ({self.z:.2f} standard errors: {self.spending} spending of"
             f" {self.false_nogo:g} / {self.criteria} criteria, {_pct_share(self.spent)} of"
             f" {_pct_share(self.alpha)} spent)"
@@ -222,6 +251,7 @@ class Look:
             "pass_level": self.pass_level,
             "final": self.final,
             "past_horizon": self.past_horizon,
+            "spends": self.spends,
             "text": self.text(),
         }
 

@@ -381,15 +381,20 @@ def _data_check(
     )
 
 
-def decide(policy: Policy, measurements: Iterable[Measurement]) -> Verdict:
-    """Judge every criterion of ``policy`` at this look's level (from ``data.days``) and decide
-    GO / NO-GO / INCONCLUSIVE."""
+def decide(
+    policy: Policy, measurements: Iterable[Measurement], look: Look | None = None
+) -> Verdict:
+    """Judge every criterion of ``policy`` at ``look``'s level and decide GO / NO-GO /
+    INCONCLUSIVE. ``look``: the look within the plan, counted from the deployment's start
+    (:func:`evaluator.review.build_review`); None: the look of the window's own ``data.days``.
+    A look past the horizon says so in the reason (it spends nothing more)."""
     by_key: dict[str, Measurement] = {}
     for m in measurements:
         by_key.setdefault(m.key, m)
     days_m = by_key.get("data.days")
     days = float(days_m.value) if days_m is not None and days_m.value is not None else 0.0
-    look = policy.look(days)
+    if look is None:
+        look = policy.look(days)
     results = tuple(
         _with_power(_alert(judge(c, by_key.get(c.key), look, by_key), policy, days), look)
         for c in policy.criteria
@@ -403,6 +408,8 @@ def decide(policy: Policy, measurements: Iterable[Measurement]) -> Verdict:
     alerts = [r for r in results if r.outcome is Outcome.ALERT]
     thin = [r for r in checks if r.outcome is not Outcome.PASS]
     at = f"look {look.look} of {look.looks}, intervals at {level_text(look.level)}"
+    if look.past_horizon:
+        at = look.horizon_text()
     if failed:
         names = ", ".join(r.criterion.text for r in failed)
         decision = Decision.NO_GO
@@ -424,12 +431,20 @@ def decide(policy: Policy, measurements: Iterable[Measurement]) -> Verdict:
                 + ", ".join(r.criterion.key for r in undecided)
             )
         if look.final and undecided:
-            parts.append("the planned horizon is reached: the data cannot resolve them")
+            parts.append(
+                "the planned horizon is passed: the plan is spent and the data did not resolve them"
+                if look.past_horizon
+                else "the planned horizon is reached: the data cannot resolve them"
+            )
         decision, reason = Decision.INCONCLUSIVE, "; ".join(parts) + f" ({at})"
     else:
         decision = Decision.GO
         reason = (
             f"all {len(results)} criteria passed with their whole intervals on the good side"
-            f" ({at}: intervals valid at every look of the plan)"
+            + (
+                f" ({at})"
+                if look.past_horizon
+                else f" ({at}: intervals valid at every look of the plan)"
+            )
         )
     return Verdict(decision, results, checks, reason, look)

@@ -15,8 +15,8 @@ every look at 95 %, NO-GO on any criterion's FAIL whatever the window's length, 
 passing on zero candidate events alone.
 
 The simulated criteria are the default policy's on these four keys; their share of the
-family-wise budget is the default policy's (``false_nogo / 11`` each), so each criterion is
-judged at exactly the level the shipped policy gives it.
+family-wise budget is the default policy's (``false_nogo / K`` each, K its criteria: 16), so
+each criterion is judged at exactly the level the shipped policy gives it.
 """
 
 from __future__ import annotations

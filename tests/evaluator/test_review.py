@@ -243,3 +243,77 @@ def test_report_stored_on_postgresql(pg_engine: Engine) -> None:
     assert crash["measurement"]["interval"]["high"] == "inf"
     assert crash["outcome"] == "INCONCLUSIVE"
     assert row.html and "NO-GO" in row.html
+
+
+def _month(engine: Engine, days: int) -> None:
+    """A pair every hour over ``days`` days of one deployment, from T0."""
+    out = []
+    for k in range(days * 24):
+        pair = uuid.uuid4()
+        for role in ("incumbent", "candidate"):
+            out.append(
+                exchange(
+                    deployment=DEP,
+                    pair_id=pair,
+                    role=role,
+                    engine=f"e@{role}",
+                    sent_at=T0 + timedelta(hours=k, minutes=5),
+                )
+            )
+    write_exchanges(engine, out)
+
+
+def test_a_later_window_is_the_same_look_of_the_deployments_plan(sqlite_engine: Engine) -> None:
+    """Looks count days from the deployment's start: a review from day 10 (``--from``) is the
+    day-20 look of the plan, as the review of the whole window is, not look 10 of a new plan
+    (which would spend a fresh budget of alpha at every restarted plan)."""
+    _month(sqlite_engine, 20)
+    policy = default_policy().with_minimums(min_pairs=10, min_days=1)
+    end = T0 + timedelta(days=20)
+    whole = build_review(sqlite_engine, DEP, (T0, end), policy, analyses=analyses(), store=False)
+    later = build_review(
+        sqlite_engine,
+        DEP,
+        (T0 + timedelta(days=10), end),
+        policy,
+        analyses=analyses(),
+        store=False,
+    )
+    assert whole.verdict.look is not None and later.verdict.look is not None
+    assert whole.verdict.look.look == 20
+    assert later.verdict.look.look == whole.verdict.look.look
+    assert later.verdict.look.level == whole.verdict.look.level
+    assert later.data["days"] == pytest.approx(10, abs=0.01)  # the window's own data
+    assert later.data["plan"]["look"] == 20 and later.data["plan"]["days"] == 20
+    assert any("counted from the deployment's start" in n for n in later.notes)
+    # A stored start earlier than the first pair counts from it.
+    with sqlite_engine.begin() as conn:
+        conn.execute(
+            update(Deployment)
+            .where(Deployment.name == DEP)
+            .values(started_at=T0 - timedelta(days=2))
+        )
+    earlier = build_review(
+        sqlite_engine, DEP, (T0 + timedelta(days=10), end), policy, analyses=analyses(), store=False
+    )
+    assert earlier.verdict.look is not None and earlier.verdict.look.look == 22
+
+
+def test_a_review_past_the_horizon_says_so_and_spends_nothing_more(sqlite_engine: Engine) -> None:
+    """Day 40 of a 30-day plan: the verdict and the notes say it is past the horizon, in plain
+    words; the look spends no alpha (its boundary is the horizon's), where day 30 spent its
+    last share."""
+    _month(sqlite_engine, 40)
+    policy = default_policy().with_minimums(min_pairs=10, min_days=1, horizon_days=30)
+    last_week = (T0 + timedelta(days=33), T0 + timedelta(days=40))
+    review = build_review(sqlite_engine, DEP, last_week, policy, analyses=analyses(), store=False)
+    look = review.verdict.look
+    assert look is not None and look.past_horizon and look.days == pytest.approx(40)
+    at_horizon = policy.look(30.0)
+    assert at_horizon.spends > 0 and look.spends == 0.0
+    assert look.z == at_horizon.z and look.spent == pytest.approx(look.alpha)
+    assert at_horizon.spent == pytest.approx(look.alpha)
+    assert "past the planned horizon" in review.verdict.reason
+    assert "spends none more" in review.verdict.reason
+    assert any("past the planned horizon" in n for n in review.notes)
+    assert review.to_dict()["verdict"]["look"]["spends"] == 0.0

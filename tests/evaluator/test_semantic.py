@@ -170,12 +170,16 @@ def test_the_bound_on_new_triads_is_reported_and_the_next_reviews_catch_up(
         section = analyze_semantic(sqlite_engine, DEP, WINDOW, config, embedder=model)
         done.append(section.scored_new)
         excess = section.measurements()[0]
-        assert excess.n == len(section.triads) == sum(done)
+        assert len(section.triads) == sum(done)
         if section.not_scored:
+            # the figure waits for the whole sample: none on a part
+            assert excess.n == 0 and excess.value is None
             assert (
-                f"{section.not_scored} comparable triads of the sample not scored yet (at most"
-                " 25 new per review" in excess.detail
+                f"{section.not_scored} comparable triads of it not scored yet (at most"
+                " 25 new per review" in excess.inconclusive
             )
+        else:
+            assert excess.n == 59 and not excess.inconclusive
         assert section.to_dict()["not_scored"] == section.not_scored == 59 - sum(done)
     assert done == [25, 25, 9, 0]
     unbounded = SemanticConfig(max_new_per_review=None)
@@ -325,3 +329,30 @@ def test_the_shipped_model_ranks_a_paraphrase_above_unrelated_text() -> None:
     )
     assert sims[0] > sims[1] + 0.05 and sims[2] > sims[3] + 0.05
     assert all(-1.0 <= s <= 1.0 for s in sims)
+
+
+def test_a_window_is_measured_on_the_same_triads_whatever_reviews_ran_before(
+    sqlite_engine: Engine,
+) -> None:
+    """Two reviews of one window, another review in between: the same sampled pairs and the
+    same figure. Before, a bounded review measured the part of the sample scored so far, so
+    the figure changed with the number of reviews that had run (10 triads, then 30)."""
+    write_exchanges(sqlite_engine, build())
+    model = BagOfWords()
+    bounded = SemanticConfig(max_new_per_review=10)
+
+    def look(config: SemanticConfig = bounded) -> tuple[list[str], tuple[Any, Any]]:
+        section = analyze_semantic(sqlite_engine, DEP, WINDOW, config, embedder=model)
+        m = section.measurements()[0]
+        return section.sample_ids, (m.n, m.value)
+
+    ids, first = look()
+    analyze_semantic(  # another review in between: the first day's window
+        sqlite_engine, DEP, (T0, T0 + timedelta(hours=4)), bounded, embedder=model
+    )
+    again_ids, again = look()
+    assert again_ids == ids and len(ids) == 60
+    assert again == first == (0, None)  # the sample not scored yet: no figure on a part
+    done_ids, done = look(SemanticConfig(max_new_per_review=None))
+    assert done_ids == ids and done[0] == 59
+    assert look() == (ids, done)  # the whole sample scored: every later review alike
