@@ -313,8 +313,11 @@ class HealthSampler:
         config: HealthConfig,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], datetime] = utcnow,
+        timeout_s: float = TIMEOUT_S,
     ) -> None:
         self.targets = list(targets)
+        self.timeout_s = timeout_s
+        """Each scrape's whole-request timeout (:data:`TIMEOUT_S`; tests pass a shorter one)."""
         self.sink = sink
         self.session = session
         self.deployment = deployment
@@ -363,7 +366,7 @@ class HealthSampler:
     async def _scrape(self, target: EngineTarget) -> _Scrape:
         out = _Scrape()
         base = target.base_url.rstrip("/")
-        timeout = aiohttp.ClientTimeout(total=TIMEOUT_S)
+        timeout = aiohttp.ClientTimeout(total=self.timeout_s)
         try:
             async with self.session.get(base + "/health", timeout=timeout) as resp:
                 out.http_status = resp.status

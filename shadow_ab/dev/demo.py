@@ -547,7 +547,7 @@ def run_demo(
                 "deployment": name,
                 "shadow": {"rate": 1.0, "replay_rate": REPLAY_RATE},
                 "health": {"interval_s": HEALTH_INTERVAL_S},
-                "probes": {"per_minute": pair.probes_per_minute, "seed": seed},
+                "probes": {"per_minute": pair.probes_per_minute},
                 **pair.mirror,
             }
             topics = {k: f"shadow.demo.{name}.{k}" for k in ("exchanges", "health", "dlq")}

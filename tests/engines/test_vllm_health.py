@@ -40,10 +40,11 @@ def with_sampler(
     async def main() -> T:
         async with aiohttp.ClientSession() as session:
             target = EngineTarget(ENGINE, Role.INCUMBENT, engine.base_url)
-            config = HealthConfig(timeout_s=10.0)
-            return await go(
-                HealthSampler([target], ListSink(), session, "real-health", config), session
+            config = HealthConfig()
+            sampler = HealthSampler(
+                [target], ListSink(), session, "real-health", config, timeout_s=10.0
             )
+            return await go(sampler, session)
 
     return asyncio.run(main())
 

@@ -198,6 +198,8 @@ def test_postgresql_block_sample_spans_the_day(pg_engine: Engine) -> None:
         before = late_share(list(unordered))
     assert len(ids) == 100
     hours = sorted((sent[i] - day).total_seconds() / 3600 for i in ids)
-    assert hours[-1] - hours[0] > 16, hours
+    # ~10 blocks sampled, seeded by deployment and day (stable across looks): they fall in
+    # both halves of the day, where the unordered sample kept the first hours only
+    assert hours[0] < 12 <= hours[-1] and hours[-1] - hours[0] > 12, hours
     assert 0.2 < late_share(ids) < 0.8, hours
     assert before < 0.1  # the same block sample without the ordering: the day's first half

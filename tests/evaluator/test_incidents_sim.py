@@ -50,7 +50,7 @@ async def _sample(inc: RunningSim, cand: RunningSim, seconds: float) -> list[Hea
     ]
     async with aiohttp.ClientSession() as session:
         sampler = HealthSampler(
-            targets, sink, session, "dep-sim", HealthConfig(interval_s=0.2, timeout_s=1.0)
+            targets, sink, session, "dep-sim", HealthConfig(interval_s=0.2), timeout_s=1.0
         )
         task = asyncio.create_task(sampler.run())
         await asyncio.sleep(seconds)

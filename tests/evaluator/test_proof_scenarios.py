@@ -163,7 +163,7 @@ def shadow_run(
             # shed shadows when a loaded machine slows the incumbent (tests/mirror covers it).
             guard={"enabled": False},
             health={"interval_s": health_interval_s},
-            probes={"per_minute": 0, "seed": 5, **(probes or {})},
+            probes={"per_minute": 0, **(probes or {})},
         ) as mirror:
             traffic = run_traffic_sync(
                 mirror.v1,

@@ -51,7 +51,7 @@ def sampler(
 ) -> HealthSampler:
     targets = [EngineTarget(name, role, sim.base_url, flavor) for name, role, sim in sims]
     return HealthSampler(
-        targets, sink, session, "health-test", HealthConfig(interval_s=0.1, timeout_s=1.0)
+        targets, sink, session, "health-test", HealthConfig(interval_s=0.1), timeout_s=1.0
     )
 
 
@@ -243,7 +243,7 @@ def test_unreachable_engine_is_a_down_sample() -> None:
 
     async def go(session: aiohttp.ClientSession) -> list[HealthSample]:
         return await HealthSampler(
-            [target], ListSink(), session, "health-test", HealthConfig(timeout_s=1.0)
+            [target], ListSink(), session, "health-test", HealthConfig(), timeout_s=1.0
         ).sample_once()
 
     (s,) = run(go)
@@ -279,7 +279,7 @@ def test_run_samples_every_interval_until_cancelled() -> None:
 
     async def go(session: aiohttp.ClientSession) -> bool:
         hs = HealthSampler(
-            [target], sink, session, "health-test", HealthConfig(interval_s=0.05, timeout_s=0.5)
+            [target], sink, session, "health-test", HealthConfig(interval_s=0.05), timeout_s=0.5
         )
         task = asyncio.create_task(hs.run())
         deadline = time.monotonic() + 30
@@ -523,7 +523,7 @@ def test_an_answer_past_its_cap_is_not_read_and_is_a_failed_scrape(
         target = EngineTarget(engine, Role.CANDIDATE, f"http://127.0.0.1:{port}")
         async with server:
             hs = HealthSampler(
-                [target], ListSink(), session, "health-test", HealthConfig(timeout_s=30.0)
+                [target], ListSink(), session, "health-test", HealthConfig(), timeout_s=30.0
             )
             tracemalloc.start()
             try:
