@@ -5,8 +5,8 @@ vLLM: what vLLM 0.32.0 answers, recorded from the real server in ``tests/fixture
 (same keys in the same order per chunk kind, same status, error shape and headers); the
 details below were first checked against vLLM 0.11's sources (``entrypoints/openai/``
 ``protocol.py``, ``serving_chat.py``, ``serving_completion.py``, ``v1/engine/logprobs.py``)
-and moved where 0.32 answers otherwise. TensorRT-LLM: its sources only
-(``serve/openai_protocol.py``, ``postprocess_handlers.py``, ``openai_server.py``).
+and moved where 0.32 answers otherwise. TensorRT-LLM: what 1.2.0rc2's own ``OpenAIServer``
+answered (``tests/fixtures/trtllm-1.2.0rc2/``, held by ``test_sim_trtllm_fixtures.py``).
 
 =====================  ===========================================  ============================
                        vLLM                                         TensorRT-LLM
@@ -14,12 +14,14 @@ and moved where 0.32 answers otherwise. TensorRT-LLM: its sources only
 unknown fields         accepted (logged, ignored)                   400 (``extra="forbid"``)
 completions max_tokens 16 by default                                none: up to end-of-sequence
 wrong ``model``        404 ``NotFoundError``                        accepted
-validation error body  ``{"error": {message, type, param, code}}``  ``{"error": "<pydantic>"}``
+validation error body  ``{"error": {message, type, param, code}}``  ``{object, message, type,
+                                                                    param, code}``, message the
+                                                                    error list's ``str()``
 first chat delta       ``{"role": "assistant", "content": ""}``     ``{"role": "assistant"}``,
                                                                     framed ``data: {..} \\n\\n``
 stream chunks          ``logprobs``/``finish_reason``/``token_ids``  ``None`` fields left out
                        null keys, ``stop_reason``                   (chat), all kept (completion)
-``include_usage``      false unless asked                           true unless refused
+``include_usage``      false unless asked                           true, and continuous usage
 =====================  ===========================================  ============================
 
 Both: ``data: [DONE]`` last, usage chunk (empty ``choices``) with
