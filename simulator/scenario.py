@@ -290,6 +290,9 @@ _FAULT_MODELS: dict[str, type[BaseModel]] = {
 }
 
 
+COMPLETION_LOGPROBS_DEFAULT = True
+
+
 class Scenario(_Strict):
     """One simulated engine, resolved for one flavor."""
 
@@ -307,6 +310,14 @@ class Scenario(_Strict):
     return_perf_metrics: bool = False
     """TensorRT-LLM only: the LLM arg of that name, which mounts ``/prometheus/metrics``
     (``trtllm_*`` metrics); without it that path is a 404, as on the real server."""
+    backend: Literal["pytorch", "tensorrt"] = "pytorch"
+    """TensorRT-LLM only: trtllm-serve's ``--backend``. The PyTorch one (the default) refuses
+    ``n > 1`` (400 "Multiple response is not supported in PyTorch workflow")."""
+    completion_logprobs: bool = COMPLETION_LOGPROBS_DEFAULT
+    """TensorRT-LLM only: accept ``logprobs`` on ``/v1/completions``. TensorRT-LLM 1.2.0rc2
+    refuses it (400 "logprobs is not supported"): ``false`` answers so. True by default
+    because the mirror asks the candidate for them (a known issue of the mirror with real
+    TensorRT-LLM); see simulator/README.md."""
     latency: Latency = Latency()
     answers: Answers = Answers()
     memory: Memory = Memory()
@@ -323,7 +334,7 @@ class Scenario(_Strict):
         return self.version or DEFAULT_VERSION[self.flavor]
 
 
-DEFAULT_VERSION: dict[str, str] = {"vllm": "0.32.0", "trtllm": "1.1.0"}
+DEFAULT_VERSION: dict[str, str] = {"vllm": "0.32.0", "trtllm": "1.2.0rc2"}
 
 _TOP_KEYS = (set(Scenario.model_fields) - {"flavor"}) | {"flavors"}
 """The flavor comes from the command line, never from the file."""

@@ -35,6 +35,7 @@ from simulator.metrics import EngineStats, drain_trt, render_trt_prometheus, ren
 from simulator.quality import QualityAnswers, completion_of
 from simulator.scenario import Scenario
 from simulator.wire import (
+    MULTIPLE_RESPONSES,
     Framer,
     WireError,
     _Chat,
@@ -59,6 +60,33 @@ VLLM_PROM_CONTENT_TYPE = "text/plain; version=1.0.0; charset=utf-8"
 
 def _json(body: Any, status: int = 200) -> web.Response:
     return web.Response(body=orjson.dumps(body), status=status, content_type="application/json")
+
+
+class _Untyped(web.Response):
+    """A body without a content type, as Starlette's bare ``Response(content=...)`` sends it
+    (aiohttp would add ``application/octet-stream`` while preparing the headers)."""
+
+    async def _prepare_headers(self) -> None:
+        await super()._prepare_headers()
+        self.headers.pop("Content-Type", None)
+
+
+def _bare(status: int, body: bytes) -> web.Response:
+    return _Untyped(status=status, body=body)
+
+
+@web.middleware
+async def _fastapi_not_found(
+    request: web.Request, handler: Callable[[web.Request], Any]
+) -> web.StreamResponse:
+    """FastAPI's answers for unknown routes and methods: JSON ``{"detail": ...}``."""
+    try:
+        response: web.StreamResponse = await handler(request)
+        return response
+    except web.HTTPNotFound:
+        return _json({"detail": "Not Found"}, 404)
+    except web.HTTPMethodNotAllowed:
+        return _json({"detail": "Method Not Allowed"}, 405)
 
 
 class SimServer:
@@ -105,6 +133,11 @@ class SimServer:
         self.app.router.add_get("/health", self.health)
         self.app.router.add_get("/version", self.version)
         self.app.router.add_get("/metrics", self.metrics)
+        if scenario.flavor == "trtllm":
+            self.app.router.add_get("/health_generate", self.health_generate)
+            self.app.router.add_get("/perf_metrics", self.perf_metrics)
+            self.app.router.add_post("/v1/responses", self.responses)
+            self.app.middlewares.append(_fastapi_not_found)
         if scenario.flavor == "trtllm" and scenario.return_perf_metrics:
             # openai_server.py mounts this only when the LLM args say return_perf_metrics
             self.app.router.add_get("/prometheus/metrics", self.prometheus_metrics)
@@ -139,6 +172,23 @@ class SimServer:
                 return web.Response(status=503, text=msg)
             return web.Response(status=503)
         return web.Response(status=200)
+
+    async def health_generate(self, request: web.Request) -> web.Response:
+        """TensorRT-LLM's ``/health_generate`` runs a one-token chat: 200 with a plain text
+        (no content type, as Starlette's bare ``Response``), 500 when that fails."""
+        if self.faults.health_failing() or self.faults.error_for_request("health_generate"):
+            return _bare(500, b"Generation health check failed")
+        return _bare(200, b"Generation health check OK")
+
+    async def perf_metrics(self, request: web.Request) -> web.Response:
+        """Per-request perf metrics: ``[]`` unless ``return_perf_metrics`` (and even then the
+        simulator keeps none)."""
+        return _json([])
+
+    async def responses(self, request: web.Request) -> web.Response:
+        """The Responses API: only for Harmony models (gpt-oss), a 400 otherwise."""
+        msg = "Responses API only supports harmony format for now"
+        return _json(error_body("trtllm", 400, msg, "BadRequestError"), 400)
 
     async def version(self, request: web.Request) -> web.Response:
         body: dict[str, Any] = {"version": self.faults.version}
@@ -185,14 +235,24 @@ class SimServer:
     async def _generate(self, request: web.Request, endpoint: str) -> web.StreamResponse:
         raw = await request.read()
         try:
-            req = parse_request(self.flavor, endpoint, raw, self.scenario.model)
+            req = parse_request(
+                self.flavor,
+                endpoint,
+                raw,
+                self.scenario.model,
+                completion_logprobs=self.scenario.completion_logprobs,
+            )
         except WireError as exc:
             return _json(exc.body, exc.status)
+        trt = self.flavor == "trtllm"
+        if trt and req.n > 1 and self.scenario.backend == "pytorch":
+            return _json(error_body("trtllm", 400, MULTIPLE_RESPONSES, "BadRequestError"), 400)
         self._seq_no += 1
         framer = Framer(
             self.flavor,
             endpoint,
-            self.scenario.model,
+            # TensorRT-LLM accepts any model name and answers with it
+            (req.model or self.scenario.model) if trt else self.scenario.model,
             stream=bool(req.stream),
             seq_no=self._seq_no,
             fingerprint=vllm_fingerprint(self.faults.version, self.scenario.model),
@@ -408,8 +468,6 @@ class SimServer:
         logprobs: int | None,
     ) -> web.StreamResponse:
         headers = {"Content-Type": "text/event-stream; charset=utf-8"}
-        if framer.flavor == "trtllm":
-            headers["Cache-Control"] = "no-cache"
         resp = web.StreamResponse(headers=headers)
         so = req.stream_options
         include_usage = bool(so is not None and so.include_usage)
@@ -418,7 +476,6 @@ class SimServer:
         sent_total = 0
         sent = [0] * len(job.seqs)
         offsets = [0] * len(job.seqs)
-        vllm = framer.flavor == "vllm"
         try:
             # Like both engines, nothing (not even the headers or the role delta) goes out
             # before the first engine output: the role chunk travels with the first token.
@@ -448,12 +505,9 @@ class SimServer:
                     c = seq.completion
                     usage = None
                     if continuous:
-                        # vLLM: this choice's tokens (previous_num_tokens[i]) and prompt
-                        usage = (
-                            framer.stream_usage(choice_prompts[i], sent[i])
-                            if vllm
-                            else framer.stream_usage(prompt_tokens, sent_total)
-                        )
+                        # this choice's tokens (vLLM: previous_num_tokens[i]; TensorRT-LLM:
+                        # output.length) and prompt
+                        usage = framer.stream_usage(choice_prompts[i], sent[i])
                     out.append(
                         framer.token_chunk(
                             i,

@@ -5,8 +5,8 @@ vLLM: what vLLM 0.32.0 answers, recorded from the real server in ``tests/fixture
 (same keys in the same order per chunk kind, same status, error shape and headers); the
 details below were first checked against vLLM 0.11's sources (``entrypoints/openai/``
 ``protocol.py``, ``serving_chat.py``, ``serving_completion.py``, ``v1/engine/logprobs.py``)
-and moved where 0.32 answers otherwise. TensorRT-LLM: its sources only
-(``serve/openai_protocol.py``, ``postprocess_handlers.py``, ``openai_server.py``).
+and moved where 0.32 answers otherwise. TensorRT-LLM: what 1.2.0rc2's own ``OpenAIServer``
+answered (``tests/fixtures/trtllm-1.2.0rc2/``, held by ``test_sim_trtllm_fixtures.py``).
 
 =====================  ===========================================  ============================
                        vLLM                                         TensorRT-LLM
@@ -14,12 +14,14 @@ and moved where 0.32 answers otherwise. TensorRT-LLM: its sources only
 unknown fields         accepted (logged, ignored)                   400 (``extra="forbid"``)
 completions max_tokens 16 by default                                none: up to end-of-sequence
 wrong ``model``        404 ``NotFoundError``                        accepted
-validation error body  ``{"error": {message, type, param, code}}``  ``{"error": "<pydantic>"}``
+validation error body  ``{"error": {message, type, param, code}}``  ``{object, message, type,
+                                                                    param, code}``, message the
+                                                                    error list's ``str()``
 first chat delta       ``{"role": "assistant", "content": ""}``     ``{"role": "assistant"}``,
                                                                     framed ``data: {..} \\n\\n``
 stream chunks          ``logprobs``/``finish_reason``/``token_ids``  ``None`` fields left out
                        null keys, ``stop_reason``                   (chat), all kept (completion)
-``include_usage``      false unless asked                           true unless refused
+``include_usage``      false unless asked                           true, and continuous usage
 =====================  ===========================================  ============================
 
 Both: ``data: [DONE]`` last, usage chunk (empty ``choices``) with
@@ -59,10 +61,17 @@ import json
 import re
 import time
 import uuid
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    model_validator,
+)
 
 from simulator.generate import TOP_K_MAX, Completion, Token
 from simulator.vocab import VOCAB_SIZE
@@ -98,9 +107,12 @@ def error_body(
 
 
 class StreamOptions(BaseModel):
+    """TensorRT-LLM's: with ``include_usage``, usage on every chunk unless
+    ``continuous_usage_stats`` is false."""
+
     model_config = ConfigDict(extra="forbid")
     include_usage: bool | None = True
-    continuous_usage_stats: bool | None = False
+    continuous_usage_stats: bool | None = True
 
 
 class VllmStreamOptions(BaseModel):
@@ -144,11 +156,15 @@ class _Sampling(BaseModel):
     response_format: dict[str, Any] | None = None
     priority: float | None = None
 
+    _STREAM_OPTIONS_REFUSAL: ClassVar[str] = (
+        "Stream options can only be defined when `stream=True`."
+    )
+
     @model_validator(mode="before")
     @classmethod
     def _stream_options_need_stream(cls, data: Any) -> Any:
         if isinstance(data, dict) and data.get("stream_options") and not data.get("stream"):
-            cls._refuse("Stream options can only be defined when `stream=True`.", "stream_options")
+            cls._refuse(cls._STREAM_OPTIONS_REFUSAL, "stream_options")
         return data
 
     @classmethod
@@ -285,6 +301,17 @@ VLLM_MAX_LOGPROBS = 20
 
 class TrtChatRequest(_Chat):
     model_config = ConfigDict(extra="forbid", title="ChatCompletionRequest")
+    _STREAM_OPTIONS_REFUSAL = "stream_options can only be set if stream is true"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _trt_top_needs_logprobs(cls, data: Any) -> Any:
+        """``check_logprobs``: any ``top_logprobs`` (0 too) needs ``logprobs``."""
+        asked = isinstance(data, dict) and data.get("top_logprobs") is not None
+        if asked and not data.get("logprobs"):
+            raise ValueError("logprobs must be true when using top_logprobs")
+        return data
+
     model: str  # required on TensorRT-LLM
     cache_salt: str | None = None
     disaggregated_params: dict[str, Any] | None = None
@@ -301,6 +328,18 @@ class TrtCompletionRequest(_Completion):
     lora_request: dict[str, Any] | None = None
     detokenize: bool = True
     prompt_ignore_length: int | None = 0
+
+    _STREAM_OPTIONS_REFUSAL = "Stream options can only be defined when stream is true."
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_logprobs(cls, data: Any, info: ValidationInfo) -> Any:
+        """``check_logprobs``: TensorRT-LLM's completions have no logprobs (any truthy value);
+        a scenario can let them through (``Scenario.trtllm_completion_logprobs``)."""
+        lenient = bool((info.context or {}).get("completion_logprobs"))
+        if isinstance(data, dict) and data.get("logprobs") and not lenient:
+            raise ValueError("logprobs is not supported")
+        return data
 
     @model_validator(mode="before")
     @classmethod
@@ -319,7 +358,12 @@ _MODELS: dict[tuple[str, str], type[_Chat] | type[_Completion]] = {
 
 
 def parse_request(
-    flavor: Flavor, endpoint: str, raw: bytes, served_model: str
+    flavor: Flavor,
+    endpoint: str,
+    raw: bytes,
+    served_model: str,
+    *,
+    completion_logprobs: bool = False,
 ) -> _Chat | _Completion:
     """Validate one request body the way the flavor does; raise :class:`WireError` if refused.
 
@@ -337,27 +381,24 @@ def parse_request(
     except orjson.JSONDecodeError as exc:
         if vllm:
             raise _vllm_invalid_json(raw) from exc
-        raise WireError(400, {"error": f"request body is not valid JSON: {exc}"}) from exc
+        raise _trt_validation_error([_json_invalid(raw)]) from exc
     if not isinstance(data, dict):
-        if vllm:
-            error = {"type": "model_attributes_type", "loc": ("body",),
-                     "msg": "Input should be a valid dictionary or object to extract fields from",
-                     "input": data}  # fmt: skip
-            raise _vllm_validation_error([error])
-        msg = "request body must be a JSON object"
-        raise WireError(400, error_body(flavor, 400, msg, "BadRequestError"))
+        error = {"type": "model_attributes_type", "loc": ("body",),
+                 "msg": "Input should be a valid dictionary or object to extract fields from",
+                 "input": data}  # fmt: skip
+        raise _vllm_validation_error([error]) if vllm else _trt_validation_error([error])
     model_cls = _MODELS[(flavor, endpoint)]
     try:
-        req = model_cls.model_validate(data)
+        req = model_cls.model_validate(data, context={"completion_logprobs": completion_logprobs})
     except VllmValidationError as exc:
         raise WireError(
             400, error_body(flavor, 400, str(exc), "BadRequestError", exc.parameter)
         ) from exc
     except ValidationError as exc:
+        errors = [{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_url=False)]
         if vllm:
-            errors = [{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_url=False)]
             raise _vllm_validation_error(errors) from exc
-        raise WireError(400, {"error": str(exc)}) from exc
+        raise _trt_validation_error(errors) from exc
     if vllm and req.model is not None and req.model != served_model:
         msg = f"The model `{req.model}` does not exist. Valid aliases: {served_model}."
         raise WireError(404, error_body(flavor, 404, msg, "NotFoundError", "model"))
@@ -420,8 +461,23 @@ def vllm_length_error(
 
 
 def _vllm_invalid_json(raw: bytes) -> WireError:
+    """FastAPI's ``json_invalid`` error, as vLLM's validation handler words it."""
+    return _vllm_validation_error([_json_invalid(raw)])
+
+
+def _trt_validation_error(errors: list[dict[str, Any]]) -> WireError:
+    """TensorRT-LLM's ``validation_exception_handler``: ``str(exc)`` of FastAPI's
+    ``RequestValidationError`` (the error list's repr) in its error envelope, param null."""
+    return WireError(400, error_body("trtllm", 400, str(errors), "BadRequestError"))
+
+
+MULTIPLE_RESPONSES = "Multiple response is not supported in PyTorch workflow"
+"""``chat_utils.check_multiple_response``: ``n > 1`` on the PyTorch backend."""
+
+
+def _json_invalid(raw: bytes) -> dict[str, Any]:
     """FastAPI's ``json_invalid`` error (from the standard library's decoder, as FastAPI
-    uses it: its position and reason), as vLLM's validation handler words it."""
+    uses it: its position and reason)."""
     try:
         json.loads(raw)
     except json.JSONDecodeError as exc:
@@ -430,9 +486,8 @@ def _vllm_invalid_json(raw: bytes) -> WireError:
         pos, reason = 0, str(exc)
     else:  # orjson is stricter (e.g. NaN): say so the way FastAPI would not need to
         pos, reason = 0, "Invalid JSON"
-    error = {"type": "json_invalid", "loc": ("body", pos), "msg": "JSON decode error",
-             "input": {}, "ctx": {"error": reason}}  # fmt: skip
-    return _vllm_validation_error([error])
+    return {"type": "json_invalid", "loc": ("body", pos), "msg": "JSON decode error",
+            "input": {}, "ctx": {"error": reason}}  # fmt: skip
 
 
 def _vllm_validation_error(errors: list[dict[str, Any]]) -> WireError:
@@ -530,10 +585,11 @@ class Framer:
         self.created = int(time.time())
         chat = endpoint == "chat"
         prefix = "chatcmpl" if chat else "cmpl"
-        if flavor == "trtllm" and stream:
+        if flavor == "trtllm" and stream:  # numbered, so a stream's bytes are reproducible
             self.id = f"{prefix}-{seq_no}"
         else:
             self.id = f"{prefix}-{uuid.uuid4().hex}"
+        self._events = 0
         obj = (
             ("chat.completion.chunk" if stream else "chat.completion")
             if chat
@@ -556,17 +612,21 @@ class Framer:
         return items if completions else (items[:top] if top else [])
 
     def chat_logprobs(self, tokens: list[Token], top: int) -> dict[str, Any]:
+        """TensorRT-LLM (``create_logprobs``): ``top_logprobs`` null unless asked (> 0)."""
         content = []
         for t in tokens:
+            alternatives: list[dict[str, Any]] | None = [
+                {"token": s, "logprob": lp, "bytes": list(s.encode())}
+                for s, lp in self._alternatives(t, top, completions=False)
+            ]
+            if self.flavor == "trtllm" and not top:
+                alternatives = None
             content.append(
                 {
                     "token": t.text,
                     "logprob": t.logprob,
                     "bytes": list(t.text.encode()),
-                    "top_logprobs": [
-                        {"token": s, "logprob": lp, "bytes": list(s.encode())}
-                        for s, lp in self._alternatives(t, top, completions=False)
-                    ],
+                    "top_logprobs": alternatives,
                 }
             )
         return {"content": content}
@@ -597,6 +657,13 @@ class Framer:
     # SSE -----------------------------------------------------------------------------
 
     def event(self, obj: dict[str, Any], *, trailing_space: bool = False) -> bytes:
+        """One SSE event. TensorRT-LLM builds each chunk as a new pydantic object, whose ``id``
+        is a fresh ``random_uuid()``: the first chunk carries :attr:`id` (what the ledger
+        names), the k-th after it ``<id>-<k>`` (its own, and the same bytes on a replay)."""
+        if self.flavor == "trtllm" and self._events and "id" in obj:
+            prefix = str(obj["id"]).split("-", 1)[0]
+            obj = {**obj, "id": f"{prefix}-{self.id.split('-', 1)[1]}-{self._events}"}
+        self._events += 1
         return b"data: " + orjson.dumps(obj) + (b" \n\n" if trailing_space else b"\n\n")
 
     DONE = b"data: [DONE]\n\n"
@@ -640,7 +707,7 @@ class Framer:
         if self.endpoint == "chat":
             choice: dict[str, Any] = {
                 "index": index,
-                "delta": {"content": text} if tokens or vllm else {},
+                "delta": {"content": text} if vllm else {"content": text, "reasoning_content": ""},
             }
             lp = self.chat_logprobs(tokens, logprobs or 0) if logprobs is not None else None
             if vllm:
@@ -662,19 +729,14 @@ class Framer:
                 if logprobs is not None
                 else None
             )
-            choice = {
-                "index": index,
-                "text": text,
-                "logprobs": lp,
-                "finish_reason": finish_reason,
-                "stop_reason": stop_reason,
-            }
             if vllm:  # CompletionResponseStreamChoice, dumped with exclude_unset=False
-                choice["prompt_token_ids"] = None
-                choice["token_ids"] = None
+                choice = {"index": index, "text": text, "logprobs": lp,
+                          "finish_reason": finish_reason, "stop_reason": stop_reason,
+                          "prompt_token_ids": None, "token_ids": None}  # fmt: skip
             else:
-                choice["token_ids"] = None
-                choice["avg_decoded_tokens_per_iter"] = None
+                choice = {"index": index, "text": text, "token_ids": None, "logprobs": lp,
+                          "finish_reason": finish_reason, "stop_reason": stop_reason,
+                          "avg_decoded_tokens_per_iter": None}  # fmt: skip
         chunk: dict[str, Any] = {**self.base, "choices": [choice]}
         if usage is not None:
             chunk["usage"] = usage
@@ -685,7 +747,12 @@ class Framer:
         return self.event(chunk)
 
     def usage_chunk(self, usage: dict[str, Any]) -> bytes:
+        """The final usage chunk (TensorRT-LLM: a ``ChatCompletionStreamResponse`` on both
+        endpoints, so completions' says ``chatcmpl-`` and ``chat.completion.chunk``)."""
         chunk: dict[str, Any] = {**self.base, "choices": [], "usage": usage}
+        if self.flavor == "trtllm":
+            chunk["id"] = "chatcmpl-" + self.id.split("-", 1)[1]  # event() numbers it
+            chunk["object"] = "chat.completion.chunk"
         if self.flavor == "vllm":  # dumped with exclude_none=True
             chunk["usage"] = {k: v for k, v in usage.items() if v is not None}
             if self.fingerprint is not None:
@@ -729,33 +796,31 @@ class Framer:
             return self._vllm_response(completions, prompt_tokens, logprobs, echo_prefix)
         choices = []
         for i, c in enumerate(completions):
+            # ChatCompletionResponseChoice / CompletionResponseChoice, every field dumped
             if self.endpoint == "chat":
-                message: dict[str, Any] = {"role": "assistant", "content": c.text, "tool_calls": []}
-                message["reasoning_content"] = ""
-                choice: dict[str, Any] = {
-                    "index": i,
-                    "message": message,
-                    "logprobs": self.chat_logprobs(c.tokens, logprobs or 0)
-                    if logprobs is not None
-                    else None,
-                    "finish_reason": c.finish_reason,
-                    "stop_reason": c.stop_reason,
-                }
+                message: dict[str, Any] = {"role": "assistant", "content": c.text,
+                                           "reasoning_content": "", "reasoning": None,
+                                           "tool_calls": []}  # fmt: skip
+                lp = self.chat_logprobs(c.tokens, logprobs or 0) if logprobs is not None else None
+                choice: dict[str, Any] = {"index": i, "message": message, "logprobs": lp,
+                                          "finish_reason": c.finish_reason,
+                                          "stop_reason": c.stop_reason,
+                                          "mm_embedding_handle": None}  # fmt: skip
             else:
                 prefix = echo_prefix[i] if echo_prefix else ""
-                choice = {
-                    "index": i,
-                    "text": prefix + c.text,
-                    "logprobs": self.completion_logprobs(c.tokens, logprobs or 0, len(prefix))
+                lp = (
+                    self.completion_logprobs(c.tokens, logprobs or 0, len(prefix))
                     if logprobs is not None
-                    else None,
-                    "finish_reason": c.finish_reason,
-                    "stop_reason": c.stop_reason,
-                    "token_ids": None,
-                }
+                    else None
+                )
+                choice = {"index": i, "text": prefix + c.text, "token_ids": None, "logprobs": lp,
+                          "context_logits": None, "finish_reason": c.finish_reason,
+                          "stop_reason": c.stop_reason}  # fmt: skip
+            choice.update(disaggregated_params=None, avg_decoded_tokens_per_iter=None)
             choices.append(choice)
         body: dict[str, Any] = {**self.base, "choices": choices}
         body["usage"] = self.usage(prompt_tokens, sum(len(c.tokens) for c in completions))
+        body["prompt_token_ids"] = None
         return body
 
     def _vllm_response(

@@ -14,3 +14,6 @@ FAST: dict[str, Any] = {
     "answers": {"min_tokens": 24, "max_tokens": 60},
 }
 """Scenario overrides for tiny latencies, where timing is not the point."""
+
+TRT_PERMISSIVE: dict[str, Any] = {"backend": "tensorrt", "completion_logprobs": True}
+"""TensorRT-LLM flavor overrides that accept ``n > 1`` and completions' ``logprobs``."""

@@ -249,7 +249,7 @@ def test_version_change_with_restart() -> None:
         sim.wait_healthy()
         assert json.loads(http_get(sim.base_url + "/version")[1]) == {"version": "1.2.0"}
         starts = events(sim, "start")
-        assert [s["version"] for s in starts] == ["1.1.0", "1.2.0"]
+        assert [s["version"] for s in starts] == ["1.2.0rc2", "1.2.0"]
         assert starts[0]["pid"] != starts[1]["pid"]
         assert events(sim, "fault", "version_change")[0]["params"]["restart"] is True
         assert len(events(sim, "restart")) == 1

@@ -254,7 +254,7 @@ def test_models_health_version(sim: RunningSim) -> None:
     assert http_get(sim.base_url + "/health") == (200, b"")
     status, body = http_get(sim.base_url + "/version")
     assert status == 200
-    assert json.loads(body) == {"version": "0.32.0" if sim.flavor == "vllm" else "1.1.0"}
+    assert json.loads(body) == {"version": "0.32.0" if sim.flavor == "vllm" else "1.2.0rc2"}
 
 
 def test_metrics_in_the_flavors_format(sim: RunningSim) -> None:
