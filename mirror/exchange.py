@@ -359,21 +359,6 @@ class ExchangeCore:
             self.guard.observe(outcome.ttft_s, outcome.e2e_s, p.shadow_active)
         self.recorder.record(d, status, outcome, http_status, error)
 
-    def _outcome(
-        self,
-        trace: StreamTrace | None,
-        parts: list[bytes],
-        chat: bool,
-        t0: float,
-        last_t: float | None,
-        status: Status,
-    ) -> Outcome:
-        if trace is not None:
-            return trace.outcome()
-        if status is Status.OK and last_t is not None:
-            return parse_body(b"".join(parts), chat=chat, e2e_s=last_t - t0)
-        return Outcome(e2e_s=max(0.0, last_t - t0) if last_t is not None else None)
-
 
 def _outcome(
     trace: StreamTrace | None,

@@ -1,13 +1,14 @@
-"""Raw HTTP/1.1 connections to the incumbent for the protocol data plane (:mod:`mirror.wire`).
+"""Raw HTTP/1.1 connections to an engine: the client server's to the incumbent
+(:mod:`mirror.server`) and the shadow side's (:mod:`mirror.shadow_client`).
 
 An :class:`UpstreamConnection` is an :class:`asyncio.Protocol` with an ``httptools`` response
 parser: the incumbent's bytes are parsed in ``data_received`` and handed, in the same call, to
 the :class:`Exchange` that asked (its ``head``, ``body``, ``done`` and ``broken``), which writes
 them to the client's transport. No stream reader, future or task wake-up per chunk.
 :class:`Upstream` keeps the idle keep-alive connections (newest first, none older than
-``keepalive_s``, :data:`KEEPALIVE_S` in the mirror) and an optional cap on open connections
-(``max_connections``; the mirror's pools have none), and times the connect
-(:data:`CONNECT_TIMEOUT_S`). A URL's user info is not used
+``keepalive_s``, :data:`KEEPALIVE_S` in the mirror), opens a new connection when none is idle
+(no cap: ``shadow.max_concurrent`` bounds the shadow side, the client connections the
+incumbent's), and times the connect (:data:`CONNECT_TIMEOUT_S`). A URL's user info is not used
 here: the mirror's own credentials for an engine are headers its callers add
 (:meth:`mirror.config.EngineConfig.own_headers`).
 
@@ -19,7 +20,6 @@ Errors: :meth:`Upstream.acquire` raises :class:`TimeoutError` (connect timeout) 
 from __future__ import annotations
 
 import asyncio
-import collections
 import ssl
 from typing import TYPE_CHECKING, Protocol
 
@@ -180,7 +180,6 @@ class Upstream:
         url: str,
         *,
         connect_timeout_s: float,
-        max_connections: int = 0,
         keepalive_s: float = KEEPALIVE_S,
     ) -> None:
         u = yarl.URL(url)
@@ -194,13 +193,9 @@ class Upstream:
         )
         self.host_header = (self.host if default else f"{self.host}:{self.port}").encode()
         self.connect_timeout_s = connect_timeout_s
-        self.max_connections = max_connections
         self.keepalive_s = keepalive_s
         self.idle: list[UpstreamConnection] = []
         self.open = 0
-        self.waiters: collections.deque[asyncio.Future[UpstreamConnection | None]] = (
-            collections.deque()
-        )
         self.closing = False
 
     @classmethod
@@ -220,21 +215,6 @@ class Upstream:
                 conn.close()
                 continue
             return conn, True
-        if self.max_connections and self.open >= self.max_connections:
-            waiter: asyncio.Future[UpstreamConnection | None] = loop.create_future()
-            self.waiters.append(waiter)
-            try:
-                handed = await waiter
-            except asyncio.CancelledError:
-                if waiter.done() and not waiter.cancelled():
-                    got = waiter.result()
-                    if got is not None:
-                        self.release(got, True)
-                    else:
-                        self._wake()
-                raise
-            if handed is not None:
-                return handed, True
         self.open += 1
         try:
             _, proto = await asyncio.wait_for(
@@ -249,7 +229,6 @@ class Upstream:
             )
         except BaseException:
             self.open -= 1
-            self._wake()
             raise
         return proto, False
 
@@ -259,11 +238,6 @@ class Upstream:
             conn.close()
             return
         conn.resume()  # paused for a slow client: the next exchange reads it again
-        while self.waiters:
-            waiter = self.waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(conn)
-                return
         conn.idle_since = asyncio.get_running_loop().time()
         self.idle.append(conn)
 
@@ -271,15 +245,6 @@ class Upstream:
         self.open -= 1
         if conn in self.idle:
             self.idle.remove(conn)
-        self._wake()
-
-    def _wake(self) -> None:
-        """A connection slot is free: the first waiter connects anew."""
-        while self.waiters:
-            waiter = self.waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
-                return
 
     def close(self) -> None:
         self.closing = True
