@@ -32,6 +32,7 @@ import orjson
 import yarl
 
 from mirror import metrics as m
+from mirror.asks import client_asks_logprobs
 from mirror.body import MALFORMED, inspect_body
 from mirror.config import MirrorSettings
 from mirror.guard import InterferenceGuard
@@ -47,6 +48,7 @@ from mirror.recorder import Recorder
 from mirror.recording import ERROR_BODY_KEEP, Dispatch, error_text
 from mirror.rewrite import (
     INCLUDE_USAGE,
+    LOGPROBS,
     ask_top_logprobs,
     candidate_request,
     replay_request,
@@ -266,9 +268,16 @@ class ExchangeCore:
             cand_body, cand_rewrites = candidate_request(
                 parsed, chat=chat, rewrite=self.settings.candidate.rewrite
             )
-            cand_body, cand_rewrites = ask_top_logprobs(
-                cand_body, cand_rewrites, chat=chat, k=self.settings.shadow.top_logprobs
+            asks = self.shadows.asks
+            k = asks.top_logprobs(route, chat=chat, k=self.settings.shadow.top_logprobs)
+            cand_body, cand_rewrites = ask_top_logprobs(cand_body, cand_rewrites, chat=chat, k=k)
+            # the mirror's ask alone: a refusal naming it is the mirror's doing
+            ask = (
+                LOGPROBS
+                if cand_rewrites[-1:] == [LOGPROBS] and not client_asks_logprobs(parsed)
+                else None
             )
+            cand_rewrites = [*cand_rewrites, *asks.notes(parsed)]
             common = {
                 "pair_id": pair,
                 "endpoint": endpoint,
@@ -280,7 +289,7 @@ class ExchangeCore:
             }
             shadows.append(
                 self.shadows.fire(
-                    Role.CANDIDATE, route, cand_body, cand_rewrites, cand_headers, common
+                    Role.CANDIDATE, route, cand_body, cand_rewrites, cand_headers, common, ask=ask
                 )
             )
             if (

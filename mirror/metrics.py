@@ -134,6 +134,12 @@ SHADOW_TRUNCATED = Counter(
     "Shadow answers cut at the most the mirror reads of one (ANSWER_MAX_BYTES), by role.",
     ["role"],
 )
+ASKS_DROPPED = Counter(
+    "shadow_ab_mirror_asks_dropped_total",
+    "Asks the mirror adds to the candidate's requests (logprobs) that it stopped adding on a"
+    " route after the candidate refused one (400), by route and ask: once per process.",
+    ["route", "ask"],
+)
 GUARD_RATE = Gauge(
     "shadow_ab_mirror_guard_rate_ratio",
     "The interference guard's current multiplier of the shadow rate, 0..1.",

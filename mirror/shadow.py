@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 import yarl
 
+from mirror.asks import REFUSED, Asks
 from mirror.metrics import SHADOW_TRUNCATED
 from mirror.recording import ERROR_BODY_KEEP, Dispatch, error_text, status_of
 from mirror.rewrite import stored_request
@@ -82,6 +83,8 @@ class Shadows:
             Role.REPLAY: (settings.incumbent.url, settings.incumbent_engine()),
         }
         self._paths: dict[tuple[Role, str], str] = {}
+        self.asks = Asks(settings.candidate.flavor)
+        """The asks added to the candidate's requests, and those it refused (:mod:`mirror.asks`)."""
 
     def start(self) -> None:
         """Open the candidate's and the replays' pools (at the mirror's start)."""
@@ -113,11 +116,15 @@ class Shadows:
         rewrites: list[str],
         headers: list[tuple[str, str]],
         common: dict[str, Any],
+        *,
+        ask: str | None = None,
     ) -> asyncio.Task[None]:
         """Schedule one shadow request (``role`` candidate or replay) and return its task at
-        once: the caller must not await it."""
+        once: the caller must not await it. ``ask``: the one ask the mirror added to a request
+        that had none of its own (``logprobs``), so a 400 refusing it is the mirror's doing
+        (:meth:`mirror.asks.Asks.refused`)."""
         self.inflight += 1
-        task = asyncio.create_task(self._send(role, route, body, rewrites, headers, common))
+        task = asyncio.create_task(self._send(role, route, body, rewrites, headers, common, ask))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
         return task
@@ -143,6 +150,7 @@ class Shadows:
         rewrites: list[str],
         headers: list[tuple[str, str]],
         common: dict[str, Any],
+        ask: str | None = None,
     ) -> None:
         engine_role = Role.REPLAY if role is Role.INCUMBENT else role  # probes: incumbent
         pool = self.pools.get(engine_role)
@@ -221,4 +229,8 @@ class Shadows:
                 outcome = Outcome(e2e_s=max(0.0, last_t - t0) if last_t is not None else None)
             if status is Status.HTTP_ERROR:
                 error = error_text(raw[:ERROR_BODY_KEEP])
+                if ask is not None and self.asks.refused(route, ask, http_status, error):
+                    # the mirror's ask failed, not the candidate: never counted as its failure
+                    status = Status.CANCELLED
+                    d.rewrites = [*d.rewrites, f"{REFUSED}:{ask}"]
             self.recorder.record(d, status, outcome, http_status, error)
