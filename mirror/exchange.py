@@ -29,7 +29,6 @@ from datetime import datetime
 from typing import Any
 
 import orjson
-import yarl
 
 from mirror import metrics as m
 from mirror.asks import client_asks_logprobs
@@ -41,6 +40,7 @@ from mirror.headers import (
     candidate_headers,
     header_value,
     shadow_headers,
+    str_headers,
     upstream_headers,
 )
 from mirror.overload import LoopLag
@@ -92,7 +92,8 @@ DECISIONS = (
 
 class Prepared:
     """A generate request made ready for the incumbent (:meth:`ExchangeCore.prepare`): its
-    request target (path and query on the incumbent), the record stub, the body and headers it
+    request target (the route and the client's query, after the incumbent URL's path), the
+    record stub, the body and headers it
     gets, and the shadow tasks already fired (cancel them when the client leaves)."""
 
     __slots__ = (
@@ -131,10 +132,6 @@ class Prepared:
         self.shadows = shadows
 
 
-def _str_headers(headers: list[tuple[bytes, bytes]]) -> list[tuple[str, str]]:
-    return [(n.decode("latin-1"), v.decode("latin-1")) for n, v in headers]
-
-
 class ExchangeCore:
     """The generate requests' shared steps (see the module docstring). One per mirror."""
 
@@ -170,7 +167,6 @@ class ExchangeCore:
         self.draining = False
         self._m_decision = {d: m.SHADOW_DECISIONS.labels(decision=d) for d in DECISIONS}
         self._m_requests_cache: dict[tuple[str, int], Any] = {}
-        self._prefix = yarl.URL(settings.incumbent.url).raw_path.rstrip("/")
 
     def count_decision(self, decision: str) -> None:
         """Count a shadow decision (one of :data:`DECISIONS`)."""
@@ -185,11 +181,6 @@ class ExchangeCore:
             if len(self._m_requests_cache) < 1024:
                 self._m_requests_cache[(route, code)] = child
         child.inc()
-
-    def _target(self, route: str, query: bytes) -> bytes:
-        """The request target on the incumbent: its URL's path prefix, the route, the query."""
-        target = (self._prefix + route).encode("latin-1")
-        return target + b"?" + query if query else target
 
     def prepare(
         self,
@@ -263,7 +254,7 @@ class ExchangeCore:
         shadows: list[asyncio.Task[None]] = []
         if decision == SAMPLED:
             assert parsed is not None
-            sh_headers = _str_headers(shadow_headers(up_headers))
+            sh_headers = str_headers(shadow_headers(up_headers))
             cand_headers = candidate_headers(sh_headers, self.candidate_forward, self.candidate_own)
             cand_body, cand_rewrites = candidate_request(
                 parsed, chat=chat, rewrite=self.settings.candidate.rewrite
@@ -328,7 +319,7 @@ class ExchangeCore:
         )
         inflight.start(Role.INCUMBENT)  # ended by settle()
         return Prepared(
-            target=self._target(route, query),
+            target=route.encode("latin-1") + b"?" + query if query else route.encode("latin-1"),
             d=d,
             body=inc_body,
             raw_headers=up_headers,

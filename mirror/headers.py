@@ -92,6 +92,11 @@ def client_headers(
     return out
 
 
+def str_headers(headers: Iterable[tuple[bytes, bytes]]) -> list[tuple[str, str]]:
+    """``headers`` as text (latin-1, as HTTP/1.1 carries them), for aiohttp and the shadow side."""
+    return [(n.decode("latin-1"), v.decode("latin-1")) for n, v in headers]
+
+
 def header_value(headers: Iterable[tuple[bytes, bytes]], name: bytes) -> bytes | None:
     """The first value of ``name`` (lower-case) in an ASGI header list."""
     for n, v in headers:

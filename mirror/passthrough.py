@@ -26,7 +26,13 @@ import aiohttp
 
 from mirror import metrics as m
 from mirror.config import MirrorSettings
-from mirror.headers import PAIR_HEADER, client_headers, header_value, upstream_headers
+from mirror.headers import (
+    PAIR_HEADER,
+    client_headers,
+    header_value,
+    str_headers,
+    upstream_headers,
+)
 from mirror.problem import PROBLEM_JSON, problem_body
 from mirror.routes import Router, canonical_path, quoted
 from mirror.upstream import CONNECT_TIMEOUT_S, KEEPALIVE_S
@@ -49,10 +55,6 @@ class _TooLarge(Exception):
 
 class _ClientGone(Exception):
     pass
-
-
-def _str_headers(headers: list[tuple[bytes, bytes]]) -> list[tuple[str, str]]:
-    return [(n.decode("latin-1"), v.decode("latin-1")) for n, v in headers]
 
 
 def _path_qs(scope: Scope, path: str) -> str:
@@ -210,7 +212,7 @@ class Passthrough:
                 scope["method"],
                 self.inc_url + _path_qs(scope, quoted(path)),
                 data=body or None,
-                headers=_str_headers(headers),
+                headers=str_headers(headers),
                 allow_redirects=False,
             )
         except (TimeoutError, aiohttp.ClientError, ValueError) as exc:

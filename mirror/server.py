@@ -480,15 +480,6 @@ class ClientConnection(asyncio.Protocol):
         path = raw_path.decode("latin-1")
         if "%" in path:
             path = unquote(path)
-        scope: dict[str, Any] = {
-            "type": "http",
-            "method": req.method,
-            "path": path,
-            "raw_path": raw_path,
-            "query_string": parsed.query or b"",
-            "headers": req.headers,
-            "http_version": "1.1" if req.http11 else "1.0",
-        }
         if not req.keep_alive:  # the client asked to close after this answer
             self.keep_alive = False
         if req.method == "POST":
@@ -507,6 +498,15 @@ class ClientConnection(asyncio.Protocol):
                     return await ex.run()
                 finally:
                     self.exchange = None
+        scope: dict[str, Any] = {  # only the pass-through needs it: not on the generate path
+            "type": "http",
+            "method": req.method,
+            "path": path,
+            "raw_path": raw_path,
+            "query_string": parsed.query or b"",
+            "headers": req.headers,
+            "http_version": "1.1" if req.http11 else "1.0",
+        }
         return await self._asgi(req, scope)
 
     async def _asgi(self, req: _Request, scope: dict[str, Any]) -> bool:
@@ -725,7 +725,7 @@ class _Exchange:
     def _request_bytes(self, pool: Upstream) -> bytes:
         p = self.p
         out = [
-            b"POST " + p.target + b" HTTP/1.1\r\nhost: ",
+            b"POST " + pool.prefix.encode("latin-1") + p.target + b" HTTP/1.1\r\nhost: ",
             pool.host_header,
             b"\r\n",
         ]

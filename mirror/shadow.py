@@ -35,7 +35,6 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import orjson
-import yarl
 
 from mirror.asks import REFUSED, Asks
 from mirror.metrics import SHADOW_TRUNCATED
@@ -79,10 +78,9 @@ class Shadows:
         self.pools: dict[Role, Upstream] = {}
         """Raw connection pools per role (:meth:`start`)."""
         self._engines = {
-            Role.CANDIDATE: (settings.candidate.url, settings.candidate_engine()),
-            Role.REPLAY: (settings.incumbent.url, settings.incumbent_engine()),
+            Role.CANDIDATE: settings.candidate_engine(),
+            Role.REPLAY: settings.incumbent_engine(),
         }
-        self._paths: dict[tuple[Role, str], str] = {}
         self.asks = Asks(settings.candidate.flavor)
         """The asks added to the candidate's requests, and those it refused (:mod:`mirror.asks`)."""
 
@@ -91,16 +89,6 @@ class Shadows:
         s = self.settings
         self.pools[Role.CANDIDATE] = Upstream.to(s.candidate, keepalive_s=self.keepalive_s)
         self.pools[Role.REPLAY] = Upstream.to(s.incumbent, keepalive_s=self.keepalive_s)
-
-    def _path(self, role: Role, route: str) -> str:
-        """The request target of ``route`` on ``role``'s engine (its URL's path prefix kept)."""
-        key = (role, route)
-        path = self._paths.get(key)
-        if path is None:
-            path = yarl.URL(self._engines[role][0] + route).raw_path_qs
-            if len(self._paths) < 64:
-                self._paths[key] = path
-        return path
 
     def close(self) -> None:
         """Close the pools' idle connections (after the drain)."""
@@ -154,7 +142,7 @@ class Shadows:
     ) -> None:
         engine_role = Role.REPLAY if role is Role.INCUMBENT else role  # probes: incumbent
         pool = self.pools.get(engine_role)
-        engine = self._engines[engine_role][1]
+        engine = self._engines[engine_role]
         if role is not Role.CANDIDATE:
             delay = self.settings.shadow.replay_delay_s
             if delay > 0:  # not in the original's batch: the incumbent's own run-to-run noise
@@ -193,7 +181,7 @@ class Shadows:
                 # parsed when the answer ends (mirror.trace.stream_trace)
                 answer = ShadowAnswer(clock)
                 stash = answer.stash
-                head = request_head("POST", self._path(engine_role, route), pool, headers)
+                head = request_head("POST", pool.prefix + route, pool, headers)
                 await answer.fetch(pool, head, payload)
         except TimeoutError:
             status, error = (

@@ -192,6 +192,8 @@ class Upstream:
             u.scheme == "http" and self.port == 80
         )
         self.host_header = (self.host if default else f"{self.host}:{self.port}").encode()
+        self.prefix = u.raw_path.rstrip("/")
+        """The engine URL's path (``http://host/prefix``): request targets start with it."""
         self.connect_timeout_s = connect_timeout_s
         self.keepalive_s = keepalive_s
         self.idle: list[UpstreamConnection] = []
