@@ -20,7 +20,14 @@ import tracemalloc
 import orjson
 import pytest
 from aiohttp import web
-from mirror_helpers import MODEL, ListSink, StandInEngine, decisions, served_in_process
+from mirror_helpers import (
+    MODEL,
+    ListSink,
+    StandInEngine,
+    chat_answer,
+    decisions,
+    served_in_process,
+)
 from prometheus_client import REGISTRY
 
 from mirror.app import Mirror
@@ -29,18 +36,7 @@ from shadow_ab.records import ExchangeRecord, Role, Status
 
 SECRET = "sk-hostile-client-secret-0123456789"
 PROMPT = "a private prompt that must not reach a log"
-ANSWER = orjson.dumps(
-    {
-        "id": "x",
-        "object": "chat.completion",
-        "created": 0,
-        "model": MODEL,
-        "choices": [
-            {"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}
-        ],
-        "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
-    }
-)
+ANSWER = orjson.dumps(chat_answer("ok"))
 
 
 class Engine(StandInEngine):

@@ -425,26 +425,10 @@ def test_divergence_from_digests_alone() -> None:
     privacy = Privacy(PrivacyConfig(capture="metadata"))
 
     def side(text: str, tokens: list[str] | None) -> PairSide:
-        rec = ExchangeRecord.model_validate(
-            {
-                "deployment": "d",
-                "pair_id": "00000000-0000-0000-0000-000000000001",
-                "role": "incumbent",
-                "engine": "e",
-                "endpoint": "chat",
-                "stream": False,
-                "sent_at": "2026-12-01T00:00:00Z",
-                "status": "ok",
-                "request": {"messages": [{"content": "q"}], "temperature": 0},
-                "output_text": text,
-                "completion_tokens": len(text.split()),
-                "logprobs": (
-                    [TokenLogprob(token=t, logprob=-0.1, top={t: -0.1}) for t in tokens]
-                    if tokens
-                    else None
-                ),
-            }
+        logprobs = (
+            [TokenLogprob(token=t, logprob=-0.1, top={t: -0.1}) for t in tokens] if tokens else None
         )
+        rec = _record(text, logprobs, completion_tokens=len(text.split()))
         return PairSide.from_record(privacy.apply(rec, "metadata"))
 
     same = compare_pair(side("a b c", None), side("a b c", None))
@@ -459,7 +443,9 @@ def test_divergence_from_digests_alone() -> None:
     assert not compare_pair(side("a b c", None), plain).comparable
 
 
-def _record(text: str, logprobs: list[TokenLogprob]) -> ExchangeRecord:
+def _record(
+    text: str, logprobs: list[TokenLogprob] | None, completion_tokens: int | None = None
+) -> ExchangeRecord:
     return ExchangeRecord.model_validate(
         {
             "deployment": "d",
@@ -472,6 +458,7 @@ def _record(text: str, logprobs: list[TokenLogprob]) -> ExchangeRecord:
             "status": "ok",
             "request": {"messages": [{"content": "q"}], "temperature": 0},
             "output_text": text,
+            "completion_tokens": completion_tokens,
             "logprobs": logprobs,
         }
     )
