@@ -29,7 +29,12 @@ Paths, side by side in one run, each with its own keep-alive client session:
 - ``nginx``: a private Debian nginx (own prefix and config in a temp dir, free ports, one
   worker, ``proxy_buffering off``, upstream keep-alive) with ``proxy_pass`` only;
 - ``nginx-mirror``: the same plus nginx's ``mirror`` directive to the candidate (healthy);
-- ``nginx-mirror-slow``: the same to the 10x slower candidate.
+- ``nginx-mirror-slow``: the same to the 10x slower candidate;
+- ``floor``: ``bench/tee_floor.py``, the least a Python mirror on the mirror's runtime
+  (``uvloop``, ``httptools``) can do per request: nginx ``mirror``'s two legs (the
+  incumbent's answer relayed, the candidate's read and dropped), no parsing, no records. What
+  it spends above nginx ``mirror`` is the runtime's price for the same legs; what the mirror
+  spends above it is the work the mirror adds.
 
 Default: ``direct,nginx,nginx-mirror,mirror`` at concurrency 4 and 32, what the goals need.
 
@@ -44,7 +49,7 @@ would measure it):
    ``mirror``'s with a healthy candidate (and ``mirror-slow``'s no more than
    ``nginx-mirror-slow``'s, when both ran);
 4. at 32 streams, the mirror's CPU per shadowed request at most 2x nginx ``mirror``'s (healthy
-   candidate).
+   candidate). The ``floor`` path, when it ran, gets lines 3 and 4 too, for reference.
 
 With ``--kafka``, records go to the production Kafka sink (topics of the run).
 
@@ -154,6 +159,7 @@ PATHS = (
     "nginx",
     "nginx-mirror",
     "nginx-mirror-slow",
+    "floor",
     "mirror-off",
     "mirror",
     "mirror-slow",
@@ -196,6 +202,7 @@ LABELS = {
     "nginx": "nginx proxy_pass",
     "nginx-mirror": "nginx `mirror`, candidate healthy",
     "nginx-mirror-slow": "nginx `mirror`, 10x slow candidate",
+    "floor": "Python tee floor (bench/tee_floor.py)",
 }
 
 
@@ -580,6 +587,21 @@ def running_nginx(
             nginx.stop(sig=signal.SIGQUIT)
 
 
+@contextlib.contextmanager
+def running_floor(incumbent: str, candidate: str, workdir: Path) -> Iterator[Proxy]:
+    """``bench/tee_floor.py`` on a free port: the incumbent relayed, the candidate teed."""
+    port = free_port()
+    cmd = [sys.executable, str(Path(__file__).with_name("tee_floor.py")), "--port", str(port)]
+    cmd += ["--incumbent", incumbent, "--candidate", candidate]
+    floor = ManagedProcess(cmd, workdir / "floor.log", merge_stdout=True)
+    try:
+        health = f"http://127.0.0.1:{port}/health"
+        floor.wait_until(partial(answers, health), f"answering {health}", 30.0, interval=0.1)
+        yield Proxy(f"http://127.0.0.1:{port}", floor.pid)
+    finally:
+        floor.stop()
+
+
 # -- candidates going idle between segments --------------------------------------------------
 
 
@@ -881,6 +903,8 @@ def goal_lines(cells: dict[tuple[str, int], Cell]) -> list[str]:
         )
         ngx = cells.get((nginx_path, hi))
         mirrors = variants(cells, mirror, hi)
+        if mirror == "mirror":  # the floor against the same bar, for reference
+            mirrors += variants(cells, "floor", hi)
         if ngx is None or not mirrors:
             if mirror == "mirror":  # the slow pair is an extra, reported when both ran
                 paths = f"direct,{nginx_path},{mirror}"
@@ -904,7 +928,11 @@ def goal_lines(cells: dict[tuple[str, int], Cell]) -> list[str]:
     )
     ngx = cells.get(("nginx-mirror", hi))
     ncpu = ngx.figure("cpu_ms") if ngx is not None else math.nan
-    mirrors = [c for c in variants(cells, "mirror", hi) if c.figure("cpu_ms") == c.figure("cpu_ms")]
+    mirrors = [
+        c
+        for c in variants(cells, "mirror", hi) + variants(cells, "floor", hi)
+        if c.figure("cpu_ms") == c.figure("cpu_ms")
+    ]
     for cell in mirrors if ncpu == ncpu and ncpu > 0 else []:
         cpu = cell.figure("cpu_ms")
         over = cpu - GOAL_CPU_RATIO * ncpu
@@ -1081,6 +1109,10 @@ def main() -> None:
                 if path in wanted:
                     proxy = proxies[path]
                     targets[path] = Target(path, proxy.base_url, proxy.pid, None, settles[path])
+        if "floor" in wanted:
+            progress("starting the Python tee floor")
+            floor = stack.enter_context(running_floor(inc.base_url, cand.base_url, tmp))
+            targets["floor"] = Target("floor", floor.base_url, floor.pid, None, [cand])
         order = sorted(targets, key=lambda p: (PATHS.index(p), wanted.index(p)))
         targets = {p: targets[p] for p in order}
         if pin_proxy is not None:
