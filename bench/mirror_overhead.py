@@ -34,7 +34,10 @@ Paths, side by side in one run, each with its own keep-alive client session:
   (``uvloop``, ``httptools``) can do per request: nginx ``mirror``'s two legs (the
   incumbent's answer relayed, the candidate's read and dropped), no parsing, no records. What
   it spends above nginx ``mirror`` is the runtime's price for the same legs; what the mirror
-  spends above it is the work the mirror adds.
+  spends above it is the work the mirror adds;
+- ``floor-record``: the same floor also doing the least of the mission's work (both answers
+  timed per chunk and parsed into TTFT, gaps, text and usage; one record per side encoded by a
+  thread and appended to a file): what the mirror spends above it is its implementation's.
 
 Default: ``direct,nginx,nginx-mirror,mirror`` at concurrency 4 and 32, what the goals need.
 
@@ -49,7 +52,7 @@ would measure it):
    ``mirror``'s with a healthy candidate (and ``mirror-slow``'s no more than
    ``nginx-mirror-slow``'s, when both ran);
 4. at 32 streams, the mirror's CPU per shadowed request at most 2x nginx ``mirror``'s (healthy
-   candidate). The ``floor`` path, when it ran, gets lines 3 and 4 too, for reference.
+   candidate). The floor paths, when they ran, get lines 3 and 4 too, for reference.
 
 With ``--kafka``, records go to the production Kafka sink (topics of the run).
 
@@ -160,6 +163,7 @@ PATHS = (
     "nginx-mirror",
     "nginx-mirror-slow",
     "floor",
+    "floor-record",
     "mirror-off",
     "mirror",
     "mirror-slow",
@@ -192,6 +196,7 @@ MIRRORS = {
     "mirror-x2": MirrorPath(1.0, workers=2),
 }
 MIRROR_PATHS = tuple(MIRRORS)
+FLOORS = ("floor", "floor-record")
 LABELS = {
     "direct": "direct",
     "mirror-off": "mirror, shadowing off",
@@ -203,6 +208,7 @@ LABELS = {
     "nginx-mirror": "nginx `mirror`, candidate healthy",
     "nginx-mirror-slow": "nginx `mirror`, 10x slow candidate",
     "floor": "Python tee floor (bench/tee_floor.py)",
+    "floor-record": "Python tee floor with records (tee_floor.py --record)",
 }
 
 
@@ -588,12 +594,17 @@ def running_nginx(
 
 
 @contextlib.contextmanager
-def running_floor(incumbent: str, candidate: str, workdir: Path) -> Iterator[Proxy]:
-    """``bench/tee_floor.py`` on a free port: the incumbent relayed, the candidate teed."""
+def running_floor(
+    incumbent: str, candidate: str, workdir: Path, record: bool = False
+) -> Iterator[Proxy]:
+    """``bench/tee_floor.py`` on a free port: the incumbent relayed, the candidate teed;
+    with ``record``, both answers parsed and recorded to a file in ``workdir``."""
     port = free_port()
     cmd = [sys.executable, str(Path(__file__).with_name("tee_floor.py")), "--port", str(port)]
     cmd += ["--incumbent", incumbent, "--candidate", candidate]
-    floor = ManagedProcess(cmd, workdir / "floor.log", merge_stdout=True)
+    if record:
+        cmd += ["--record", str(workdir / f"floor-{port}.jsonl")]
+    floor = ManagedProcess(cmd, workdir / f"floor-{port}.log", merge_stdout=True)
     try:
         health = f"http://127.0.0.1:{port}/health"
         floor.wait_until(partial(answers, health), f"answering {health}", 30.0, interval=0.1)
@@ -904,7 +915,7 @@ def goal_lines(cells: dict[tuple[str, int], Cell]) -> list[str]:
         ngx = cells.get((nginx_path, hi))
         mirrors = variants(cells, mirror, hi)
         if mirror == "mirror":  # the floor against the same bar, for reference
-            mirrors += variants(cells, "floor", hi)
+            mirrors += [cells[p, k] for p, k in cells if k == hi and p in FLOORS]
         if ngx is None or not mirrors:
             if mirror == "mirror":  # the slow pair is an extra, reported when both ran
                 paths = f"direct,{nginx_path},{mirror}"
@@ -930,7 +941,7 @@ def goal_lines(cells: dict[tuple[str, int], Cell]) -> list[str]:
     ncpu = ngx.figure("cpu_ms") if ngx is not None else math.nan
     mirrors = [
         c
-        for c in variants(cells, "mirror", hi) + variants(cells, "floor", hi)
+        for c in [cells[p, k] for p, k in cells if k == hi and p in ("mirror", *FLOORS)]
         if c.figure("cpu_ms") == c.figure("cpu_ms")
     ]
     for cell in mirrors if ncpu == ncpu and ncpu > 0 else []:
@@ -1109,10 +1120,12 @@ def main() -> None:
                 if path in wanted:
                     proxy = proxies[path]
                     targets[path] = Target(path, proxy.base_url, proxy.pid, None, settles[path])
-        if "floor" in wanted:
-            progress("starting the Python tee floor")
-            floor = stack.enter_context(running_floor(inc.base_url, cand.base_url, tmp))
-            targets["floor"] = Target("floor", floor.base_url, floor.pid, None, [cand])
+        for path in ("floor", "floor-record"):
+            if path in wanted:
+                progress(f"starting the {LABELS[path]}")
+                record = path == "floor-record"
+                floor = stack.enter_context(running_floor(inc.base_url, cand.base_url, tmp, record))
+                targets[path] = Target(path, floor.base_url, floor.pid, None, [cand])
         order = sorted(targets, key=lambda p: (PATHS.index(p), wanted.index(p)))
         targets = {p: targets[p] for p in order}
         if pin_proxy is not None:
