@@ -16,13 +16,17 @@ Paths, side by side in one run, each with its own keep-alive client session:
 
 - ``direct``: client -> incumbent;
 - ``mirror``: client -> ``shadow-ab mirror`` -> incumbent, shadowing every request (sample rate
-  1.0, guard off so nothing is backed off, shadow cap 512) to the candidate; records to the
+  1.0, guard off so nothing is backed off, shadow cap 512) to the candidate, capture ``full``
+  and the candidate asked for ``shadow.top_logprobs`` as configured by default; records to the
   direct sink on a temporary SQLite file (or ``--database-url``);
 - ``mirror-slow``: the same with the 10x slower candidate;
 - ``mirror-off``: the same mirror with shadow rate 0 (the serving path's own cost, for scale);
 - ``mirror-x2``: ``mirror`` with ``workers: 2``, two mirror processes on one port (the kernel
   spreads the connections, mirror/workers.py), one per core; CPU and shadowed counts are summed
   over both;
+- ``mirror-lean``: ``mirror`` with the candidate asked for no logprobs (``shadow.top_logprobs:
+  0``) and records keeping no text (``privacy.capture: metadata``): the work of the logprob
+  asks and of capture ``full`` left out;
 - ``mirror-shed``: ``mirror`` with the mirror's overload shedding on (``overload.enabled``, its
   default lags: mirror/overload.py): shadowing scales down while the mirror's loop lags, and
   the ``shadowed`` column says how much was still shadowed;
@@ -169,6 +173,7 @@ PATHS = (
     "mirror-slow",
     "mirror-shed",
     "mirror-x2",
+    "mirror-lean",
 )
 DEFAULT_PATHS = ("direct", "nginx", "nginx-mirror", "mirror")
 NGINX_PATHS = ("nginx", "nginx-mirror", "nginx-mirror-slow")
@@ -186,6 +191,9 @@ class MirrorPath:
     """``overload.enabled`` (its default lags)."""
     workers: int = 1
     """Mirror processes on the port (``workers``)."""
+    lean: bool = False
+    """The candidate asked for no logprobs (``shadow.top_logprobs: 0``) and records keep no
+    text (``privacy.capture: metadata``)."""
 
 
 MIRRORS = {
@@ -194,6 +202,7 @@ MIRRORS = {
     "mirror-slow": MirrorPath(1.0, slow=True),
     "mirror-shed": MirrorPath(1.0, shed=True),
     "mirror-x2": MirrorPath(1.0, workers=2),
+    "mirror-lean": MirrorPath(1.0, lean=True),
 }
 MIRROR_PATHS = tuple(MIRRORS)
 FLOORS = ("floor", "floor-record")
@@ -204,6 +213,7 @@ LABELS = {
     "mirror-slow": "mirror, 10x slow candidate",
     "mirror-shed": "mirror, candidate, overload shedding on",
     "mirror-x2": "mirror, candidate, 2 processes on one port",
+    "mirror-lean": "mirror, candidate, no logprob asks, capture metadata",
     "nginx": "nginx proxy_pass",
     "nginx-mirror": "nginx `mirror`, candidate healthy",
     "nginx-mirror-slow": "nginx `mirror`, 10x slow candidate",
@@ -344,11 +354,12 @@ def running_mirror(
     kafka: str | None = None,
     shed: bool = False,
     workers: int = 1,
+    lean: bool = False,
 ) -> Iterator[Proxy]:
     """``shadow-ab mirror`` as a subprocess: shadow ``rate`` of requests (default every one),
     guard off, overload shedding as ``shed`` says; records to the Kafka sink at ``kafka``
     (topics of this run, deleted after), else to the direct sink; ``workers`` mirror processes
-    on the port."""
+    on the port; ``lean``: no logprob asks, capture ``metadata``."""
     sink: dict[str, Any] = {}
     topics: list[str] = []
     if kafka is not None:
@@ -373,7 +384,13 @@ def running_mirror(
                 kafka_settings=sink,
                 deployment=f"bench-{name}",
                 startup_timeout=180.0,
-                shadow={"rate": rate, "max_concurrent": 512, "timeout_s": 60.0},
+                shadow={
+                    "rate": rate,
+                    "max_concurrent": 512,
+                    "timeout_s": 60.0,
+                    **({"top_logprobs": 0} if lean else {}),
+                },
+                privacy={"capture": "metadata" if lean else "full"},
                 guard={"enabled": False},
                 overload={"enabled": shed},
                 workers=workers,
@@ -915,7 +932,7 @@ def goal_lines(cells: dict[tuple[str, int], Cell]) -> list[str]:
         ngx = cells.get((nginx_path, hi))
         mirrors = variants(cells, mirror, hi)
         if mirror == "mirror":  # the floor against the same bar, for reference
-            mirrors += [cells[p, k] for p, k in cells if k == hi and p in FLOORS]
+            mirrors += [cells[p, k] for p, k in cells if k == hi and p in ("mirror-lean", *FLOORS)]
         if ngx is None or not mirrors:
             if mirror == "mirror":  # the slow pair is an extra, reported when both ran
                 paths = f"direct,{nginx_path},{mirror}"
@@ -941,7 +958,9 @@ def goal_lines(cells: dict[tuple[str, int], Cell]) -> list[str]:
     ncpu = ngx.figure("cpu_ms") if ngx is not None else math.nan
     mirrors = [
         c
-        for c in [cells[p, k] for p, k in cells if k == hi and p in ("mirror", *FLOORS)]
+        for c in [
+            cells[p, k] for p, k in cells if k == hi and p in ("mirror", "mirror-lean", *FLOORS)
+        ]
         if c.figure("cpu_ms") == c.figure("cpu_ms")
     ]
     for cell in mirrors if ncpu == ncpu and ncpu > 0 else []:
@@ -1106,6 +1125,7 @@ def main() -> None:
                     args.kafka,
                     shed=how.shed,
                     workers=how.workers,
+                    lean=how.lean,
                 )
             )
             settle = [cand_sim] if how.rate > 0 else []
