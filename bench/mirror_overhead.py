@@ -25,7 +25,7 @@ Paths, side by side in one run, each with its own keep-alive client session:
   spreads the connections, mirror/workers.py), one per core; CPU and shadowed counts are summed
   over both;
 - ``mirror-lean``: ``mirror`` with the candidate asked for no logprobs (``shadow.top_logprobs:
-  0``) and records keeping no text (``privacy.capture: metadata``): the work of the logprob
+  null``) and records keeping no text (``privacy.capture: metadata``): the work of the logprob
   asks and of capture ``full`` left out;
 - ``mirror-shed``: ``mirror`` with the mirror's overload shedding on (``overload.enabled``, its
   default lags: mirror/overload.py): shadowing scales down while the mirror's loop lags, and
@@ -192,7 +192,7 @@ class MirrorPath:
     workers: int = 1
     """Mirror processes on the port (``workers``)."""
     lean: bool = False
-    """The candidate asked for no logprobs (``shadow.top_logprobs: 0``) and records keep no
+    """The candidate asked for no logprobs (``shadow.top_logprobs: null``) and records keep no
     text (``privacy.capture: metadata``)."""
 
 
@@ -388,7 +388,7 @@ def running_mirror(
                     "rate": rate,
                     "max_concurrent": 512,
                     "timeout_s": 60.0,
-                    **({"top_logprobs": 0} if lean else {}),
+                    **({"top_logprobs": None} if lean else {}),
                 },
                 privacy={"capture": "metadata" if lean else "full"},
                 guard={"enabled": False},
